@@ -1,0 +1,295 @@
+"""Loading targets and drafts from local folders or hub ids, checking them, and saving the draft formats.
+
+Weights come from safetensors only; the one non-safetensors file a format may carry (z-lab's
+`mask_embedding.pt`) is read with `torch.load(weights_only=True)`. Every problem a user can cause
+(missing file, unreadable config, missing tensor, wrong shape, draft for another target) raises a
+`DSparkError` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from dspark.config import DraftConfig, TargetConfig
+from dspark.draft import DraftModel
+from dspark.errors import DSparkError
+from dspark.target import Qwen3Target
+
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.txt", "*.model", "*.jinja"]
+IGNORED_KEYS = ("rotary_emb.inv_freq", "t2d", "verifier_lm_head", "verifier_norm")
+
+
+def resolve_path(name_or_path: str | Path, revision: str | None = None) -> Path:
+    """A local folder as is; otherwise a hub id, downloaded (config, safetensors, tokenizer files)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise DSparkError(f"{name_or_path}: is a file; give the checkpoint's folder")
+    name = str(name_or_path)
+    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+        raise DSparkError(f"{name}: no such folder, and not a hub id of the form owner/name")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, revision=revision, allow_patterns=HUB_PATTERNS))
+    except Exception as exc:  # network, auth, missing repo: all one message for the user
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DSparkError(f"{name}: not a local folder and the hub could not provide it ({first}); "
+                          "pass a local path or check the id and the network") from None
+
+
+def read_config(path: Path) -> dict:
+    file = path / "config.json"
+    if not file.is_file():
+        raise DSparkError(f"{path}: no config.json; is this a model folder?")
+    try:
+        cfg = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DSparkError(f"{file}: unreadable config ({type(exc).__name__}: {exc}); re-download the checkpoint") from None
+    if not isinstance(cfg, dict):
+        raise DSparkError(f"{file}: unreadable config (a JSON object was expected)")
+    return cfg
+
+
+def read_weights(path: Path) -> dict[str, Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DSparkError(f"{path}: no .safetensors weights; only safetensors checkpoints are loaded")
+    tensors: dict[str, Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(f))
+        except (SafetensorError, OSError) as exc:
+            raise DSparkError(f"{f}: unreadable safetensors file ({exc}); re-download the checkpoint") from None
+    return tensors
+
+
+def _assign(module: nn.Module, tensors: dict[str, Tensor], where: str, optional: tuple[str, ...] = ()) -> None:
+    """Load `tensors` into `module` after checking every name and shape; one line for any problem."""
+    expected = module.state_dict()
+    for key, ref in expected.items():
+        if key not in tensors:
+            if key.startswith(optional):
+                continue
+            raise DSparkError(f"{where}: tensor '{key}' is missing from the checkpoint")
+        if tuple(tensors[key].shape) != tuple(ref.shape):
+            raise DSparkError(f"{where}: tensor '{key}' has shape {list(tensors[key].shape)}, "
+                              f"expected {list(ref.shape)} from its config")
+    unknown = [k for k in tensors if k not in expected and not any(k.endswith(s) for s in IGNORED_KEYS)]
+    if unknown:
+        raise DSparkError(f"{where}: unexpected tensor '{unknown[0]}' (of {len(unknown)}); does the config match the weights?")
+    module.load_state_dict({k: v for k, v in tensors.items() if k in expected}, strict=False, assign=True)
+
+
+def pick_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+    if dtype not in table:
+        raise DSparkError(f"unknown dtype '{dtype}'; use one of auto, {', '.join(table)}")
+    return table[dtype]
+
+
+@dataclass
+class LoadedTarget:
+    model: Qwen3Target
+    path: Path
+    hf_config: dict
+    stop_token_ids: tuple[int, ...]
+
+
+def load_target(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
+                revision: str | None = None) -> LoadedTarget:
+    path = resolve_path(name_or_path, revision)
+    hf = read_config(path)
+    cfg = TargetConfig.from_hf(hf, where=str(name_or_path))
+    with torch.device("meta"):
+        model = Qwen3Target(cfg)
+    tensors = read_weights(path)
+    optional = ("lm_head.",) if cfg.tie_word_embeddings else ()
+    _assign(model, tensors, f"target {name_or_path}", optional)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model = model.to(device=device, dtype=pick_dtype(dtype, device)).eval().requires_grad_(False)
+    return LoadedTarget(model, path, hf, _stop_tokens(path, cfg))
+
+
+def _stop_tokens(path: Path, cfg: TargetConfig) -> tuple[int, ...]:
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except (OSError, json.JSONDecodeError):
+            eos = None
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return cfg.eos_token_ids
+
+
+@dataclass
+class LoadedDraft:
+    model: DraftModel
+    path: Path
+    config: DraftConfig
+    shares_embeddings: bool  # embedding and LM head are the target's (absent, or identical copies)
+
+
+def load_draft_config(name_or_path: str | Path, revision: str | None = None) -> tuple[Path, DraftConfig]:
+    path = resolve_path(name_or_path, revision)
+    return path, DraftConfig.from_hf(read_config(path), where=f"draft {name_or_path}")
+
+
+def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | None = None) -> LoadedDraft:
+    """Load a draft in any of the three formats and check it against `target`."""
+    where = f"draft {name_or_path}"
+    path, cfg = load_draft_config(name_or_path, revision)
+    cfg.check_target(target.config, where)
+    tensors = read_weights(path)
+    if "d2t" in tensors and not cfg.reduced_vocab:
+        raise DSparkError(f"{where}: has a d2t vocabulary map but draft_vocab_size equals the target vocabulary")
+    has_embed = "embed_tokens.weight" in tensors
+    with torch.device("meta"):
+        model = DraftModel(cfg, with_embeddings=True)
+    # An absent embedding or head is the target's; the frozen copies DeepSpec ships are checked like any tensor.
+    optional = tuple(k for k in ("embed_tokens.", "lm_head.") if k + "weight" not in tensors)
+    _assign(model, tensors, where, optional)
+    has_head = "lm_head.weight" in tensors
+    if not has_embed:
+        model.embed_tokens = None
+    if not has_head:
+        model.lm_head = None
+    device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
+    mask_file = path / "mask_embedding.pt"
+    if mask_file.is_file():
+        try:
+            mask = torch.load(mask_file, weights_only=True, map_location="cpu")
+        except Exception as exc:
+            raise DSparkError(f"{mask_file}: unreadable ({type(exc).__name__}); re-download the checkpoint") from None
+        if not isinstance(mask, Tensor) or mask.numel() != cfg.backbone.hidden_size:
+            raise DSparkError(f"{mask_file}: expected a tensor of {cfg.backbone.hidden_size} values")
+        model.mask_embedding = nn.Parameter(mask.reshape(-1), requires_grad=False)
+    if cfg.reduced_vocab:
+        ids = torch.arange(cfg.vocab_size) + model.d2t
+        if ids.min() < 0 or ids.max() >= cfg.backbone.vocab_size:
+            raise DSparkError(f"{where}: d2t maps draft ids outside the target vocabulary")
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)  # d2t stays int64
+    # Share the target's embedding and head when the draft has none or ships identical copies.
+    embed_same = not has_embed or _same(model.embed_tokens.weight, target.model.embed_tokens.weight)
+    head_same = not has_head or (not cfg.reduced_vocab and _same(model.lm_head.weight, target.lm_head.weight))
+    if embed_same and head_same:
+        model.share_embeddings(target.model.embed_tokens, target.lm_head)
+    else:
+        if not has_embed:
+            model.embed_tokens = target.model.embed_tokens
+        if not has_head:
+            model.share_embeddings(model.embed_tokens, target.lm_head)
+    return LoadedDraft(model, path, cfg, embed_same and head_same)
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+# ---- saving (the real formats; used by make-tiny, the tests and the trainer) ----------------------
+
+def save_target(model: Qwen3Target, out: Path, extra_config: dict | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    hf = cfg.backbone.hf_fields() | {
+        "architectures": ["Qwen3ForCausalLM"],
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "eos_token_id": list(cfg.eos_token_ids) or None,
+        "torch_dtype": str(model.lm_head.weight.dtype).removeprefix("torch."),
+    } | (extra_config or {})
+    (out / "config.json").write_text(json.dumps(hf, indent=2))
+    if cfg.eos_token_ids:
+        (out / "generation_config.json").write_text(json.dumps({"eos_token_id": list(cfg.eos_token_ids)}, indent=2))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    save_file(state, out / "model.safetensors")
+
+
+def _draft_state(model: DraftModel, with_embeddings: bool) -> dict[str, Tensor]:
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "mask_embedding"}
+    if not with_embeddings:
+        state = {k: v for k, v in state.items() if not k.startswith(("embed_tokens.", "lm_head."))}
+    return state
+
+
+def save_draft(model: DraftModel, out: Path, fmt: str, target_config: TargetConfig | None = None,
+               verifier: str = "") -> None:
+    """Write `model` as a DeepSpec flat, speculators, or z-lab DFlash checkpoint (spec §1)."""
+    cfg = model.config
+    out.mkdir(parents=True, exist_ok=True)
+    b = cfg.backbone
+    num_target_layers = cfg.num_target_layers or (target_config.backbone.num_layers if target_config else None)
+    if fmt == "deepspec":
+        if not cfg.sample_from_anchor:
+            raise DSparkError("the DeepSpec format is anchor-first; a fill-in draft saves as zlab or speculators")
+        hf = b.hf_fields() | {
+            "architectures": ["Qwen3DSparkModel"], "num_target_layers": num_target_layers,
+            "block_size": cfg.block_size, "target_layer_ids": list(cfg.target_layer_ids),
+            "mask_token_id": cfg.mask_token_id, "markov_rank": cfg.markov_rank,
+            "enable_confidence_head": cfg.confidence_head, "tie_word_embeddings": False,
+            "layer_types": ["full_attention"] * b.num_layers,
+        }
+        if cfg.markov_rank > 0:
+            hf["markov_head_type"] = cfg.markov_head_type
+        if cfg.confidence_head:
+            hf["confidence_head_with_markov"] = cfg.confidence_head_with_markov
+        state = _draft_state(model, with_embeddings=True)
+    elif fmt == "speculators":
+        kind = "dspark" if cfg.markov_rank > 0 or cfg.sample_from_anchor else "dflash"
+        hf = {
+            "architectures": ["DSparkSpeculator" if kind == "dspark" else "DFlashSpeculator"],
+            "speculators_model_type": kind,
+            "speculators_config": {
+                "algorithm": kind,
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.num_drafts}],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": verifier, "architectures": ["Qwen3ForCausalLM"]},
+            },
+            "transformer_layer_config": b.hf_fields() | {"layer_types": ["full_attention"] * b.num_layers},
+            "draft_vocab_size": cfg.vocab_size, "block_size": cfg.block_size,
+            "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
+            "mask_token_id": cfg.mask_token_id, "target_hidden_size": b.hidden_size,
+            "sample_from_anchor": cfg.sample_from_anchor,
+        }
+        if kind == "dspark":
+            hf |= {"markov_rank": cfg.markov_rank, "markov_head_type": cfg.markov_head_type or "vanilla",
+                   "enable_confidence_head": cfg.confidence_head,
+                   "confidence_head_with_markov": cfg.confidence_head_with_markov}
+        state = _draft_state(model, with_embeddings=True)
+        if cfg.reduced_vocab:  # d2t is a buffer of the model, already in the state
+            t2d = torch.zeros(b.vocab_size, dtype=torch.bool)
+            t2d[model.target_ids().cpu()] = True
+            state["t2d"] = t2d
+    elif fmt == "zlab":
+        if cfg.sample_from_anchor or cfg.markov_rank or cfg.reduced_vocab:
+            raise DSparkError("the z-lab format holds fill-in DFlash drafts over the full vocabulary only")
+        hf = b.hf_fields() | {
+            "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+            "block_size": cfg.block_size, "num_target_layers": num_target_layers, "tie_word_embeddings": True,
+            "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+            "layer_types": ["full_attention"] * b.num_layers,
+        }
+        state = _draft_state(model, with_embeddings=False)
+        if model.mask_embedding is not None:
+            torch.save(model.mask_embedding.detach().cpu().clone(), out / "mask_embedding.pt")
+    else:
+        raise DSparkError(f"unknown draft format '{fmt}'; use deepspec, speculators or zlab")
+    (out / "config.json").write_text(json.dumps(hf, indent=2))
+    save_file(state, out / "model.safetensors")

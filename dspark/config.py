@@ -1,0 +1,305 @@
+"""Normalised configurations: the Qwen3 target and one draft description for all three formats.
+
+The draft formats differ in where they keep the same facts (see ../shared/docs/dspark-spec.md §1):
+DeepSpec writes a flat Qwen3 config, speculators nests the backbone in `transformer_layer_config`
+and counts tapped layers one higher, z-lab nests the DFlash fields in `dflash_config`. Everything
+downstream sees only `DraftConfig`, whose `target_layer_ids` follow DeepSpec's convention: the
+0-based index of the target decoder layer whose *output* is tapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dspark.errors import DSparkError
+
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+FORMATS = ("deepspec", "speculators", "zlab")
+
+
+def _get(cfg: dict, key: str, where: str) -> Any:
+    if key not in cfg:
+        raise DSparkError(f"{where}: config.json lacks '{key}'; is this a Qwen3 checkpoint?")
+    return cfg[key]
+
+
+def _rope_theta(cfg: dict, where: str) -> float:
+    """RoPE base from `rope_parameters` (transformers 5) or `rope_theta` (older); default type only."""
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {}
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise DSparkError(f"{where}: rope type '{rope_type}' is not supported; only default RoPE (Qwen3) is")
+    theta = params.get("rope_theta", cfg.get("rope_theta"))
+    if theta is None:
+        raise DSparkError(f"{where}: config.json has neither rope_parameters.rope_theta nor rope_theta")
+    return float(theta)
+
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    """The Qwen3 decoder-layer shapes shared by the target and the draft."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    attention_bias: bool = False
+
+    @classmethod
+    def from_hf(cls, cfg: dict, where: str) -> "BackboneConfig":
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise DSparkError(f"{where}: hidden_act '{cfg['hidden_act']}' is not supported (Qwen3 uses silu)")
+        if cfg.get("use_sliding_window"):
+            raise DSparkError(f"{where}: sliding-window attention is not supported; set use_sliding_window false")
+        hidden = int(_get(cfg, "hidden_size", where))
+        heads = int(_get(cfg, "num_attention_heads", where))
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=int(_get(cfg, "intermediate_size", where)),
+            num_layers=int(_get(cfg, "num_hidden_layers", where)),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(cfg, where),
+            vocab_size=int(_get(cfg, "vocab_size", where)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+        )
+
+    def hf_fields(self) -> dict:
+        """The same shapes as Hugging Face Qwen3 config fields (used when saving)."""
+        return {
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "vocab_size": self.vocab_size,
+            "attention_bias": self.attention_bias,
+            "hidden_act": "silu",
+            "model_type": "qwen3",
+        }
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    backbone: BackboneConfig
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, cfg: dict, where: str = "target") -> "TargetConfig":
+        model_type = cfg.get("model_type")
+        if model_type != "qwen3":
+            raise DSparkError(
+                f"{where}: model_type '{model_type}' is not supported by the native backend; it runs Qwen3 targets"
+            )
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return cls(
+            backbone=BackboneConfig.from_hf(cfg, where),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            eos_token_ids=eos_ids,
+        )
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """One description of a DSpark or DFlash draft, whatever format it was saved in."""
+
+    format: str  # deepspec | speculators | zlab
+    backbone: BackboneConfig  # vocab_size here is the target vocabulary the draft reads
+    block_size: int
+    target_layer_ids: tuple[int, ...]  # DeepSpec convention: outputs of these 0-based target layers
+    sample_from_anchor: bool  # True: anchor-first (slot k predicts p+k+1); False: fill-in (slot k predicts p+k)
+    mask_token_id: int
+    markov_rank: int = 0
+    markov_head_type: str | None = None
+    confidence_head: bool = False
+    confidence_head_with_markov: bool = False
+    draft_vocab_size: int | None = None  # None: the full target vocabulary
+    num_target_layers: int | None = None
+    architecture: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def num_drafts(self) -> int:
+        """Tokens proposed per block: every slot when anchor-first, all but the anchor slot otherwise."""
+        return self.block_size if self.sample_from_anchor else self.block_size - 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self.draft_vocab_size or self.backbone.vocab_size
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.vocab_size != self.backbone.vocab_size
+
+    @property
+    def method(self) -> str:
+        """dspark when a Markov head corrects the block, dflash for a plain parallel block."""
+        return "dspark" if self.markov_rank > 0 else "dflash"
+
+    @property
+    def vllm_method(self) -> str:
+        """The vLLM speculative method that loads this checkpoint (spec §8)."""
+        if not self.sample_from_anchor:
+            return "dflash"
+        if self.markov_rank > 0:
+            return "dspark"
+        return "dspark (anchor-first; set method explicitly: name-based auto-detection picks dflash)"
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(num_drafts=self.num_drafts, method=self.method, vllm_method=self.vllm_method)
+        return out
+
+    # ---- parsing -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_hf(cls, cfg: dict, where: str = "draft") -> "DraftConfig":
+        fmt = detect_format(cfg, where)
+        parser = {"deepspec": cls._from_deepspec, "speculators": cls._from_speculators, "zlab": cls._from_zlab}
+        out = parser[fmt](cfg, where)
+        out.validate(where)
+        return out
+
+    @classmethod
+    def _from_deepspec(cls, cfg: dict, where: str) -> "DraftConfig":
+        rank = int(cfg.get("markov_rank", 0) or 0)
+        conf = bool(cfg.get("enable_confidence_head", False))
+        return cls(
+            format="deepspec",
+            backbone=BackboneConfig.from_hf(cfg, where),
+            block_size=int(_get(cfg, "block_size", where)),
+            target_layer_ids=tuple(int(i) for i in _get(cfg, "target_layer_ids", where)),
+            sample_from_anchor=bool(cfg.get("sample_from_anchor", True)),
+            mask_token_id=int(_get(cfg, "mask_token_id", where)),
+            markov_rank=rank,
+            markov_head_type=(cfg.get("markov_head_type") or "vanilla") if rank > 0 else None,
+            confidence_head=conf,
+            confidence_head_with_markov=conf and rank > 0 and bool(cfg.get("confidence_head_with_markov", True)),
+            num_target_layers=cfg.get("num_target_layers"),
+            architecture=(cfg.get("architectures") or [""])[0],
+        )
+
+    @classmethod
+    def _from_speculators(cls, cfg: dict, where: str) -> "DraftConfig":
+        kind = cfg["speculators_model_type"]
+        layer_cfg = dict(cfg.get("transformer_layer_config") or {})
+        if not layer_cfg:
+            raise DSparkError(f"{where}: speculators config lacks 'transformer_layer_config'")
+        layer_cfg.setdefault("model_type", "qwen3")
+        aux = _get(cfg, "aux_hidden_state_layer_ids", where)
+        rank = int(cfg.get("markov_rank", 0) or 0) if kind == "dspark" else 0
+        conf = kind == "dspark" and bool(cfg.get("enable_confidence_head", False))
+        backbone = BackboneConfig.from_hf(layer_cfg, where)
+        draft_vocab = cfg.get("draft_vocab_size")
+        return cls(
+            format="speculators",
+            backbone=backbone,
+            block_size=int(cfg.get("block_size", 8)),
+            target_layer_ids=tuple(int(i) - 1 for i in aux),
+            sample_from_anchor=bool(cfg.get("sample_from_anchor", kind == "dspark")),
+            mask_token_id=int(_get(cfg, "mask_token_id", where)),
+            markov_rank=rank,
+            markov_head_type=(cfg.get("markov_head_type") or "vanilla") if rank > 0 else None,
+            confidence_head=conf,
+            confidence_head_with_markov=conf and rank > 0 and bool(cfg.get("confidence_head_with_markov", True)),
+            draft_vocab_size=int(draft_vocab) if draft_vocab and int(draft_vocab) != backbone.vocab_size else None,
+            architecture=(cfg.get("architectures") or [""])[0],
+        )
+
+    @classmethod
+    def _from_zlab(cls, cfg: dict, where: str) -> "DraftConfig":
+        dcfg = dict(cfg.get("dflash_config") or {})
+        for key in ("use_swa", "causal"):
+            if dcfg.get(key):
+                raise DSparkError(f"{where}: dflash_config.{key}=true is not supported (non-causal full attention only)")
+        dspark = dcfg.get("projector_type") == "dspark"  # SpecForge-style DSpark knobs nested here
+        rank = int(dcfg.get("markov_rank", 0) or 0) if dspark else 0
+        conf = dspark and bool(dcfg.get("enable_confidence_head", False))
+        return cls(
+            format="zlab",
+            backbone=BackboneConfig.from_hf(cfg, where),
+            block_size=int(_get(cfg, "block_size", where)),
+            target_layer_ids=tuple(int(i) for i in _get(dcfg, "target_layer_ids", where + " dflash_config")),
+            sample_from_anchor=bool(dcfg.get("sample_from_anchor", dspark)),
+            mask_token_id=int(_get(dcfg, "mask_token_id", where + " dflash_config")),
+            markov_rank=rank,
+            markov_head_type=(dcfg.get("markov_head_type") or "vanilla") if rank > 0 else None,
+            confidence_head=conf,
+            confidence_head_with_markov=conf and rank > 0 and bool(dcfg.get("confidence_head_with_markov", True)),
+            num_target_layers=cfg.get("num_target_layers"),
+            architecture=(cfg.get("architectures") or [""])[0],
+        )
+
+    def validate(self, where: str) -> None:
+        if self.block_size < 2:
+            raise DSparkError(f"{where}: block_size {self.block_size} is too small; a block needs at least 2 slots")
+        ids = self.target_layer_ids
+        if not ids or list(ids) != sorted(set(ids)) or ids[0] < -1:
+            raise DSparkError(f"{where}: tapped target layers {list(ids)} must be strictly increasing ids >= -1")
+        if self.markov_head_type not in (None, *MARKOV_HEAD_TYPES):
+            raise DSparkError(
+                f"{where}: markov_head_type '{self.markov_head_type}' is unknown; expected one of {MARKOV_HEAD_TYPES}"
+            )
+        if not 0 <= self.mask_token_id < self.backbone.vocab_size:
+            raise DSparkError(
+                f"{where}: mask_token_id {self.mask_token_id} is outside the vocabulary of {self.backbone.vocab_size}"
+            )
+
+    def check_target(self, target: TargetConfig, where: str = "draft") -> None:
+        """Fail with one clear line when this draft cannot run against `target`."""
+        t = target.backbone
+        if self.backbone.hidden_size != t.hidden_size:
+            raise DSparkError(
+                f"{where}: draft hidden_size {self.backbone.hidden_size} != target hidden_size {t.hidden_size}; "
+                "the draft was trained for another target"
+            )
+        if self.backbone.vocab_size != t.vocab_size:
+            raise DSparkError(
+                f"{where}: draft vocabulary {self.backbone.vocab_size} != target vocabulary {t.vocab_size}; "
+                "the draft was trained for another target"
+            )
+        bad = [i for i in self.target_layer_ids if i >= t.num_layers - 1]
+        if bad:
+            raise DSparkError(
+                f"{where}: tapped target layer {bad[0]} is too deep for a {t.num_layers}-layer target "
+                f"(taps must be below its last layer, {t.num_layers - 1})"
+            )
+        if self.mask_token_id >= t.vocab_size:
+            raise DSparkError(f"{where}: mask_token_id {self.mask_token_id} is outside the target vocabulary")
+
+
+def detect_format(cfg: dict, where: str = "draft") -> str:
+    if cfg.get("speculators_model_type") is not None:
+        kind = cfg["speculators_model_type"]
+        if kind not in ("dspark", "dflash"):
+            raise DSparkError(f"{where}: speculators_model_type '{kind}' is not a DSpark/DFlash draft")
+        return "speculators"
+    arch = (cfg.get("architectures") or [""])[0]
+    if "dflash_config" in cfg or arch == "DFlashDraftModel":
+        if "dflash_config" not in cfg:
+            raise DSparkError(f"{where}: DFlashDraftModel config lacks 'dflash_config'")
+        return "zlab"
+    if arch.endswith("DSparkModel") and "block_size" in cfg:
+        if cfg.get("model_type") not in (None, "qwen3"):
+            raise DSparkError(f"{where}: {arch} with model_type '{cfg.get('model_type')}' is not supported (Qwen3 only)")
+        return "deepspec"
+    raise DSparkError(
+        f"{where}: unknown draft format (architectures={cfg.get('architectures')}); expected a DeepSpec "
+        "Qwen3DSparkModel, a speculators dspark/dflash, or a z-lab DFlashDraftModel config"
+    )

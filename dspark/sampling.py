@@ -1,0 +1,77 @@
+"""Temperature, sampling and the lossless acceptance rule (spec §4.1), batched over a leading dimension.
+
+All probabilities are float32. Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)),
+which draws exactly from p, needs no normalisation (so a residual max(p - q, 0) is sampled as is)
+and runs the same on CPU and GPU, inside or outside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+GREEDY_TEMPERATURE = 1e-5  # at or below this, sampling is argmax
+
+
+def probs(logits: Tensor, temperature: float) -> Tensor:
+    """softmax(logits / T) in float32 over the last axis; one-hot at the argmax when T is ~0."""
+    logits = logits.float()
+    if temperature <= GREEDY_TEMPERATURE:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def sample(weights: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One index per row of non-negative `weights` [..., V], drawn with probability proportional to them."""
+    noise = torch.empty_like(weights).exponential_(generator=generator)
+    return (weights / noise).argmax(-1)
+
+
+@dataclass
+class Streams:
+    """Independent random streams: drafting, acceptance uniforms, and target-side sampling
+    (prefill token, residual, bonus, plain decoding). One seed makes a run reproducible."""
+
+    draft: torch.Generator
+    accept: torch.Generator
+    target: torch.Generator
+
+    @classmethod
+    def from_seed(cls, seed: int, device: torch.device | str) -> "Streams":
+        def gen(offset: int) -> torch.Generator:
+            g = torch.Generator(device=device)
+            g.manual_seed((seed * 1_000_003 + offset) % (2**63))
+            return g
+
+        return cls(draft=gen(1), accept=gen(2), target=gen(3))
+
+
+def rejection_sample(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor,
+                     streams: Streams) -> tuple[Tensor, Tensor]:
+    """Verify n proposed tokens per row.
+
+    draft_tokens [B, n]; draft_probs [B, n, V]: the exact distribution each token was drawn from
+    (one-hot for a deterministic proposer); target_probs [B, n+1, V]: row i is the target's
+    distribution for the token after proposal prefix i. Token i is accepted with probability
+    min(1, p_i(d_i) / q_i(d_i)) while all before it were; the first rejected slot is resampled
+    from max(p - q, 0), and when all n are accepted a bonus token is drawn from p_n.
+    Returns (accepted count [B], next token [B]).
+    """
+    b, n = draft_tokens.shape
+    if n == 0:
+        return torch.zeros(b, dtype=torch.long, device=target_probs.device), sample(target_probs[:, 0], streams.target)
+    p_d = target_probs[:, :n].gather(-1, draft_tokens[..., None]).squeeze(-1)
+    q_d = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+    u = torch.rand(b, n, device=target_probs.device, generator=streams.accept)
+    ok = u * q_d < p_d
+    accepted = ok.long().cumprod(-1).sum(-1)
+    rows = torch.arange(b, device=target_probs.device)
+    p_next = target_probs[rows, accepted]
+    q_next = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)[rows, accepted]
+    residual = (p_next - q_next).clamp_min(0)
+    # Float noise can leave no mass where p == q; rejection then had probability ~0: fall back to p.
+    empty = residual.sum(-1, keepdim=True) <= 1e-8
+    residual = torch.where(empty, p_next, residual)
+    return accepted, sample(residual, streams.target)

@@ -1,0 +1,60 @@
+"""Our Qwen3 target: the forward that verifies blocks and decodes plainly, tapping hidden states.
+
+Parameter names are those of Hugging Face's `Qwen3ForCausalLM`, so its safetensors load as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from dspark.config import TargetConfig
+from dspark.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, init_weights
+
+
+class Qwen3Body(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        b = cfg.backbone
+        self.embed_tokens = nn.Embedding(b.vocab_size, b.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(b) for _ in range(b.num_layers))
+        self.norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
+
+
+class Qwen3Target(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.config = cfg
+        b = cfg.backbone
+        self.model = Qwen3Body(cfg)
+        self.lm_head = nn.Linear(b.hidden_size, b.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def init_random(self, std: float = 0.02) -> None:
+        init_weights(self, std)
+
+    def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
+        b = self.config.backbone
+        w = self.lm_head.weight
+        return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, cache: KVCache, kv_len: int,
+                taps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """Causal forward of `input_ids` [B, T] at `positions` [B, T], keys 0..kv_len-1 visible.
+
+        Returns the final-normed hidden states [B, T, H] and, when `taps` is given, the outputs of
+        those decoder layers concatenated in order [B, T, len(taps)*H] (-1: the embedding output).
+        """
+        x = self.model.embed_tokens(input_ids)
+        step = AttentionStep.build(positions, positions, kv_len, self.config.backbone, x.dtype)
+        tapped = [x] if -1 in taps else []
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, step, cache, i)
+            if i in taps:
+                tapped.append(x)
+        feats = torch.cat(tapped, dim=-1) if taps else None
+        return self.model.norm(x), feats
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()

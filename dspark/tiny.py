@@ -1,0 +1,122 @@
+"""Small random-weight target/draft pairs saved in the real formats: smoke tests, CI, and timing.
+
+Random drafts accept little; these pairs show that every path runs, never what acceptance to expect.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from dspark.checkpoint import save_draft, save_target
+from dspark.config import BackboneConfig, DraftConfig, TargetConfig
+from dspark.draft import DraftModel
+from dspark.target import Qwen3Target
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}"
+    "{%- endif %}"
+)
+BYTE_VOCAB = 256
+MASK_TOKEN_ID = BYTE_VOCAB + len(SPECIALS)  # first row no token uses, as Qwen3's 151669
+
+
+def tiny_target_config(vocab_size: int = 272, hidden: int = 64, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+                       head_dim: int = 16, intermediate: int = 128, tie: bool = False,
+                       eos: tuple[int, ...] = (BYTE_VOCAB + 2, BYTE_VOCAB)) -> TargetConfig:
+    backbone = BackboneConfig(hidden_size=hidden, intermediate_size=intermediate, num_layers=layers, num_heads=heads,
+                              num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=1e-6, rope_theta=10000.0,
+                              vocab_size=vocab_size)
+    return TargetConfig(backbone=backbone, tie_word_embeddings=tie, max_position_embeddings=4096, eos_token_ids=eos)
+
+
+def tiny_draft_config(target: TargetConfig, layers: int = 2, block_size: int = 7, taps: tuple[int, ...] = (0, 1, 2),
+                      markov_rank: int = 16, markov_head_type: str = "vanilla", confidence: bool = True,
+                      sample_from_anchor: bool = True, mask_token_id: int = MASK_TOKEN_ID,
+                      draft_vocab_size: int | None = None, fmt: str = "deepspec") -> DraftConfig:
+    return DraftConfig(
+        format=fmt, backbone=replace(target.backbone, num_layers=layers), block_size=block_size,
+        target_layer_ids=taps, sample_from_anchor=sample_from_anchor, mask_token_id=mask_token_id,
+        markov_rank=markov_rank, markov_head_type=markov_head_type if markov_rank else None,
+        confidence_head=confidence, confidence_head_with_markov=confidence and markov_rank > 0,
+        draft_vocab_size=draft_vocab_size, num_target_layers=target.backbone.num_layers,
+    )
+
+
+def random_target(cfg: TargetConfig, seed: int = 0, std: float = 0.02, dtype=torch.float32) -> Qwen3Target:
+    torch.manual_seed(seed)
+    model = Qwen3Target(cfg)
+    model.init_random(std)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def random_draft(cfg: DraftConfig, target: Qwen3Target, seed: int = 1, std: float = 0.02) -> DraftModel:
+    """Random backbone and heads; embedding and LM head copied from the target, as DeepSpec initialises."""
+    torch.manual_seed(seed)
+    model = DraftModel(cfg)
+    model.init_random(std)
+    model.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight)
+    if cfg.reduced_vocab:
+        # Keep every target id reachable the simple way: draft ids map to the first draft_vocab_size ids.
+        model.d2t = torch.zeros(cfg.vocab_size, dtype=torch.long)
+    model.lm_head.weight.data.copy_(target.lm_head.weight[model.target_ids()])
+    return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False)
+
+
+def save_byte_tokenizer(out: Path, model_max_length: int = 4096) -> None:
+    """A byte-level tokenizer (256 bytes, no merges) with Qwen-style special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_chars = [chr(c) for c in _bytes_to_unicode()]
+    assert set(byte_chars) == set(alphabet)
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(byte_chars)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   model_max_length=model_max_length)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def _bytes_to_unicode() -> list[int]:
+    """GPT-2's printable stand-in for every byte, in byte order."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    out, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            out.append(b)
+        else:
+            out.append(256 + extra)
+            extra += 1
+    return out
+
+
+def make_tiny(out: str | Path, seed: int = 0) -> dict[str, Path]:
+    """Save a random tiny target with a tokenizer and drafts in every real format. Returns their folders."""
+    out = Path(out)
+    tcfg = tiny_target_config()
+    target = random_target(tcfg, seed)
+    paths = {name: out / name for name in ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab")}
+    save_target(target, paths["target"])
+    save_byte_tokenizer(paths["target"])
+    dspark = random_draft(tiny_draft_config(tcfg), target, seed + 1)
+    save_draft(dspark, paths["dspark"], "deepspec", tcfg)
+    save_draft(dspark, paths["dspark-speculators"], "speculators", tcfg, verifier=str(paths["target"]))
+    dflash = random_draft(tiny_draft_config(tcfg, markov_rank=0, confidence=False), target, seed + 2)
+    save_draft(dflash, paths["dflash"], "deepspec", tcfg)
+    zlab = random_draft(tiny_draft_config(tcfg, block_size=8, markov_rank=0, confidence=False,
+                                          sample_from_anchor=False, fmt="zlab"), target, seed + 3)
+    save_draft(zlab, paths["dflash-zlab"], "zlab", tcfg)
+    (out / "README.txt").write_text("Random-weight tiny Qwen3 target and drafts made by `dspark-bench make-tiny` "
+                                    f"(seed {seed}). For smoke tests and timing; acceptance means nothing.\n")
+    (out / "manifest.json").write_text(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+    return paths
