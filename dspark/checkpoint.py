@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -72,20 +72,44 @@ def read_weights(path: Path) -> dict[str, Tensor]:
     return tensors
 
 
-def _assign(module: nn.Module, tensors: dict[str, Tensor], where: str, optional: tuple[str, ...] = ()) -> None:
-    """Load `tensors` into `module` after checking every name and shape; one line for any problem."""
-    expected = module.state_dict()
-    for key, ref in expected.items():
-        if key not in tensors:
+def check_tensors(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str,
+                  optional: tuple[str, ...] = ()) -> None:
+    """Every expected tensor present with its shape, nothing unknown; one line for the first problem."""
+    for key, shape in expected.items():
+        if key not in found:
             if key.startswith(optional):
                 continue
             raise DSparkError(f"{where}: tensor '{key}' is missing from the checkpoint")
-        if tuple(tensors[key].shape) != tuple(ref.shape):
-            raise DSparkError(f"{where}: tensor '{key}' has shape {list(tensors[key].shape)}, "
-                              f"expected {list(ref.shape)} from its config")
-    unknown = [k for k in tensors if k not in expected and not any(k.endswith(s) for s in IGNORED_KEYS)]
+        if tuple(found[key]) != tuple(shape):
+            raise DSparkError(f"{where}: tensor '{key}' has shape {list(found[key])}, expected {list(shape)} from its config")
+    unknown = [k for k in found if k not in expected and not any(k.endswith(s) for s in IGNORED_KEYS)]
     if unknown:
         raise DSparkError(f"{where}: unexpected tensor '{unknown[0]}' (of {len(unknown)}); does the config match the weights?")
+
+
+def shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from the safetensors headers, without reading the data."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DSparkError(f"{path}: no .safetensors weights; only safetensors checkpoints are loaded")
+    out = {}
+    for f in files:
+        try:
+            with safe_open(f, "pt") as handle:
+                out.update({k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()})
+        except (SafetensorError, OSError) as exc:
+            raise DSparkError(f"{f}: unreadable safetensors file ({exc}); re-download the checkpoint") from None
+    return out
+
+
+def _assign(module: nn.Module, tensors: dict[str, Tensor], where: str, optional: tuple[str, ...] = ()) -> None:
+    """Load `tensors` into `module` after checking every name and shape."""
+    expected = module.state_dict()
+    check_tensors(shapes(module), {k: tuple(v.shape) for k, v in tensors.items()}, where, optional)
     module.load_state_dict({k: v for k, v in tensors.items() if k in expected}, strict=False, assign=True)
 
 
@@ -150,20 +174,34 @@ def load_draft_config(name_or_path: str | Path, revision: str | None = None) -> 
     return path, DraftConfig.from_hf(read_config(path), where=f"draft {name_or_path}")
 
 
+def check_draft(path: Path, cfg: DraftConfig, where: str, target: TargetConfig | None = None) -> dict[str, tuple]:
+    """Check a draft's tensors (from file headers) against its config, and the config against `target`."""
+    if target is not None:
+        cfg.check_target(target, where)
+    found = weight_shapes(path)
+    if "d2t" in found and not cfg.reduced_vocab:
+        raise DSparkError(f"{where}: has a d2t vocabulary map but draft_vocab_size equals the target vocabulary")
+    with torch.device("meta"):
+        model = DraftModel(cfg)
+    # An absent embedding or head is the target's; the frozen copies DeepSpec ships are checked like any tensor.
+    check_tensors(shapes(model), found, where, _absent_embeddings(found))
+    return found
+
+
+def _absent_embeddings(found: dict) -> tuple[str, ...]:
+    return tuple(k for k in ("embed_tokens.", "lm_head.") if k + "weight" not in found)
+
+
 def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | None = None) -> LoadedDraft:
     """Load a draft in any of the three formats and check it against `target`."""
     where = f"draft {name_or_path}"
     path, cfg = load_draft_config(name_or_path, revision)
-    cfg.check_target(target.config, where)
+    check_draft(path, cfg, where, target.config)
     tensors = read_weights(path)
-    if "d2t" in tensors and not cfg.reduced_vocab:
-        raise DSparkError(f"{where}: has a d2t vocabulary map but draft_vocab_size equals the target vocabulary")
     has_embed = "embed_tokens.weight" in tensors
     with torch.device("meta"):
-        model = DraftModel(cfg, with_embeddings=True)
-    # An absent embedding or head is the target's; the frozen copies DeepSpec ships are checked like any tensor.
-    optional = tuple(k for k in ("embed_tokens.", "lm_head.") if k + "weight" not in tensors)
-    _assign(model, tensors, where, optional)
+        model = DraftModel(cfg)
+    _assign(model, tensors, where, _absent_embeddings(tensors))
     has_head = "lm_head.weight" in tensors
     if not has_embed:
         model.embed_tokens = None

@@ -1,0 +1,209 @@
+"""`dspark-bench`: the command line. Bad input exits 2 with one line; results go to stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dspark.errors import DSparkError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Measure how much DSpark speculative decoding speeds up a model, and where GPU time goes.")
+out = Console()
+err = Console(stderr=True)
+
+
+def _device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise DSparkError(f"--device {device}: no CUDA device is visible; use --device cpu")
+    return device
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise DSparkError(f"--prompt-ids must be comma-separated integers, got '{text}'") from None
+    if not ids:
+        raise DSparkError("--prompt-ids is empty; give at least one token id")
+    return ids
+
+
+def _load_tokenizer(path: Path, needed: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        if needed:
+            raise DSparkError(f"{path}: no usable tokenizer ({type(exc).__name__}); give --prompt-ids instead") from None
+        return None
+
+
+@app.command()
+def generate(
+    target: str = typer.Option(..., help="Target model: local folder or hub id (Qwen3)."),
+    draft: Optional[str] = typer.Option(None, help="Draft model (DeepSpec, speculators or z-lab format)."),
+    ngram: bool = typer.Option(False, "--ngram", help="Draft with n-gram prompt lookup instead of a model."),
+    no_draft: bool = typer.Option(False, "--no-draft", help="Plain autoregressive decoding (the baseline)."),
+    prompt: Optional[str] = typer.Option(None, help="Prompt text, tokenized with the target's tokenizer."),
+    prompt_ids: Optional[str] = typer.Option(None, help="Prompt token ids '1,2,3', used exactly as given."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap --prompt in the target's chat template (thinking off)."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Tokens to generate, the prefill token included."),
+    temperature: float = typer.Option(0.0, min=0.0, help="0 is greedy; applied to target and draft alike."),
+    seed: int = typer.Option(0, help="Seeds the independent draft, acceptance and target random streams."),
+    confidence_threshold: float = typer.Option(
+        0.0, min=0.0, max=1.0, help="Cut each proposal at the first slot whose confidence is below this."),
+    num_speculative_tokens: int = typer.Option(7, min=1, help="Tokens an n-gram proposal may hold."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the target's stop tokens."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+):
+    """Generate from one prompt, plainly or speculatively, and report the rounds."""
+    from dspark.checkpoint import load_draft, load_target
+    from dspark.drafters import BlockDrafter, NgramDrafter
+    from dspark.engine import Engine, GenerationConfig
+
+    if sum([draft is not None, ngram, no_draft]) != 1:
+        raise DSparkError("choose exactly one of --draft D, --ngram, --no-draft")
+    if (prompt is None) == (prompt_ids is None):
+        raise DSparkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    if chat and prompt is None:
+        raise DSparkError("--chat applies to --prompt text; --prompt-ids are used exactly as given")
+    dev = _device(device)
+    loaded = load_target(target, dev, dtype)
+    tokenizer = _load_tokenizer(loaded.path, needed=prompt is not None)
+    if prompt_ids is not None:
+        ids = _parse_ids(prompt_ids)
+        vocab = loaded.model.config.backbone.vocab_size
+        if max(ids) >= vocab or min(ids) < 0:
+            raise DSparkError(f"--prompt-ids holds an id outside the target vocabulary (0..{vocab - 1})")
+    elif chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise DSparkError(f"{target}: the tokenizer has no chat template; drop --chat")
+        ids = list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                 enable_thinking=False, tokenize=True, return_dict=False))
+    else:
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+    if ngram:
+        drafter, method = NgramDrafter(num_speculative_tokens), "ngram"
+    elif draft is not None:
+        d = load_draft(draft, loaded.model)
+        drafter, method = BlockDrafter(d.model), d.config.method
+    else:
+        drafter, method = None, "plain"
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                           stop_token_ids=() if ignore_eos else loaded.stop_token_ids,
+                           confidence_threshold=confidence_threshold)
+    result = Engine(loaded.model, drafter).generate(ids, cfg)
+    text = tokenizer.decode(result.tokens) if tokenizer is not None else None
+    if as_json:
+        print(json.dumps({"method": method, "prompt_tokens": len(ids), "text": text, **result.to_dict(),
+                          "settings": {"target": target, "draft": draft, "temperature": temperature, "seed": seed,
+                                       "max_new_tokens": max_new_tokens, "device": dev,
+                                       "confidence_threshold": confidence_threshold}}))
+        return
+    if text is not None:
+        out.print(text, markup=False, highlight=False)
+    else:
+        out.print(",".join(map(str, result.tokens)))
+    seconds = result.prefill_s + result.decode_s
+    summary = f"{method}: {len(result.tokens)} tokens in {seconds:.2f} s ({len(result.tokens) / seconds:.1f} tok/s)"
+    if result.num_rounds:
+        summary += f", {result.num_rounds} rounds, acceptance length {result.acceptance_length:.2f}"
+    err.print(summary + f", stop: {result.stop_reason}", highlight=False)
+
+
+@app.command()
+def inspect(
+    draft: str = typer.Argument(..., help="Draft model: local folder or hub id."),
+    target: Optional[str] = typer.Option(None, help="Check the draft against this target (config and shapes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+):
+    """Show a draft's format, normalised configuration, parameter counts, fit and vLLM method."""
+    from dspark.checkpoint import check_draft, load_draft_config, read_config, resolve_path
+    from dspark.config import TargetConfig
+
+    path, cfg = load_draft_config(draft)
+    where = f"draft {draft}"
+    target_cfg = TargetConfig.from_hf(read_config(resolve_path(target)), f"target {target}") if target else None
+    try:
+        found = check_draft(path, cfg, where, target_cfg)
+        fits, problem = True, ""
+    except DSparkError as exc:
+        if target_cfg is None:
+            raise
+        fits, problem, found = False, str(exc), None
+    info = {"path": str(path), "format": cfg.format, **cfg.to_dict()}
+    info.pop("extra", None)
+    if found is not None:
+        info["parameters"] = _param_counts(found)
+        info["ships_embeddings"] = "embed_tokens.weight" in found
+    if target_cfg is not None:
+        info["fits_target"] = fits
+        info["target"] = target
+        if problem:
+            info["problem"] = problem
+    if as_json:
+        print(json.dumps(info, default=str))
+    else:
+        table = Table(title=f"{draft}", show_header=False)
+        for k, v in info.items():
+            table.add_row(k, json.dumps(v, default=str) if isinstance(v, (dict, list, tuple)) else str(v))
+        out.print(table)
+    if target_cfg is not None and not fits:
+        raise typer.Exit(1)
+
+
+def _param_counts(found: dict[str, tuple]) -> dict[str, int]:
+    groups = {"embed_tokens": 0, "lm_head": 0, "layers": 0, "fc+norms": 0, "markov_head": 0, "confidence_head": 0}
+    for key, shape in found.items():
+        n = 1
+        for s in shape:
+            n *= s
+        group = key.split(".")[0]
+        if group in ("d2t", "t2d"):
+            continue
+        groups[group if group in groups else "fc+norms"] += n
+    groups["total"] = sum(groups.values())
+    groups["total_without_embeddings"] = groups["total"] - groups["embed_tokens"] - groups["lm_head"]
+    return groups
+
+
+@app.command("make-tiny")
+def make_tiny_cmd(
+    out_dir: Path = typer.Argument(..., help="Folder to write the tiny target and drafts into."),
+    seed: int = typer.Option(0, help="Seed of the random weights."),
+):
+    """Save a small random-weight Qwen3 target and drafts in every real format (smoke tests, timing)."""
+    from dspark.tiny import make_tiny
+
+    paths = make_tiny(out_dir, seed)
+    for name, path in paths.items():
+        out.print(f"{name:20s} {path}", highlight=False)
+
+
+def main() -> None:
+    try:
+        app()
+    except DSparkError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
