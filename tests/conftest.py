@@ -1,0 +1,25 @@
+"""Shared fixtures: tiny random models saved in the real formats, built once per test session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """`make_tiny` output: target/, dspark/, dspark-speculators/, dflash/, dflash-zlab/."""
+    from dspark.tiny import make_tiny
+
+    out = tmp_path_factory.mktemp("tiny")
+    make_tiny(out, seed=0)
+    return out
