@@ -1,0 +1,152 @@
+"""Speculative decoding at batch size 1: greedy equality with plain decoding, and the accounting rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pairs import bigram_pair, random_pair
+
+from dspark.drafters import BlockDrafter, NgramDrafter
+from dspark.engine import Engine, GenerationConfig
+from dspark.errors import DSparkError
+
+
+def _prompt(n: int = 40, vocab: int = 63, seed: int = 0) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _check_accounting(r, max_new: int, block: int):
+    assert r.num_rounds == len(r.proposal_lengths) == len(r.acceptance_lengths)
+    for n_prop, emitted in zip(r.proposal_lengths, r.acceptance_lengths):
+        assert 0 <= n_prop <= block
+        assert 1 <= emitted <= n_prop + 1
+    produced = 1 + sum(r.acceptance_lengths)  # the prefill token is not a round
+    assert len(r.tokens) <= max_new
+    if r.stop_reason == "max_new_tokens":
+        assert len(r.tokens) == max_new
+        # only the last round may overshoot, and it keeps its count
+        assert 0 <= produced - max_new < r.acceptance_lengths[-1] if r.num_rounds else produced == max_new
+    else:
+        assert produced == len(r.tokens)
+
+
+CASES = {
+    "dspark-bigram": lambda: bigram_pair(),  # accepts long runs and partial blocks
+    "dspark-random": lambda: random_pair(),
+    "dflash-anchor-first": lambda: random_pair(markov_rank=0, confidence=False),
+    "dflash-fill-in": lambda: random_pair(markov_rank=0, confidence=False, sample_from_anchor=False, block_size=8),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+def test_greedy_speculative_equals_plain(case, threshold):
+    target, draft = CASES[case]()
+    if threshold and draft.confidence_head is None:
+        pytest.skip("no confidence head")
+    max_new = 100
+    lengths = []
+    for seed in range(2):
+        prompt = _prompt(seed=seed)
+        cfg = GenerationConfig(max_new_tokens=max_new, temperature=0.0, seed=seed, confidence_threshold=threshold)
+        plain = Engine(target).generate(prompt, cfg)
+        spec = Engine(target, BlockDrafter(draft)).generate(prompt, cfg)
+        assert spec.tokens == plain.tokens
+        assert plain.num_rounds == 0
+        _check_accounting(spec, max_new, draft.config.num_drafts)
+        assert spec.num_rounds > 15
+        lengths += spec.acceptance_lengths
+    if case == "dspark-bigram" and threshold == 0:
+        assert sum(lengths) / len(lengths) > 3  # the rounds really accepted multi-token runs
+        assert min(lengths) < draft.config.num_drafts + 1  # and rejected some
+
+
+def test_confidence_threshold_truncates_proposals():
+    target, draft = bigram_pair()
+    prompt = _prompt()
+    cfg = GenerationConfig(max_new_tokens=60, temperature=0.0)
+    full = Engine(target, BlockDrafter(draft)).generate(prompt, cfg)
+    assert set(full.proposal_lengths) == {draft.config.num_drafts}
+    cut = Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(
+        max_new_tokens=60, temperature=0.0, confidence_threshold=0.5))
+    assert cut.tokens == full.tokens
+    assert min(cut.proposal_lengths) < draft.config.num_drafts
+    # A threshold no confidence reaches empties every proposal: each round is one plain step.
+    none = Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(
+        max_new_tokens=30, temperature=0.0, confidence_threshold=1.0))
+    assert set(none.proposal_lengths) == {0} and set(none.acceptance_lengths) == {1}
+    assert none.tokens == full.tokens[:30]
+
+
+def test_confidence_threshold_needs_a_confidence_head():
+    target, draft = random_pair(markov_rank=0, confidence=False)
+    with pytest.raises(DSparkError, match="confidence head"):
+        Engine(target, BlockDrafter(draft)).generate(_prompt(), GenerationConfig(
+            max_new_tokens=10, confidence_threshold=0.3))
+
+
+def test_ngram_greedy_equals_plain():
+    target, _ = random_pair()
+    prompt = (_prompt(12) * 4)[:45]  # repeats, so lookups find matches
+    cfg = GenerationConfig(max_new_tokens=120, temperature=0.0)
+    plain = Engine(target).generate(prompt, cfg)
+    spec = Engine(target, NgramDrafter(num_tokens=5)).generate(prompt, cfg)
+    assert spec.tokens == plain.tokens
+    _check_accounting(spec, 120, 5)
+    assert max(spec.proposal_lengths) > 0 and 0 in spec.proposal_lengths
+    assert max(spec.acceptance_lengths) > 1
+
+
+def test_stop_token_is_last_and_rounds_count_up_to_it():
+    target, draft = bigram_pair()
+    prompt = _prompt()
+    free = Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(max_new_tokens=80))
+    # Stop on a token that first appears inside an accepted run (not the prefill token).
+    position = next(i for i, t in enumerate(free.tokens) if i > 3 and t not in free.tokens[:i])
+    stop = free.tokens[position]
+    cfg = GenerationConfig(max_new_tokens=80, stop_token_ids=(stop,))
+    spec = Engine(target, BlockDrafter(draft)).generate(prompt, cfg)
+    plain = Engine(target).generate(prompt, cfg)
+    assert spec.tokens == plain.tokens == free.tokens[: position + 1]
+    assert spec.stop_reason == plain.stop_reason == "stop_token"
+    assert 1 + sum(spec.acceptance_lengths) == len(spec.tokens)
+
+
+def test_stop_on_prefill_token_makes_no_round():
+    target, draft = bigram_pair()
+    prompt = _prompt()
+    first = Engine(target).generate(prompt, GenerationConfig(max_new_tokens=1)).tokens[0]
+    r = Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(max_new_tokens=50,
+                                                                             stop_token_ids=(first,)))
+    assert r.tokens == [first] and r.num_rounds == 0 and r.stop_reason == "stop_token"
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7, 13])
+def test_overshoot_is_cut_but_round_kept(max_new):
+    target, draft = bigram_pair()
+    r = Engine(target, BlockDrafter(draft)).generate(_prompt(), GenerationConfig(max_new_tokens=max_new))
+    assert len(r.tokens) == max_new
+    _check_accounting(r, max_new, draft.config.num_drafts)
+    if max_new == 1:
+        assert r.num_rounds == 0
+
+
+def test_seed_reproduces_a_sampled_run():
+    target, draft = bigram_pair()
+    cfg = GenerationConfig(max_new_tokens=60, temperature=1.0, seed=7)
+    a = Engine(target, BlockDrafter(draft)).generate(_prompt(), cfg)
+    b = Engine(target, BlockDrafter(draft)).generate(_prompt(), cfg)
+    c = Engine(target, BlockDrafter(draft)).generate(_prompt(), GenerationConfig(max_new_tokens=60, temperature=1.0,
+                                                                                seed=8))
+    assert (a.tokens, a.acceptance_lengths) == (b.tokens, b.acceptance_lengths)
+    assert a.tokens != c.tokens
+
+
+def test_engine_reuses_its_caches_across_requests():
+    target, draft = bigram_pair()
+    engine = Engine(target, BlockDrafter(draft))
+    cfg = GenerationConfig(max_new_tokens=40)
+    first = engine.generate(_prompt(seed=1), cfg)
+    engine.generate(_prompt(60, seed=2), cfg)
+    again = engine.generate(_prompt(seed=1), cfg)
+    assert first.tokens == again.tokens and first.acceptance_lengths == again.acceptance_lengths
