@@ -1,0 +1,155 @@
+"""Losslessness: speculative sampling draws exactly from the target's own distribution.
+
+Two levels. The acceptance rule alone (`rejection_sample`), batched over many draws of fixed p and q.
+Then the whole engine: the joint distribution of the first three tokens after the prefill token,
+which pass through acceptance, rejection with residual sampling and bonus sampling, against the
+exact distribution enumerated from the target, with a chi-square test. Seeds are fixed, so each
+test's outcome is deterministic; a deliberately biased sampler (rejected slots resampled from p
+instead of the residual) is shown to fail the same test.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from pairs import bigram_pair, random_pair
+
+import dspark.engine
+from dspark.drafters import BlockDrafter
+from dspark.engine import Engine, GenerationConfig
+from dspark.sampling import Streams, probs, rejection_sample, sample
+
+stats = pytest.importorskip("scipy.stats")
+
+PASS_P = 1e-3  # a correct sampler passes at this level; the biased one falls far below
+
+
+def chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value, cells with expected count < 5 pooled into one."""
+    n = counts.sum().item()
+    expected = expected_probs.flatten().double() * n
+    counts = counts.flatten().double()
+    small = expected < 5
+    obs = torch.cat((counts[~small], counts[small].sum()[None]))
+    exp = torch.cat((expected[~small], expected[small].sum()[None]))
+    keep = exp > 0
+    return float(stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item()).pvalue)
+
+
+def biased_rejection_sample(draft_tokens, draft_probs, target_probs, streams):
+    """The classic mistake: resample a rejected slot from p itself rather than from max(p - q, 0)."""
+    accepted, _ = rejection_sample(draft_tokens, draft_probs, target_probs, streams)
+    rows = torch.arange(draft_tokens.shape[0])
+    return accepted, sample(target_probs[rows, accepted], streams.target)
+
+
+# ---- the acceptance rule alone -----------------------------------------------------------------
+
+def _rule_distribution(sampler, n_draws: int = 200_000, vocab: int = 6, n: int = 2):
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(n + 1, vocab, generator=g) * 2, -1)  # target rows (independent of the prefix here)
+    q = torch.softmax(torch.randn(n, vocab, generator=g) * 2, -1)
+    streams = Streams.from_seed(1, "cpu")
+    drafts = sample(q.expand(n_draws, n, vocab), streams.draft)
+    accepted, nxt = sampler(drafts, q.expand(n_draws, n, vocab), p.expand(n_draws, n + 1, vocab), streams)
+    # Output token at slot 0: the first draft when accepted, else the resampled token.
+    first = torch.where(accepted > 0, drafts[:, 0], nxt)
+    return torch.bincount(first, minlength=vocab), p[0], accepted
+
+
+def test_acceptance_rule_keeps_the_target_distribution():
+    counts, p0, accepted = _rule_distribution(rejection_sample)
+    assert chi_square_p(counts, p0) > PASS_P
+    assert 0 < accepted.float().mean() < 2  # both acceptance and rejection happened
+
+
+def test_acceptance_rule_test_catches_a_biased_rule():
+    counts, p0, _ = _rule_distribution(biased_rejection_sample)
+    assert chi_square_p(counts, p0) < 1e-9
+
+
+# ---- the whole engine ------------------------------------------------------------------------------
+
+VOCAB = 4
+PROMPT = [0, 3, 1, 2, 3, 1]
+
+
+def exact_joint(target, prompt: list[int], temperature: float) -> torch.Tensor:
+    """P(x1, x2, x3) after the prompt, the prefill token x0 summed out: [V, V, V], by enumeration."""
+    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=4)))  # x0..x3
+    n = len(prompt)
+    ids = torch.cat((torch.tensor(prompt).expand(len(seqs), n), seqs[:, :3]), dim=1)
+    positions = torch.arange(n + 3).expand_as(ids)
+    with torch.inference_mode():
+        hidden, _ = target(ids, positions, target.new_cache(n + 3, batch=len(seqs)), n + 3)
+        p = probs(target.logits(hidden[:, n - 1 :]), temperature)  # rows predict x0..x3
+    joint = p.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1)
+    return joint.view(VOCAB, VOCAB, VOCAB, VOCAB).sum(0)
+
+
+def sampled_joint(engine: Engine, temperature: float, threshold: float, n_samples: int):
+    """Counts of (x1, x2, x3) over seeds 0..n-1, with every round's acceptance and proposal length."""
+    counts = torch.zeros(VOCAB**3, dtype=torch.long)
+    lengths, proposed = [], []
+    for seed in range(n_samples):
+        r = engine.generate(PROMPT, GenerationConfig(max_new_tokens=4, temperature=temperature, seed=seed,
+                                                     confidence_threshold=threshold))
+        x1, x2, x3 = r.tokens[1:4]
+        counts[(x1 * VOCAB + x2) * VOCAB + x3] += 1
+        lengths += r.acceptance_lengths
+        proposed += r.proposal_lengths
+    return counts, lengths, proposed
+
+
+def _pair(kind: str):
+    if kind == "close":  # the Markov head holds the target's bigram: most drafts are accepted
+        return bigram_pair(vocab=VOCAB, block_size=2, perturb=0.05, head_scale=0.5)
+    return random_pair(vocab=VOCAB, block_size=2, std=1.0)  # independent and peaky: most are rejected
+
+
+N_SAMPLES = 600
+
+
+class RecordingDrafter(BlockDrafter):
+    def __init__(self, model):
+        super().__init__(model)
+        self.confidences: list[float] = []
+
+    def propose(self, *args):
+        proposal = super().propose(*args)
+        self.confidences += proposal.confidence.tolist()
+        return proposal
+
+
+def median_confidence(target, draft, temperature: float) -> float:
+    """A threshold that cuts about half the slots, so truncation happens at every length."""
+    drafter = RecordingDrafter(draft)
+    sampled_joint(Engine(target, drafter), temperature, 0.0, 30)
+    return float(torch.tensor(drafter.confidences).median())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("kind", ["close", "far"])
+@pytest.mark.parametrize("truncate", [False, True])
+def test_engine_samples_the_target_distribution(temperature, kind, truncate):
+    target, draft = _pair(kind)
+    threshold = median_confidence(target, draft, temperature) if truncate else 0.0
+    drafter = RecordingDrafter(draft)
+    engine = Engine(target, drafter)
+    counts, lengths, proposed = sampled_joint(engine, temperature, threshold, N_SAMPLES)
+    expected = exact_joint(target, PROMPT, temperature)
+    assert chi_square_p(counts, expected) > PASS_P
+    mean_len = sum(lengths) / len(lengths)
+    if not truncate:  # the two drafts really are close and far
+        assert mean_len > 2.0 if kind == "close" else mean_len < 1.9
+    else:  # proposals of every length were verified, and some tokens accepted
+        assert set(proposed) == {0, 1, 2} and mean_len > 1.0
+
+
+def test_engine_test_catches_a_biased_sampler(monkeypatch):
+    target, draft = _pair("far")
+    monkeypatch.setattr(dspark.engine, "rejection_sample", biased_rejection_sample)
+    counts, _, _ = sampled_joint(Engine(target, BlockDrafter(draft)), 1.0, 0.0, N_SAMPLES)
+    assert chi_square_p(counts, exact_joint(target, PROMPT, 1.0)) < 1e-6
