@@ -41,17 +41,17 @@ def chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
 def biased_rejection_sample(draft_tokens, draft_probs, target_probs, streams):
     """The classic mistake: resample a rejected slot from p itself rather than from max(p - q, 0)."""
     accepted, _ = rejection_sample(draft_tokens, draft_probs, target_probs, streams)
-    rows = torch.arange(draft_tokens.shape[0])
+    rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
     return accepted, sample(target_probs[rows, accepted], streams.target)
 
 
 # ---- the acceptance rule alone -----------------------------------------------------------------
 
-def _rule_distribution(sampler, n_draws: int = 200_000, vocab: int = 6, n: int = 2):
+def _rule_distribution(sampler, n_draws: int = 200_000, vocab: int = 6, n: int = 2, device: str = "cpu"):
     g = torch.Generator().manual_seed(0)
-    p = torch.softmax(torch.randn(n + 1, vocab, generator=g) * 2, -1)  # target rows (independent of the prefix here)
-    q = torch.softmax(torch.randn(n, vocab, generator=g) * 2, -1)
-    streams = Streams.from_seed(1, "cpu")
+    p = torch.softmax(torch.randn(n + 1, vocab, generator=g) * 2, -1).to(device)  # rows independent of the prefix
+    q = torch.softmax(torch.randn(n, vocab, generator=g) * 2, -1).to(device)
+    streams = Streams.from_seed(1, device)
     drafts = sample(q.expand(n_draws, n, vocab), streams.draft)
     accepted, nxt = sampler(drafts, q.expand(n_draws, n, vocab), p.expand(n_draws, n + 1, vocab), streams)
     # Output token at slot 0: the first draft when accepted, else the resampled token.
