@@ -24,6 +24,10 @@ def _get(cfg: dict, key: str, where: str) -> Any:
     return cfg[key]
 
 
+def _malformed(where: str, exc: Exception) -> DSparkError:
+    return DSparkError(f"{where}: malformed config.json ({type(exc).__name__}: {exc}); re-download the checkpoint")
+
+
 def _rope_theta(cfg: dict, where: str) -> float:
     """RoPE base from `rope_parameters` (transformers 5) or `rope_theta` (older); default type only."""
     params = cfg.get("rope_parameters") or {}
@@ -105,14 +109,17 @@ class TargetConfig:
             raise DSparkError(
                 f"{where}: model_type '{model_type}' is not supported by the native backend; it runs Qwen3 targets"
             )
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return cls(
-            backbone=BackboneConfig.from_hf(cfg, where),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-            eos_token_ids=eos_ids,
-        )
+        try:
+            eos = cfg.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            return cls(
+                backbone=BackboneConfig.from_hf(cfg, where),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+                eos_token_ids=eos_ids,
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise _malformed(where, exc) from None
 
 
 @dataclass(frozen=True)
@@ -170,10 +177,12 @@ class DraftConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict, where: str = "draft") -> "DraftConfig":
-        fmt = detect_format(cfg, where)
         parser = {"deepspec": cls._from_deepspec, "speculators": cls._from_speculators, "zlab": cls._from_zlab}
-        out = parser[fmt](cfg, where)
-        out.validate(where)
+        try:
+            out = parser[detect_format(cfg, where)](cfg, where)
+            out.validate(where)
+        except (TypeError, ValueError, AttributeError) as exc:  # a field of the wrong type, e.g. "block_size": "7a"
+            raise _malformed(where, exc) from None
         return out
 
     @classmethod

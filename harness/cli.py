@@ -39,10 +39,16 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
 def _load_tokenizer(path: Path, needed: bool):
     from transformers import AutoTokenizer
 
     try:
+        # transformers 5 builds an empty tokenizer from a folder with none, rather than failing.
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise FileNotFoundError(f"none of {', '.join(TOKENIZER_FILES)}")
         return AutoTokenizer.from_pretrained(path)
     except Exception as exc:
         if needed:
@@ -114,15 +120,13 @@ def generate(
                                        "max_new_tokens": max_new_tokens, "device": dev,
                                        "confidence_threshold": confidence_threshold}}))
         return
-    if text is not None:
-        out.print(text, markup=False, highlight=False)
-    else:
-        out.print(",".join(map(str, result.tokens)))
+    # Plain print: Rich would wrap long output at the console width and expand tabs.
+    print(text if text is not None else ",".join(map(str, result.tokens)))
     seconds = result.prefill_s + result.decode_s
     summary = f"{method}: {len(result.tokens)} tokens in {seconds:.2f} s ({len(result.tokens) / seconds:.1f} tok/s)"
     if result.num_rounds:
         summary += f", {result.num_rounds} rounds, acceptance length {result.acceptance_length:.2f}"
-    err.print(summary + f", stop: {result.stop_reason}", highlight=False)
+    err.print(summary + f", stop: {result.stop_reason}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -191,7 +195,7 @@ def make_tiny_cmd(
 
     paths = make_tiny(out_dir, seed)
     for name, path in paths.items():
-        out.print(f"{name:20s} {path}", highlight=False)
+        out.print(f"{name:20s} {path}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -1,0 +1,260 @@
+"""`dspark-bench` end to end: the README's commands in real processes, `generate --json` accounting for
+every drafter, `inspect` of every tiny format, and drafts that do not fit their target."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark.checkpoint import load_target, save_target
+from dspark.tiny import random_target, tiny_target_config
+
+PROMPT = [10, 20, 30, 40, 50, 60, 10, 20, 30, 40, 50, 60, 10, 20, 30]  # repeats, so n-gram lookup finds matches
+MAX_NEW = 24
+STOP_IDS = set(tiny_target_config().eos_token_ids)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread; intra-op threads only contend on a 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run_cli(monkeypatch, capfd, *args) -> tuple[int, str, str]:
+    """`dspark-bench ARGS` in this process: (exit code, stdout, stderr)."""
+    from harness import cli
+
+    monkeypatch.setattr(sys, "argv", ["dspark-bench", *map(str, args)])
+    capfd.readouterr()
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def run_process(*args) -> subprocess.CompletedProcess:
+    """The installed `dspark-bench` console script as a real process; stdout/stderr as raw bytes."""
+    script = Path(sys.executable).with_name("dspark-bench")
+    if not script.is_file():
+        pytest.skip("the dspark-bench console script is not installed next to this Python")
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="80")  # a narrow console: nothing may wrap
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, env=env, timeout=300)
+
+
+# ---- the README's first line ------------------------------------------------------------------
+
+SUMMARY = re.compile(r"dspark: (\d+) tokens in [\d.]+ s \([\d.]+ tok/s\), (\d+) rounds, acceptance length [\d.]+, "
+                     r"stop: (max_new_tokens|stop_token)")
+
+
+def test_readme_quickstart(tmp_path, monkeypatch, capfd):
+    out_dir = tmp_path / "dspark-tiny"
+    made = run_process("make-tiny", out_dir)
+    assert made.returncode == 0, made.stderr.decode()
+    listed = dict(line.split() for line in made.stdout.decode().splitlines())
+    assert listed == {name: str(out_dir / name)
+                      for name in ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab")}
+    for folder in listed.values():
+        assert (Path(folder) / "config.json").is_file() and (Path(folder) / "model.safetensors").is_file()
+    assert (out_dir / "target" / "tokenizer_config.json").is_file()
+
+    args = ["generate", "--target", out_dir / "target", "--draft", out_dir / "dspark", "--prompt", "def fib(n):",
+            "--chat", "--max-new-tokens", "64"]
+    proc = run_process(*args)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    lines = err.rstrip("\n").split("\n")
+    assert len(lines) == 1, err  # the summary is one line, however narrow the console
+    summary = SUMMARY.fullmatch(lines[0])
+    assert summary, lines[0]
+    n_tokens, n_rounds, stop = int(summary[1]), int(summary[2]), summary[3]
+    assert n_tokens == 64 or stop == "stop_token"
+
+    # The same run with --json (deterministic at temperature 0): stdout was exactly the decoded text.
+    code, out, _ = run_cli(monkeypatch, capfd, *args, "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert (result["num_tokens"], result["num_rounds"], result["stop_reason"]) == (n_tokens, n_rounds, stop)
+    assert proc.stdout.decode() == result["text"] + "\n"
+    assert result["prompt_tokens"] > len("def fib(n):")  # the chat template wrapped the prompt
+
+
+# ---- generate --json ---------------------------------------------------------------------------
+
+DRAFTERS = {  # name: (options, method reported, most tokens one proposal holds)
+    "dspark": (["--draft", "{tiny}/dspark"], "dspark", 7),
+    "dspark-speculators": (["--draft", "{tiny}/dspark-speculators"], "dspark", 7),
+    "dflash": (["--draft", "{tiny}/dflash"], "dflash", 7),
+    "dflash-zlab": (["--draft", "{tiny}/dflash-zlab"], "dflash", 7),
+    "ngram": (["--ngram"], "ngram", 7),
+    "plain": (["--no-draft"], "plain", 0),
+}
+
+
+@pytest.fixture(scope="module")
+def prefill_token(tiny_dir):
+    """The target's greedy token after PROMPT, computed directly from its forward."""
+    model = load_target(tiny_dir / "target", dtype="float64").model
+    cache = model.new_cache(len(PROMPT))
+    hidden, _ = model(torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None], cache, len(PROMPT))
+    return int(model.logits(hidden[:, -1]).argmax())
+
+
+def _generate_json(monkeypatch, capfd, tiny_dir, name, *extra) -> dict:
+    options = [o.replace("{tiny}", str(tiny_dir)) for o in DRAFTERS[name][0]]
+    code, out, err = run_cli(monkeypatch, capfd, "generate", "--target", tiny_dir / "target", *options,
+                             "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", MAX_NEW,
+                             "--dtype", "float64", "--json", *extra)
+    assert code == 0 and "Traceback" not in err, err
+    return json.loads(out)
+
+
+def _check_accounting(r: dict, block: int) -> None:
+    tokens = r["tokens"]
+    assert all(isinstance(t, int) and 0 <= t < 272 for t in tokens)
+    assert r["num_tokens"] == len(tokens) and r["prompt_tokens"] == r["prompt_len"] == len(PROMPT)
+    if r["stop_reason"] == "max_new_tokens":
+        assert len(tokens) == MAX_NEW and not STOP_IDS & set(tokens)
+    else:
+        assert r["stop_reason"] == "stop_token" and tokens[-1] in STOP_IDS and not STOP_IDS & set(tokens[:-1])
+        assert len(tokens) <= MAX_NEW
+    acc, prop = r["acceptance_lengths"], r["proposal_lengths"]
+    assert r["num_rounds"] == len(acc) == len(prop)
+    if block == 0:
+        assert r["num_rounds"] == 0 and r["acceptance_length"] is None
+        return
+    assert r["num_rounds"] >= 1
+    assert all(0 <= p <= block and 1 <= a <= p + 1 for a, p in zip(acc, prop))
+    assert 1 + sum(acc) >= len(tokens) > 1 + sum(acc[:-1])  # the prefill token, then every round was needed
+    assert r["acceptance_length"] == pytest.approx(sum(acc) / len(acc))
+
+
+@pytest.fixture(scope="module")
+def plain_tokens(tiny_dir):
+    from dspark.engine import Engine, GenerationConfig
+
+    model = load_target(tiny_dir / "target", dtype="float64").model
+    cfg = GenerationConfig(max_new_tokens=MAX_NEW, stop_token_ids=tuple(STOP_IDS))
+    return Engine(model).generate(PROMPT, cfg).tokens
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_generate_json_greedy(tiny_dir, prefill_token, plain_tokens, monkeypatch, capfd, name):
+    r = _generate_json(monkeypatch, capfd, tiny_dir, name)
+    _, method, block = DRAFTERS[name]
+    assert r["method"] == method
+    assert r["tokens"][0] == prefill_token  # the prefill token comes first
+    _check_accounting(r, block)
+    assert r["tokens"] == plain_tokens  # greedy speculative decoding is lossless
+    assert r["settings"]["temperature"] == 0.0 and r["settings"]["max_new_tokens"] == MAX_NEW
+    from transformers import AutoTokenizer
+
+    assert r["text"] == AutoTokenizer.from_pretrained(tiny_dir / "target").decode(r["tokens"])
+
+
+@pytest.mark.parametrize("name", ["dspark", "dflash-zlab", "ngram"])
+def test_generate_json_sampled(tiny_dir, monkeypatch, capfd, name):
+    runs = [_generate_json(monkeypatch, capfd, tiny_dir, name, "--temperature", "1", "--seed", seed)
+            for seed in ("7", "7", "8")]
+    for r in runs:
+        _check_accounting(r, DRAFTERS[name][2])
+    assert runs[0]["tokens"] == runs[1]["tokens"] and runs[0]["acceptance_lengths"] == runs[1]["acceptance_lengths"]
+    assert runs[0]["tokens"] != runs[2]["tokens"]  # the seed drives the sampling
+    if name != "ngram":  # near-uniform tiny distributions: sampled drafts are often accepted
+        assert max(runs[0]["acceptance_lengths"]) > 1
+
+
+def test_generate_text_with_ids_only_target(tiny_dir, tmp_path, monkeypatch, capfd):
+    """A target folder without tokenizer files: --prompt-ids works and stdout is the ids."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        (bare / name).write_bytes((tiny_dir / "target" / name).read_bytes())
+    code, out, err = run_cli(monkeypatch, capfd, "generate", "--target", bare, "--draft", tiny_dir / "dspark",
+                             "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", 40, "--ignore-eos")
+    assert code == 0, err
+    ids = out.rstrip("\n").split(",")
+    assert len(ids) == 40 and all(i.isdigit() for i in ids)  # one line, never wrapped
+    assert re.fullmatch(r"dspark: 40 tokens in .*, stop: max_new_tokens\n", err)
+
+
+# ---- inspect -----------------------------------------------------------------------------------
+
+INSPECT = {
+    "dspark": {"format": "deepspec", "method": "dspark", "vllm_method": "dspark", "num_drafts": 7, "block_size": 7,
+               "sample_from_anchor": True, "markov_rank": 16, "markov_head_type": "vanilla",
+               "confidence_head": True, "target_layer_ids": [0, 1, 2], "ships_embeddings": True},
+    "dspark-speculators": {"format": "speculators", "method": "dspark", "vllm_method": "dspark", "num_drafts": 7,
+                           "sample_from_anchor": True, "markov_rank": 16, "target_layer_ids": [0, 1, 2],
+                           "ships_embeddings": True, "architecture": "DSparkSpeculator"},
+    "dflash": {"format": "deepspec", "method": "dflash", "num_drafts": 7, "sample_from_anchor": True,
+               "markov_rank": 0, "confidence_head": False, "ships_embeddings": True},
+    "dflash-zlab": {"format": "zlab", "method": "dflash", "vllm_method": "dflash", "num_drafts": 7, "block_size": 8,
+                    "sample_from_anchor": False, "markov_rank": 0, "ships_embeddings": False,
+                    "architecture": "DFlashDraftModel"},
+}
+
+
+@pytest.mark.parametrize("name", INSPECT)
+def test_inspect_json(tiny_dir, monkeypatch, capfd, name):
+    code, out, err = run_cli(monkeypatch, capfd, "inspect", tiny_dir / name, "--target", tiny_dir / "target", "--json")
+    assert code == 0 and err == "", err
+    info = json.loads(out)
+    assert {k: info[k] for k in INSPECT[name]} == INSPECT[name]
+    assert info["fits_target"] is True and "problem" not in info
+    if name == "dflash":  # anchor-first without a Markov head: vLLM's dspark runtime, forced by hand
+        assert info["vllm_method"].startswith("dspark ") and "anchor-first" in info["vllm_method"]
+    params = info["parameters"]
+    assert params["total"] == sum(v for k, v in params.items() if not k.startswith("total"))
+    assert params["total_without_embeddings"] == params["total"] - params["embed_tokens"] - params["lm_head"]
+    assert params["embed_tokens"] == (272 * 64 if INSPECT[name]["ships_embeddings"] else 0)
+    assert params["markov_head"] == (2 * 272 * 16 if INSPECT[name]["markov_rank"] else 0)
+    code, out, _ = run_cli(monkeypatch, capfd, "inspect", tiny_dir / name, "--json")  # without a target
+    assert code == 0 and "fits_target" not in json.loads(out)
+
+
+def test_inspect_table(tiny_dir, monkeypatch, capfd):
+    code, out, err = run_cli(monkeypatch, capfd, "inspect", tiny_dir / "dflash-zlab", "--target", tiny_dir / "target")
+    assert code == 0 and err == ""
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
+    assert rows["format"] == "zlab" and rows["vllm_method"] == "dflash" and rows["fits_target"] == "True"
+
+
+@pytest.fixture(scope="module")
+def other_targets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("other-targets")
+    for name, cfg in {"shallow": tiny_target_config(layers=3), "narrow": tiny_target_config(hidden=32),
+                      "big-vocab": tiny_target_config(vocab_size=300)}.items():
+        save_target(random_target(cfg, seed=5), root / name)
+    return root
+
+
+@pytest.mark.parametrize("target,problem", [
+    ("shallow", "tapped target layer 2 is too deep for a 3-layer target"),
+    ("narrow", "draft hidden_size 64 != target hidden_size 32"),
+    ("big-vocab", "draft vocabulary 272 != target vocabulary 300"),
+])
+def test_inspect_against_a_mismatched_target(tiny_dir, other_targets, monkeypatch, capfd, target, problem):
+    code, out, err = run_cli(monkeypatch, capfd, "inspect", tiny_dir / "dspark", "--target", other_targets / target,
+                             "--json")
+    assert code == 1, (out, err)
+    info = json.loads(out)
+    assert info["fits_target"] is False and problem in info["problem"]
+    assert info["format"] == "deepspec" and info["method"] == "dspark"  # still describes the draft
+    # generate refuses the same pair with one line and exit 2
+    code, out, err = run_cli(monkeypatch, capfd, "generate", "--target", other_targets / target, "--draft",
+                             tiny_dir / "dspark", "--prompt-ids", "1,2,3", "--max-new-tokens", 4)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and problem in err
