@@ -110,6 +110,9 @@ def _assign(module: nn.Module, tensors: dict[str, Tensor], where: str, optional:
     """Load `tensors` into `module` after checking every name and shape."""
     expected = module.state_dict()
     check_tensors(shapes(module), {k: tuple(v.shape) for k, v in tensors.items()}, where, optional)
+    for key, value in tensors.items():
+        if key in expected and expected[key].is_floating_point() and not value.is_floating_point():
+            raise DSparkError(f"{where}: tensor '{key}' has dtype {value.dtype}, expected a floating-point weight")
     module.load_state_dict({k: v for k, v in tensors.items() if k in expected}, strict=False, assign=True)
 
 

@@ -673,6 +673,8 @@ BROKEN = {  # name: (how to break a good DeepSpec draft, what the one line must 
                        "tensor 'fc.weight' is missing from the checkpoint"),
     "wrong_shape": (lambda f: _rewrite_state(f, lambda s: s.update({"fc.weight": torch.zeros(64, 128)})),
                     "tensor 'fc.weight' has shape [64, 128], expected [64, 192]"),
+    "integer_weight": (lambda f: _rewrite_state(f, lambda s: s.update({"fc.weight": s["fc.weight"].to(torch.int32)})),
+                       "tensor 'fc.weight' has dtype torch.int32, expected a floating-point weight"),
     "unexpected_tensor": (lambda f: _rewrite_state(f, lambda s: s.update({"extra_proj.weight": torch.zeros(2)})),
                           "unexpected tensor 'extra_proj.weight'"),
     "tap_too_deep": (lambda f: _rewrite_config(f, lambda c: c.update(target_layer_ids=[0, 1, 3])),
@@ -689,6 +691,7 @@ BROKEN = {  # name: (how to break a good DeepSpec draft, what the one line must 
     "corrupt_safetensors": (_corrupt, "unreadable safetensors file"),
 }
 NEEDS_TARGET = {"tap_too_deep"}
+LOAD_ONLY = {"integer_weight"}  # inspect reads the safetensors headers' shapes, not the tensors
 
 
 @pytest.fixture(scope="module")
@@ -724,7 +727,7 @@ def test_the_good_draft_generates(small, monkeypatch, capfd):
     assert len(out.strip().split(",")) == 4  # no tokenizer: the ids
 
 
-@pytest.mark.parametrize("name", [n for n in BROKEN if n not in NEEDS_TARGET])
+@pytest.mark.parametrize("name", [n for n in BROKEN if n not in NEEDS_TARGET | LOAD_ONLY])
 def test_inspect_a_broken_draft_exits_2_with_one_line(broken, monkeypatch, capfd, name):
     code, out, err = run_cli(monkeypatch, capfd, "inspect", broken / name)
     assert_one_error_line(code, out, err, BROKEN_MESSAGES[name])
