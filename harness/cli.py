@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dspark.errors import DSparkError
+from harness.provenance import provenance
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure how much DSpark speculative decoding speeds up a model, and where GPU time goes.")
@@ -116,9 +117,11 @@ def generate(
     text = tokenizer.decode(result.tokens) if tokenizer is not None else None
     if as_json:
         print(json.dumps({"method": method, "prompt_tokens": len(ids), "text": text, **result.to_dict(),
-                          "settings": {"target": target, "draft": draft, "temperature": temperature, "seed": seed,
-                                       "max_new_tokens": max_new_tokens, "device": dev,
-                                       "confidence_threshold": confidence_threshold}}))
+                          "settings": {"target": target, "draft": draft, "ngram": ngram, "temperature": temperature,
+                                       "seed": seed, "max_new_tokens": max_new_tokens, "device": dev,
+                                       "dtype": str(loaded.model.lm_head.weight.dtype).removeprefix("torch."),
+                                       "confidence_threshold": confidence_threshold, "ignore_eos": ignore_eos},
+                          "provenance": provenance(dev)}))
         return
     # Plain print: Rich would wrap long output at the console width and expand tabs.
     print(text if text is not None else ",".join(map(str, result.tokens)))

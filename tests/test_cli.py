@@ -160,6 +160,9 @@ def test_generate_json_greedy(tiny_dir, prefill_token, plain_tokens, monkeypatch
     _check_accounting(r, block)
     assert r["tokens"] == plain_tokens  # greedy speculative decoding is lossless
     assert r["settings"]["temperature"] == 0.0 and r["settings"]["max_new_tokens"] == MAX_NEW
+    prov = r["provenance"]  # what produced the result travels with it
+    assert prov["versions"]["torch"] == torch.__version__ and prov["device"] == "cpu" and prov["time_utc"]
+    assert prov["git"]["commit"] is None or len(prov["git"]["commit"]) == 40
     from transformers import AutoTokenizer
 
     assert r["text"] == AutoTokenizer.from_pretrained(tiny_dir / "target").decode(r["tokens"])
