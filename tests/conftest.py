@@ -6,6 +6,11 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    # Tiny models run fastest on one thread; intra-op threads only contend on a small (2-core) machine.
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

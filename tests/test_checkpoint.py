@@ -18,21 +18,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from cli_runner import run_cli
+
 from dspark.checkpoint import load_draft, load_target, save_draft, save_target
 from dspark.config import DraftConfig, TargetConfig
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
 from dspark.tiny import MASK_TOKEN_ID, random_draft, random_target, tiny_draft_config, tiny_target_config
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread; intra-op threads only contend on a 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # ---- 1. config parsing of the published layouts -------------------------------------------------
@@ -627,21 +620,6 @@ def test_markov_head_type_must_match_the_weights(wide, wide_target, tmp_path):
 
 
 # ---- 6. broken checkpoints through the CLI --------------------------------------------------------
-
-def run_cli(monkeypatch, capfd, *args) -> tuple[int, str, str]:
-    """`dspark-bench ARGS` in this process: (exit code, stdout, stderr)."""
-    from harness import cli
-
-    monkeypatch.setattr(sys, "argv", ["dspark-bench", *map(str, args)])
-    capfd.readouterr()
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capfd.readouterr()
-    return code, out, err
-
 
 def assert_one_error_line(code: int, out: str, err: str, fragment: str) -> None:
     assert code == 2, (code, out, err)

@@ -13,36 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_runner import run_cli
+
 from dspark.checkpoint import load_target, save_target
 from dspark.tiny import random_target, tiny_target_config
 
 PROMPT = [10, 20, 30, 40, 50, 60, 10, 20, 30, 40, 50, 60, 10, 20, 30]  # repeats, so n-gram lookup finds matches
 MAX_NEW = 24
 STOP_IDS = set(tiny_target_config().eos_token_ids)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread; intra-op threads only contend on a 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def run_cli(monkeypatch, capfd, *args) -> tuple[int, str, str]:
-    """`dspark-bench ARGS` in this process: (exit code, stdout, stderr)."""
-    from harness import cli
-
-    monkeypatch.setattr(sys, "argv", ["dspark-bench", *map(str, args)])
-    capfd.readouterr()
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def run_process(*args) -> subprocess.CompletedProcess:
