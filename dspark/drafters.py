@@ -1,43 +1,43 @@
 """Drafters: what proposes tokens for the target to verify. All share one interface and one verify path.
 
-A drafter starts a request from the prompt, proposes a block from the newest committed token (the
-anchor, whose target hidden state does not exist yet), and is told which verified rows were kept.
+A drafter starts a request from the prompt's tapped features, then, once per round, writes a
+proposal into the request's `DecodeState` (tokens, the distributions they were drawn from, how
+many count). The block drafter works on the device only, so its step can be a CUDA graph; the
+n-gram drafter looks the history up on the host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from dspark.draft import DraftModel
+from dspark.layers import KVCache
 from dspark.sampling import probs, sample
-
-
-@dataclass
-class Proposal:
-    tokens: Tensor  # [n] target token ids
-    probs: Tensor | None  # [n, V] the exact distributions they were drawn from; None: deterministic
-    confidence: Tensor | None = None  # [n] P(slot accepted | earlier slots accepted)
+from dspark.steps import DecodeState, scratch_positions, visible_len
 
 
 class Drafter(Protocol):
     method: str  # dspark | dflash | ngram
     taps: tuple[int, ...]  # target layers whose outputs the drafter reads
-    block_size: int  # most tokens one proposal can hold
+    block_size: int  # proposal slots per round
+    graphable: bool  # propose() is device work only, with no host decision
 
-    def start(self, prompt_ids: Tensor, prompt_feats: Tensor | None, max_len: int) -> None: ...
+    def allocate(self, max_len: int) -> None: ...
 
-    def propose(self, anchor: Tensor, position: int, temperature: float, generator: torch.Generator) -> Proposal: ...
+    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None: ...
 
-    def commit(self, tokens: Tensor, feats: Tensor | None, position: int) -> None:
-        """`tokens` [k] were kept at positions position..position+k-1 (anchor first), with their features."""
+    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
+                history: list[int]) -> None:
+        """Write the proposal following `state.anchor` (`history`: all committed ids, the anchor last)."""
 
 
 class BlockDrafter:
     """A DSpark (Markov-corrected) or DFlash (independent slots) draft model."""
+
+    graphable = True
 
     def __init__(self, model: DraftModel):
         self.model = model
@@ -45,45 +45,55 @@ class BlockDrafter:
         self.method = cfg.method
         self.taps = cfg.target_layer_ids
         self.block_size = cfg.num_drafts
-        self.cache = None
-        self._pending: tuple[Tensor, int] | None = None
+        self.cache: KVCache | None = None
+        device = model.fc.weight.device
+        self._masks = torch.full((cfg.block_size - 1,), cfg.mask_token_id, dtype=torch.long, device=device)
+        self._to_target = model.target_ids()
 
-    def start(self, prompt_ids: Tensor, prompt_feats: Tensor | None, max_len: int) -> None:
-        need = max_len + self.model.config.block_size
-        if self.cache is None or self.cache.max_len < need:
-            self.cache = self.model.new_cache(need)
-        self._pending = (prompt_feats, 0)
+    def allocate(self, max_len: int) -> None:
+        if self.cache is None or self.cache.max_len != max_len:
+            self.cache = self.model.new_cache(max_len)
 
-    def commit(self, tokens: Tensor, feats: Tensor | None, position: int) -> None:
-        self._pending = (feats, position)
+    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None:
+        n = prompt_feats.shape[1]
+        self.model.add_context(prompt_feats, torch.arange(n, device=prompt_feats.device)[None], self.cache)
+        state.pending_count.zero_()
 
-    @torch.inference_mode()
-    def propose(self, anchor: Tensor, position: int, temperature: float, generator: torch.Generator) -> Proposal:
+    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
+                history: list[int]) -> None:
+        """The whole draft step: pending context rows in, block forward, slot sampling, proposal out."""
         model, cfg = self.model, self.model.config
-        device = anchor.device
-        feats, first = self._pending
-        model.add_context(feats, torch.arange(first, first + feats.shape[1], device=device)[None], self.cache)
-        block = torch.full((1, cfg.block_size), cfg.mask_token_id, dtype=torch.long, device=device)
-        block[0, 0] = anchor
-        positions = torch.arange(position, position + cfg.block_size, device=device)[None]
-        hidden = model.block_hidden(block, positions, self.cache, position + cfg.block_size)[0]
-        hidden = hidden[cfg.block_size - cfg.num_drafts:]  # fill-in layout: slot 0 predicts nothing
+        rows = state.verify_feats.shape[1]
+        model.add_context(state.verify_feats, scratch_positions(state.pending_start, state.pending_count, rows,
+                                                                self.cache), self.cache)
+        block = torch.cat((state.anchor, self._masks))[None]
+        positions = (state.position + torch.arange(cfg.block_size, device=block.device))[None]
+        hidden = model.block_hidden(block, positions, self.cache, visible_len(self.cache))[0]
+        hidden = hidden[cfg.block_size - cfg.num_drafts :]  # fill-in layout: slot 0 predicts nothing
         logits = model.base_logits(hidden)  # [n, Vd]
-        to_target = model.target_ids()
         if model.markov_head is None:
             q = probs(logits, temperature)
             draft_ids = sample(q, generator)
             conf = torch.sigmoid(model.confidence_head(hidden, None)) if model.confidence_head else None
         else:
-            q, draft_ids, conf = self._markov_sample(hidden, logits, anchor, temperature, generator, to_target)
-        tokens = to_target[draft_ids]
+            q, draft_ids, conf = self._markov_sample(hidden, logits, state.anchor, temperature, generator)
+        state.draft_tokens[0].copy_(self._to_target[draft_ids])
         if cfg.reduced_vocab:  # verification needs q over the target vocabulary
-            full = torch.zeros(q.shape[0], cfg.backbone.vocab_size, device=device)
-            q = full.index_copy_(1, to_target, q)
-        return Proposal(tokens, q, conf)
+            state.draft_probs[0].zero_().index_copy_(1, self._to_target, q)
+        else:
+            state.draft_probs[0].copy_(q)
+        n = cfg.num_drafts
+        if conf is None:
+            state.confidence.fill_(1.0)
+            state.num_proposed.fill_(n)
+            return
+        state.confidence[0].copy_(conf)
+        below = conf < threshold  # cut at the first slot whose confidence is under the threshold
+        first = torch.where(below.any(), below.int().argmax(), n)
+        state.num_proposed.copy_(first.view(1))
 
     def _markov_sample(self, hidden: Tensor, logits: Tensor, anchor: Tensor, temperature: float,
-                       generator: torch.Generator, to_target: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+                       generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor | None]:
         """Left to right: slot k's logits get the bias of the token sampled at slot k-1 (the anchor for k=0)."""
         model = self.model
         prev, state = anchor.view(1), None
@@ -98,7 +108,7 @@ class BlockDrafter:
                 confs.append(torch.sigmoid(model.confidence_head(h, use_e)))
             qs.append(q)
             ids.append(d)
-            prev = to_target[d]
+            prev = self._to_target[d]
         conf = torch.cat(confs) if confs else None
         return torch.cat(qs), torch.cat(ids), conf
 
@@ -108,32 +118,36 @@ class NgramDrafter:
 
     Tries n from `max_ngram` down to `min_ngram`; proposes up to `num_tokens` tokens (none when no
     n-gram recurs, which makes the round a plain decoding step through the same verify path).
+    Proposals are deterministic, so their distributions are one-hot.
     """
 
     method = "ngram"
     taps: tuple[int, ...] = ()
+    graphable = False
 
     def __init__(self, num_tokens: int = 7, min_ngram: int = 2, max_ngram: int = 4):
         self.block_size = num_tokens
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
-        self.history: list[int] = []
 
-    def start(self, prompt_ids: Tensor, prompt_feats: Tensor | None, max_len: int) -> None:
-        self.history = prompt_ids.tolist()
+    def allocate(self, max_len: int) -> None:
+        pass
 
-    def commit(self, tokens: Tensor, feats: Tensor | None, position: int) -> None:
-        del self.history[position:]
-        self.history.extend(tokens.tolist())
+    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None:
+        pass
 
-    def propose(self, anchor: Tensor, position: int, temperature: float, generator: torch.Generator) -> Proposal:
-        seq = self.history[:position] + [int(anchor)]
-        found: list[int] = []
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            tail = seq[-n:]
-            for i in range(len(seq) - n - 1, -1, -1):  # latest earlier occurrence first
-                if seq[i : i + n] == tail:
-                    found = seq[i + n : i + n + self.block_size]
-                    break
-            if found:
-                break
-        return Proposal(torch.tensor(found, dtype=torch.long, device=anchor.device), None)
+    def lookup(self, history: list[int]) -> list[int]:
+        for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
+            tail = history[-n:]
+            for i in range(len(history) - n - 1, -1, -1):  # latest earlier occurrence first
+                if history[i : i + n] == tail:
+                    return history[i + n : i + n + self.block_size]
+        return []
+
+    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
+                history: list[int]) -> None:
+        found = self.lookup(history)
+        tokens = torch.zeros(1, self.block_size, dtype=torch.long)
+        tokens[0, : len(found)] = torch.tensor(found, dtype=torch.long)
+        state.draft_tokens.copy_(tokens)
+        state.draft_probs.zero_().scatter_(-1, state.draft_tokens[..., None], 1.0)
+        state.num_proposed.fill_(len(found))

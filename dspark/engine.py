@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
-from torch import Tensor
 
 from dspark.drafters import Drafter
 from dspark.errors import DSparkError
-from dspark.sampling import Streams, probs, rejection_sample, sample
+from dspark.profiling import Ranges
+from dspark.sampling import Streams, probs, sample
+from dspark.steps import DecodeState, TargetSteps
 from dspark.target import Qwen3Target
 
 
@@ -69,22 +71,112 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class Engine:
-    """Runs one request at a time on `target`, speculatively when given a drafter."""
+class StepRunner:
+    """Runs a step eagerly, or replays the CUDA graph captured for it (once per step and settings).
 
-    def __init__(self, target: Qwen3Target, drafter: Drafter | None = None):
+    Capture warms the step up on a side stream first (lazy initialisation, cuBLAS workspaces), so it
+    runs the step twice for real: call `capture` before a request, whose prefill resets the state.
+    """
+
+    def __init__(self, use_graphs: bool, generators: tuple[torch.Generator, ...]):
+        self.use_graphs = use_graphs
+        self.generators = generators
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    def capture(self, key: tuple, fn: Callable[[], None]) -> None:
+        if not self.use_graphs or key in self.graphs:
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        for gen in self.generators:  # the streams' own generators advance on every replay
+            graph.register_generator_state(gen)
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn()
+        self.pool = graph.pool()
+        self.graphs[key] = graph
+
+    def run(self, key: tuple, fn: Callable[[], None]) -> None:
+        graph = self.graphs.get(key) if self.use_graphs else None
+        if graph is None:
+            fn()
+        else:
+            graph.replay()
+
+
+class Engine:
+    """Runs one request at a time on `target`, speculatively when given a drafter.
+
+    Caches and the step state are allocated once and reused while requests fit; on CUDA every
+    step but the prefill replays a CUDA graph unless `use_graphs` is False (the eager reference).
+    """
+
+    def __init__(self, target: Qwen3Target, drafter: Drafter | None = None, use_graphs: bool | None = None,
+                 nvtx: bool = True):
         self.target = target
         self.drafter = drafter
         self.device = target.lm_head.weight.device
-        self.cache = None
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and self.device.type != "cuda":
+            raise DSparkError("CUDA graphs need a CUDA device; drop the graphs option on CPU")
+        self.ranges = Ranges(nvtx)
+        self.method = drafter.method if drafter else "ar"
+        self.streams = Streams.from_seed(0, self.device)
+        self.runner = StepRunner(self.use_graphs, self.streams.generators())
+        self.max_len = 0
+        self.cache = self.state = self.steps = None
 
-    def _cache_for(self, max_len: int):
-        if self.cache is None or self.cache.max_len < max_len:
-            self.cache = self.target.new_cache(max_len)
-        return self.cache
+    def _allocate(self, max_len: int) -> None:
+        """Caches for `max_len` positions plus a scratch slot; graphs bound to older buffers are dropped."""
+        if max_len <= self.max_len:
+            return
+        max_len = max(max_len, 2 * self.max_len)  # grow geometrically: few reallocations and recaptures
+        self.cache = self.target.new_cache(max_len + 1)
+        b = self.target.config.backbone
+        taps = self.drafter.taps if self.drafter else ()
+        num_drafts = self.drafter.block_size if self.drafter else 1
+        self.state = DecodeState.allocate(num_drafts, b.vocab_size, len(taps) * b.hidden_size,
+                                          self.target.lm_head.weight.dtype, self.device)
+        self.steps = TargetSteps(self.target, self.cache, self.state, self.streams, taps)
+        if self.drafter:
+            self.drafter.allocate(max_len + 1)
+        self.runner.graphs.clear()
+        self.max_len = max_len
 
-    def _positions(self, start: int, n: int) -> Tensor:
-        return torch.arange(start, start + n, device=self.device)[None]
+    def _step_fns(self, cfg: GenerationConfig) -> dict[str, tuple[tuple, Callable[[], None], bool]]:
+        """name -> (graph key, step, graphable)."""
+        t, c = cfg.temperature, cfg.confidence_threshold
+        if self.drafter is None:
+            return {"ar_decode": (("ar", t), lambda: self.steps.ar_decode(t), True)}
+        drafter, history = self.drafter, self._history
+        return {
+            f"{self.method}_propose": (("propose", t, c), lambda: drafter.propose(
+                self.state, t, c, self.streams.draft, history), drafter.graphable),
+            "target_verify": (("verify", t), lambda: self.steps.verify(t), True),
+            "decode_sample": (("accept",), self.steps.accept, True),
+        }
+
+    @torch.inference_mode()
+    def warmup(self, max_len: int, cfg: GenerationConfig) -> None:
+        """Allocate for `max_len` positions and capture the graphs `cfg` needs, outside any timing."""
+        self._allocate(max_len)
+        self._history = [0]
+        with self.ranges("warmup"):
+            self.state.position.zero_()
+            self.state.pending_count.zero_()
+            for key, fn, graphable in self._step_fns(cfg).values():
+                if graphable:
+                    self.runner.capture(key, fn)
+
+    def _step(self, name: str, step: tuple[tuple, Callable[[], None], bool]) -> None:
+        key, fn, _ = step
+        with self.ranges(name):
+            self.runner.run(key, fn)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], cfg: GenerationConfig) -> GenerationResult:
@@ -92,40 +184,54 @@ class Engine:
             raise DSparkError("the prompt is empty; give at least one token")
         if cfg.max_new_tokens < 1:
             raise DSparkError(f"max_new_tokens is {cfg.max_new_tokens}; it must be at least 1")
+        if (cfg.confidence_threshold > 0 and self.drafter is not None
+                and getattr(getattr(self.drafter, "model", None), "confidence_head", None) is None):
+            raise DSparkError(f"--confidence-threshold needs a draft with a confidence head; "
+                              f"the {self.method} drafter has none")
         n = len(prompt_ids)
         block = self.drafter.block_size if self.drafter else 0
-        max_len = n + cfg.max_new_tokens + block + 1
         limit = self.target.config.max_position_embeddings
-        if max_len - block - 1 > limit:
+        if n + cfg.max_new_tokens > limit:
             raise DSparkError(f"prompt ({n}) + max_new_tokens ({cfg.max_new_tokens}) exceeds the target's "
                               f"max_position_embeddings ({limit}); lower --max-new-tokens")
-        cache = self._cache_for(max_len)
-        streams = Streams.from_seed(cfg.seed, self.device)
+        self.warmup(n + cfg.max_new_tokens + block + 1, cfg)
+        self.streams.reseed(cfg.seed)
+        steps = self._step_fns(cfg)
         taps = self.drafter.taps if self.drafter else ()
         result = GenerationResult(prompt_len=n)
+        state = self.state
 
         t0 = time.perf_counter()
-        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        hidden, feats = self.target(ids, self._positions(0, n), cache, n, taps)
-        x = sample(probs(self.target.logits(hidden[:, -1]), cfg.temperature), streams.target)
-        if self.drafter:
-            self.drafter.start(ids[0], feats, max_len)
-        result.tokens.append(int(x))
-        _sync(self.device)
+        with self.ranges("prefill"):
+            ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+            hidden, feats = self.target(ids, torch.arange(n, device=self.device)[None], self.cache, n, taps)
+            state.anchor.copy_(sample(probs(self.target.logits(hidden[:, -1]), cfg.temperature), self.streams.target))
+            state.position.fill_(n)
+            if self.drafter:
+                self.drafter.start(state, feats)
+            result.tokens.append(int(state.anchor))
         t1 = time.perf_counter()
         result.prefill_s = t1 - t0
 
         stop = set(cfg.stop_token_ids)
-        position = n  # where the newest token (the anchor) sits
+        self._history[:] = prompt_ids + result.tokens
         while len(result.tokens) < cfg.max_new_tokens and result.tokens[-1] not in stop:
             if self.drafter is None:
-                hidden, _ = self.target(x[None], self._positions(position, 1), cache, position + 1)
-                x = sample(probs(self.target.logits(hidden[:, -1]), cfg.temperature), streams.target)
-                result.tokens.append(int(x))
-                position += 1
+                self._step("ar_decode", steps["ar_decode"])
+                result.tokens.append(int(state.anchor))
                 continue
-            x, emitted = self._round(x, position, cache, cfg, streams, result)
-            position += emitted
+            for name, step in steps.items():
+                self._step(name, step)
+            out = state.round_out.tolist()  # the round's one host-device synchronisation
+            accepted, proposed, emitted = out[0], out[1], out[2 : 3 + out[0]]
+            for i, tok in enumerate(emitted[:-1]):
+                if tok in stop:
+                    emitted = emitted[: i + 1]
+                    break
+            result.proposal_lengths.append(proposed)
+            result.acceptance_lengths.append(len(emitted))
+            result.tokens.extend(emitted)
+            self._history.extend(emitted)
         _sync(self.device)
         result.decode_s = time.perf_counter() - t1
 
@@ -136,38 +242,3 @@ class Engine:
                 break
         del result.tokens[cfg.max_new_tokens :]
         return result
-
-    def _round(self, anchor: Tensor, position: int, cache, cfg: GenerationConfig, streams: Streams,
-               result: GenerationResult) -> tuple[Tensor, int]:
-        """Propose, verify, accept. Returns the next anchor and how many positions were committed."""
-        proposal = self.drafter.propose(anchor, position, cfg.temperature, streams.draft)
-        n_prop = proposal.tokens.shape[0]
-        if cfg.confidence_threshold > 0:
-            if proposal.confidence is None:
-                raise DSparkError(f"--confidence-threshold needs a draft with a confidence head; "
-                                  f"this {self.drafter.method} drafter has none")
-            low = (proposal.confidence < cfg.confidence_threshold).nonzero()
-            if low.numel():
-                n_prop = int(low[0, 0])
-        drafts = proposal.tokens[:n_prop]
-        verify_ids = torch.cat((anchor.view(1), drafts))[None]
-        hidden, feats = self.target(verify_ids, self._positions(position, n_prop + 1), cache,
-                                    position + n_prop + 1, self.drafter.taps)
-        p = probs(self.target.logits(hidden), cfg.temperature)
-        if proposal.probs is None:
-            q = torch.zeros_like(p[:, :n_prop]).scatter_(-1, drafts.view(1, -1, 1), 1.0)
-        else:
-            q = proposal.probs[None, :n_prop]
-        accepted, nxt = rejection_sample(drafts[None], q, p, streams)
-        a = int(accepted)
-        emitted = drafts[:a].tolist() + [int(nxt)]
-        stop = set(cfg.stop_token_ids)
-        for i, tok in enumerate(emitted[:-1]):
-            if tok in stop:
-                emitted = emitted[: i + 1]
-                break
-        result.proposal_lengths.append(n_prop)
-        result.acceptance_lengths.append(len(emitted))
-        result.tokens.extend(emitted)
-        self.drafter.commit(verify_ids[0, : a + 1], None if feats is None else feats[:, : a + 1], position)
-        return nxt, a + 1

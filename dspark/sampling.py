@@ -40,36 +40,44 @@ class Streams:
 
     @classmethod
     def from_seed(cls, seed: int, device: torch.device | str) -> "Streams":
-        def gen(offset: int) -> torch.Generator:
-            g = torch.Generator(device=device)
-            g.manual_seed((seed * 1_000_003 + offset) % (2**63))
-            return g
+        streams = cls(*(torch.Generator(device=device) for _ in range(3)))
+        streams.reseed(seed)
+        return streams
 
-        return cls(draft=gen(1), accept=gen(2), target=gen(3))
+    def reseed(self, seed: int) -> None:
+        """Restart all three streams from `seed` (in place: CUDA graphs hold these generators)."""
+        for offset, gen in enumerate((self.draft, self.accept, self.target), start=1):
+            gen.manual_seed((seed * 1_000_003 + offset) % (2**63))
+
+    def generators(self) -> tuple[torch.Generator, ...]:
+        return self.draft, self.accept, self.target
 
 
-def rejection_sample(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor,
-                     streams: Streams) -> tuple[Tensor, Tensor]:
-    """Verify n proposed tokens per row.
+def rejection_sample(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, streams: Streams,
+                     num_proposed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Verify up to n proposed tokens per row.
 
     draft_tokens [B, n]; draft_probs [B, n, V]: the exact distribution each token was drawn from
     (one-hot for a deterministic proposer); target_probs [B, n+1, V]: row i is the target's
-    distribution for the token after proposal prefix i. Token i is accepted with probability
-    min(1, p_i(d_i) / q_i(d_i)) while all before it were; the first rejected slot is resampled
-    from max(p - q, 0), and when all n are accepted a bonus token is drawn from p_n.
-    Returns (accepted count [B], next token [B]).
+    distribution for the token after proposal prefix i; num_proposed [B]: how many of the n slots
+    count (all when None). Token i is accepted with probability min(1, p_i(d_i) / q_i(d_i)) while
+    all before it were; the first rejected slot is resampled from max(p - q, 0), and when every
+    counted slot is accepted a bonus token is drawn from the next p. Shapes never depend on the
+    outcome, so this runs inside a CUDA graph. Returns (accepted count [B], next token [B]).
     """
     b, n = draft_tokens.shape
-    if n == 0:
-        return torch.zeros(b, dtype=torch.long, device=target_probs.device), sample(target_probs[:, 0], streams.target)
+    device = target_probs.device
+    counted = torch.full((b,), n, device=device) if num_proposed is None else num_proposed
+    valid = torch.arange(n, device=device) < counted[:, None]
     p_d = target_probs[:, :n].gather(-1, draft_tokens[..., None]).squeeze(-1)
     q_d = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
-    u = torch.rand(b, n, device=target_probs.device, generator=streams.accept)
-    ok = u * q_d < p_d
+    u = torch.rand(b, n, device=device, generator=streams.accept)
+    ok = (u * q_d < p_d) & valid
     accepted = ok.long().cumprod(-1).sum(-1)
-    rows = torch.arange(b, device=target_probs.device)
+    rows = torch.arange(b, device=device)
     p_next = target_probs[rows, accepted]
-    q_next = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)[rows, accepted]
+    q_pad = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)
+    q_next = q_pad[rows, accepted] * (accepted < counted)[:, None]  # past the proposal: no q, a bonus from p
     residual = (p_next - q_next).clamp_min(0)
     # Float noise can leave no mass where p == q; rejection then had probability ~0: fall back to p.
     empty = residual.sum(-1, keepdim=True) <= 1e-8

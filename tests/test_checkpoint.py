@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -530,12 +531,11 @@ class _Recorder(BlockDrafter):
 
         model.markov_head.step = recording_step
 
-    def propose(self, anchor, *args, **kwargs):
-        self.anchors.append(int(anchor))
+    def propose(self, state, *args, **kwargs):
+        self.anchors.append(int(state.anchor))
         self.markov_prev.append([])
-        p = super().propose(anchor, *args, **kwargs)
-        self.proposals.append(p)
-        return p
+        super().propose(state, *args, **kwargs)
+        self.proposals.append(SimpleNamespace(tokens=state.draft_tokens[0].clone(), probs=state.draft_probs[0].clone()))
 
 
 def test_reduced_vocabulary_draft(wide, wide_target, wide_plain):

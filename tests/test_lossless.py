@@ -16,7 +16,7 @@ import pytest
 import torch
 from pairs import bigram_pair, random_pair
 
-import dspark.engine
+import dspark.steps
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.sampling import Streams, probs, rejection_sample, sample
@@ -38,9 +38,9 @@ def chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
     return float(stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item()).pvalue)
 
 
-def biased_rejection_sample(draft_tokens, draft_probs, target_probs, streams):
+def biased_rejection_sample(draft_tokens, draft_probs, target_probs, streams, num_proposed=None):
     """The classic mistake: resample a rejected slot from p itself rather than from max(p - q, 0)."""
-    accepted, _ = rejection_sample(draft_tokens, draft_probs, target_probs, streams)
+    accepted, _ = rejection_sample(draft_tokens, draft_probs, target_probs, streams, num_proposed)
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
     return accepted, sample(target_probs[rows, accepted], streams.target)
 
@@ -117,10 +117,9 @@ class RecordingDrafter(BlockDrafter):
         super().__init__(model)
         self.confidences: list[float] = []
 
-    def propose(self, *args):
-        proposal = super().propose(*args)
-        self.confidences += proposal.confidence.tolist()
-        return proposal
+    def propose(self, state, *args):
+        super().propose(state, *args)
+        self.confidences += state.confidence[0].tolist()
 
 
 def median_confidence(target, draft, temperature: float) -> float:
@@ -150,6 +149,6 @@ def test_engine_samples_the_target_distribution(temperature, kind, truncate):
 
 def test_engine_test_catches_a_biased_sampler(monkeypatch):
     target, draft = _pair("far")
-    monkeypatch.setattr(dspark.engine, "rejection_sample", biased_rejection_sample)
+    monkeypatch.setattr(dspark.steps, "rejection_sample", biased_rejection_sample)
     counts, _, _ = sampled_joint(Engine(target, BlockDrafter(draft)), 1.0, 0.0, N_SAMPLES)
     assert chi_square_p(counts, exact_joint(target, PROMPT, 1.0)) < 1e-6

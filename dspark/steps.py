@@ -1,0 +1,98 @@
+"""The engine's steps as tensor code on fixed buffers: the same code runs eagerly and inside CUDA graphs.
+
+A request's state between steps lives on the device (`DecodeState`): the anchor and its position,
+the proposal, the target's verify distributions, the context rows waiting to enter the draft's
+cache, and the round's outcome, which the host reads back once per round. No step takes a Python
+value that changes from round to round; variable lengths (rows accepted, tokens proposed) are
+device tensors, and rows that do not count are written to a scratch cache slot no query can see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dspark.layers import KVCache
+from dspark.sampling import Streams, probs, rejection_sample, sample
+from dspark.target import Qwen3Target
+
+
+@dataclass
+class DecodeState:
+    position: Tensor  # [1] position of the anchor (the newest committed token)
+    anchor: Tensor  # [1] the newest committed token
+    draft_tokens: Tensor  # [1, N] proposal (target ids)
+    draft_probs: Tensor  # [1, N, V] the distributions the proposal was drawn from (one-hot if deterministic)
+    num_proposed: Tensor  # [1] how many proposal slots are verified (<= N)
+    confidence: Tensor  # [1, N] P(slot accepted | earlier accepted); 1 without a confidence head
+    target_probs: Tensor  # [1, N+1, V] the target's distributions over the verified rows
+    verify_feats: Tensor  # [1, N+1, F] tapped target features of the verified rows (F may be 0)
+    pending_start: Tensor  # [1] position of the first context row the draft has not seen
+    pending_count: Tensor  # [1] how many rows of verify_feats wait for the draft's cache
+    round_out: Tensor  # [N+3]: accepted, proposed, then the emitted tokens (accepted drafts, next token)
+
+    @classmethod
+    def allocate(cls, num_drafts: int, vocab: int, feat_dim: int, dtype: torch.dtype, device) -> "DecodeState":
+        n = num_drafts
+
+        def zeros(*shape, dt=torch.long):
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        return cls(
+            position=zeros(1), anchor=zeros(1), draft_tokens=zeros(1, n), draft_probs=zeros(1, n, vocab, dt=torch.float32),
+            num_proposed=zeros(1), confidence=zeros(1, n, dt=torch.float32),
+            target_probs=zeros(1, n + 1, vocab, dt=torch.float32), verify_feats=zeros(1, n + 1, feat_dim, dt=dtype),
+            pending_start=zeros(1), pending_count=zeros(1), round_out=zeros(n + 3),
+        )
+
+
+def visible_len(cache: KVCache) -> int:
+    """Keys every step may read; the cache's last slot is scratch for rows that do not count."""
+    return cache.max_len - 1
+
+
+def scratch_positions(first: Tensor, count: Tensor, rows: int, cache: KVCache) -> Tensor:
+    """[1, rows] positions first, first+1, ... for the first `count` rows, the scratch slot for the rest."""
+    offsets = torch.arange(rows, device=first.device)
+    return torch.where(offsets < count, first + offsets, visible_len(cache))[None]
+
+
+class TargetSteps:
+    """Plain decoding and verification on the target, sampling included."""
+
+    def __init__(self, target: Qwen3Target, cache: KVCache, state: DecodeState, streams: Streams,
+                 taps: tuple[int, ...]):
+        self.target, self.cache, self.state, self.streams, self.taps = target, cache, state, streams, taps
+
+    def ar_decode(self, temperature: float) -> None:
+        """One plain step: the anchor's logits, a sampled next token, the state moved by one."""
+        s = self.state
+        hidden, _ = self.target(s.anchor.view(1, 1), s.position.view(1, 1), self.cache, visible_len(self.cache))
+        token = sample(probs(self.target.logits(hidden[:, -1]), temperature), self.streams.target)
+        s.anchor.copy_(token)
+        s.position.add_(1)
+
+    def verify(self, temperature: float) -> None:
+        """Target forward over [anchor, proposal] (all N+1 rows; rows past num_proposed are ignored later)."""
+        s = self.state
+        ids = torch.cat((s.anchor, s.draft_tokens[0]))[None]
+        positions = (s.position + torch.arange(ids.shape[1], device=ids.device))[None]
+        hidden, feats = self.target(ids, positions, self.cache, visible_len(self.cache), self.taps)
+        s.target_probs.copy_(probs(self.target.logits(hidden), temperature))
+        if feats is not None:
+            s.verify_feats.copy_(feats)
+
+    def accept(self) -> None:
+        """Acceptance, residual or bonus sampling, and the move to the next anchor."""
+        s = self.state
+        accepted, token = rejection_sample(s.draft_tokens, s.draft_probs, s.target_probs, self.streams, s.num_proposed)
+        slots = torch.arange(s.draft_tokens.shape[1] + 1, device=token.device)
+        drafts = torch.cat((s.draft_tokens[0], token))
+        emitted = torch.where(slots < accepted, drafts, token)
+        s.round_out.copy_(torch.cat((accepted, s.num_proposed, emitted)))
+        s.pending_start.copy_(s.position)  # the anchor and the accepted drafts enter the draft's context
+        s.pending_count.copy_(accepted + 1)
+        s.position.add_(accepted + 1)
+        s.anchor.copy_(token)
