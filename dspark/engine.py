@@ -223,7 +223,7 @@ class Engine:
             for name, step in steps.items():
                 self._step(name, step)
             out = state.round_out.tolist()  # the round's one host-device synchronisation
-            accepted, proposed, emitted = out[0], out[1], out[2 : 3 + out[0]]
+            proposed, emitted = out[1], out[2 : 3 + out[0]]  # out[0] drafts accepted, then the next token
             for i, tok in enumerate(emitted[:-1]):
                 if tok in stop:
                     emitted = emitted[: i + 1]

@@ -173,6 +173,34 @@ def inspect(
         raise typer.Exit(1)
 
 
+@app.command("engine-bench")
+def engine_bench(
+    target: str = typer.Option("qwen3-8b", help="Target preset (qwen3-8b, qwen3-4b) or a config.json / folder."),
+    draft: str = typer.Option("dspark-qwen3-8b-block7", help="Draft preset or a draft config.json / folder."),
+    context_len: int = typer.Option(1024, min=1, help="Tokens of context in the KV cache."),
+    dtype: str = typer.Option("bfloat16", help="bfloat16, float16 or float32."),
+    repeats: int = typer.Option(50, min=5, help="Timed repeats per figure (the median is reported)."),
+    skip_hf: bool = typer.Option(False, "--skip-hf", help="Skip the transformers generate peer."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+):
+    """Step costs of the native engine at real shapes (random weights) against the bandwidth limit."""
+    from harness.engine_bench import BenchArgs, dumps, run_engine_bench, table_rows
+
+    args = BenchArgs(target=target, draft=draft, context_len=context_len, dtype=dtype, repeats=repeats,
+                     skip_hf=skip_hf)
+    result = run_engine_bench(args)
+    result["provenance"] = provenance("cuda") | {"arguments": vars(args), "weights": "random normal(0, 0.02)"}
+    if as_json:
+        print(dumps(result))
+        return
+    table = Table(title=f"engine-bench {target} + {draft}, {context_len}-token context, {dtype}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name, value in table_rows(result):
+        table.add_row(name, value)
+    out.print(table)
+
+
 def _param_counts(found: dict[str, tuple]) -> dict[str, int]:
     groups = {"embed_tokens": 0, "lm_head": 0, "layers": 0, "fc+norms": 0, "markov_head": 0, "confidence_head": 0}
     for key, shape in found.items():

@@ -38,3 +38,64 @@ def test_sampled_run_on_gpu_is_reproducible():
 def test_acceptance_rule_on_gpu():
     counts, p0, _ = _rule_distribution(rejection_sample, device="cuda")
     assert chi_square_p(counts.cpu(), p0.cpu()) > 1e-3
+
+
+# ---- CUDA graphs: an acceleration of the same steps, checked equal to the eager reference ------------
+
+def _cuda_cases():
+    def fill_in():
+        return random_pair(markov_rank=0, confidence=False, sample_from_anchor=False, block_size=8,
+                           dtype=torch.bfloat16)
+
+    return {
+        "dspark": lambda: bigram_pair(dtype=torch.bfloat16),
+        "dspark-random": lambda: random_pair(dtype=torch.bfloat16),
+        "dflash-fill-in": fill_in,
+    }
+
+
+@pytest.mark.parametrize("case", ["dspark", "dspark-random", "dflash-fill-in", "ngram", "plain"])
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+def test_graph_path_equals_eager_path(case, threshold):
+    if threshold and case not in ("dspark", "dspark-random"):
+        pytest.skip("only DSpark drafts have a confidence head")
+    target, draft = _cuda_cases().get(case, lambda: bigram_pair(dtype=torch.bfloat16))()
+    target, draft = target.cuda(), draft.cuda()
+    prompt = (torch.randint(0, 63, (12,), generator=torch.Generator().manual_seed(0)).tolist() * 3)[:40]
+    cfg = GenerationConfig(max_new_tokens=96, temperature=0.0, confidence_threshold=threshold)
+    runs = []
+    for graphs in (False, True):
+        drafter = NgramDrafter() if case == "ngram" else None if case == "plain" else BlockDrafter(draft)
+        engine = Engine(target, drafter, use_graphs=graphs)
+        assert bool(engine.runner.graphs) is False
+        runs.append(engine.generate(prompt, cfg))
+        assert bool(engine.runner.graphs) is graphs  # the graph path really replayed graphs
+    eager, graphed = runs
+    assert graphed.tokens == eager.tokens
+    assert graphed.acceptance_lengths == eager.acceptance_lengths
+    assert graphed.proposal_lengths == eager.proposal_lengths
+
+
+def test_graph_path_is_lossless():
+    """The core's distribution test, rerun with every step replayed from a CUDA graph."""
+    from test_lossless import N_SAMPLES, PROMPT, _pair, chi_square_p, exact_joint, sampled_joint
+
+    for kind in ("close", "far"):
+        target, draft = _pair(kind)  # float64 on the CPU: the exact distribution comes from these
+        expected = exact_joint(target, PROMPT, 1.0)
+        engine = Engine(target.float().cuda(), BlockDrafter(draft.float().cuda()), use_graphs=True)
+        counts, lengths, _ = sampled_joint(engine, 1.0, 0.0, N_SAMPLES)
+        assert engine.runner.graphs
+        assert chi_square_p(counts, expected) > 1e-3
+
+
+def test_engine_bench_runs_on_a_tiny_pair(tiny_dir):
+    from harness.engine_bench import BenchArgs, run_engine_bench
+
+    out = run_engine_bench(BenchArgs(target=str(tiny_dir / "target"), draft=str(tiny_dir / "dspark"), context_len=64,
+                                     repeats=5, copy_gib=0.25, hf_new_tokens=4, dtype="float32"))
+    for key in ("copy_tbps", "step_bytes", "limit_tok_s", "decode_ms", "decode_tok_s", "decode_fraction_of_limit",
+                "verify8_ms", "verify16_ms", "verify8_over_decode", "draft_ms", "draft_over_decode", "round_ms",
+                "round_over_decode", "hf_generate_tok_s", "graphs_off_decode_ms", "nvtx_overhead_pct"):
+        assert out[key] is not None and out[key] == out[key], key
+    assert out["copy_tbps"] > 0.1 and out["step_bytes"] > 0

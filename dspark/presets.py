@@ -1,0 +1,75 @@
+"""Model shapes of published checkpoints, for random-weight timing runs (never for acceptance claims)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from dspark.config import BackboneConfig, DraftConfig, TargetConfig
+from dspark.draft import DraftModel
+from dspark.errors import DSparkError
+from dspark.target import Qwen3Target
+
+QWEN3_8B = TargetConfig(
+    backbone=BackboneConfig(hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32, num_kv_heads=8,
+                            head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, vocab_size=151936),
+    tie_word_embeddings=False, max_position_embeddings=40960, eos_token_ids=(151645, 151643),
+)
+QWEN3_4B = TargetConfig(
+    backbone=replace(QWEN3_8B.backbone, hidden_size=2560, intermediate_size=9728),
+    tie_word_embeddings=True, max_position_embeddings=40960, eos_token_ids=(151645, 151643),
+)
+TARGETS = {"qwen3-8b": QWEN3_8B, "qwen3-4b": QWEN3_4B}
+
+
+def evenly_spaced_taps(num_target_layers: int, count: int = 5) -> tuple[int, ...]:
+    """DeepSeek's and z-lab's rule: `count` ids from 1 to L-3, rounded ([1,9,17,25,33] for 36 layers)."""
+    last = num_target_layers - 3
+    return tuple(round(1 + i * (last - 1) / (count - 1)) for i in range(count))
+
+
+def dspark_draft_config(target: TargetConfig, block_size: int = 7, layers: int = 5, markov_rank: int = 256,
+                        sample_from_anchor: bool = True, confidence: bool = True) -> DraftConfig:
+    """The shape of deepseek-ai/dspark_qwen3_*_block7 (markov_rank 0 and no confidence: their DFlash)."""
+    return DraftConfig(
+        format="deepspec", backbone=replace(target.backbone, num_layers=layers), block_size=block_size,
+        target_layer_ids=evenly_spaced_taps(target.backbone.num_layers), sample_from_anchor=sample_from_anchor,
+        mask_token_id=151669 if target.backbone.vocab_size > 151669 else target.backbone.vocab_size - 1,
+        markov_rank=markov_rank, markov_head_type="vanilla" if markov_rank else None, confidence_head=confidence,
+        confidence_head_with_markov=confidence and markov_rank > 0, num_target_layers=target.backbone.num_layers,
+    )
+
+
+DRAFTS = {
+    "dspark-qwen3-8b-block7": lambda: dspark_draft_config(QWEN3_8B),
+    "dflash-qwen3-8b-block7": lambda: dspark_draft_config(QWEN3_8B, markov_rank=0, confidence=False),
+    "zlab-dflash-qwen3-8b-b16": lambda: dspark_draft_config(QWEN3_8B, block_size=16, markov_rank=0, confidence=False,
+                                                            sample_from_anchor=False),
+}
+
+
+def build_random(target_cfg: TargetConfig, draft_cfg: DraftConfig | None, device: str, dtype: torch.dtype,
+                 seed: int = 0, std: float = 0.02) -> tuple[Qwen3Target, DraftModel | None]:
+    """Random models allocated straight on `device` and drawn from normal(0, std) there (never zeros or
+    uninitialised memory, which can run faster than real data). The draft shares the target's
+    embedding and LM head, as a loaded DeepSpec draft does."""
+    with torch.device("meta"):
+        target = Qwen3Target(target_cfg)
+        draft = DraftModel(draft_cfg, with_embeddings=False) if draft_cfg else None
+    gen_device = torch.device(device)
+    torch.manual_seed(seed)
+    if gen_device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+    target = target.to_empty(device=device).to(dtype)
+    if target_cfg.tie_word_embeddings:
+        target.lm_head.weight = target.model.embed_tokens.weight
+    target.init_random(std)
+    if draft is not None:
+        if draft_cfg.reduced_vocab:
+            raise DSparkError("random drafts with a reduced vocabulary are not built; use the full vocabulary")
+        draft = draft.to_empty(device=device).to(dtype)
+        draft.init_random(std)
+        draft.share_embeddings(target.model.embed_tokens, target.lm_head)
+        draft = draft.eval().requires_grad_(False)
+    return target.eval().requires_grad_(False), draft

@@ -1,0 +1,251 @@
+"""`dspark-bench engine-bench`: step costs of the native engine at real shapes against the bandwidth limit.
+
+At batch size 1 a decode step must read every weight once (all but the input embedding table, of
+which it gathers one row) plus the KV cache, so copy bandwidth / step bytes bounds tokens per second.
+Everything is timed after warm-up with device-synchronised timers, as the median of repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from dspark.checkpoint import pick_dtype, read_config
+from dspark.config import DraftConfig, TargetConfig
+from dspark.drafters import BlockDrafter
+from dspark.engine import Engine, GenerationConfig, StepRunner
+from dspark.errors import DSparkError
+from dspark.presets import DRAFTS, TARGETS, build_random
+from dspark.profiling import Ranges
+from dspark.sampling import Streams
+from dspark.steps import DecodeState, TargetSteps
+
+
+@dataclass
+class BenchArgs:
+    target: str = "qwen3-8b"
+    draft: str = "dspark-qwen3-8b-block7"
+    context_len: int = 1024
+    dtype: str = "bfloat16"
+    repeats: int = 50
+    copy_gib: float = 4.0
+    hf_new_tokens: int = 32
+    skip_hf: bool = False
+
+
+def _target_config(name: str) -> TargetConfig:
+    if name in TARGETS:
+        return TARGETS[name]
+    path = Path(name)
+    if path.is_file():
+        path = path.parent
+    if path.is_dir():
+        return TargetConfig.from_hf(read_config(path), str(name))
+    raise DSparkError(f"unknown target preset '{name}'; use one of {', '.join(TARGETS)} or a config.json")
+
+
+def _draft_config(name: str, target: TargetConfig) -> DraftConfig:
+    if name in DRAFTS:
+        cfg = DRAFTS[name]()
+    else:
+        path = Path(name)
+        path = path.parent if path.is_file() else path
+        if not path.is_dir():
+            raise DSparkError(f"unknown draft preset '{name}'; use one of {', '.join(DRAFTS)} or a config.json")
+        cfg = DraftConfig.from_hf(read_config(path), str(name))
+    cfg.check_target(target, f"draft {name}")
+    return cfg
+
+
+def cuda_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None) -> float:
+    """Median of `repeats` device-timed runs of `fn` (CUDA events), after three warm-up runs."""
+    for _ in range(3):
+        if before:
+            before()
+        fn()
+    times = []
+    for _ in range(repeats):
+        if before:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None) -> float:
+    """Median wall time of `fn` including its host work, synchronised before and after."""
+    times = []
+    for i in range(repeats + 3):
+        if before:
+            before()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth_tbps(gib: float, repeats: int) -> float:
+    """Device-to-device copy of a `gib` GiB buffer; bytes read plus bytes written over time."""
+    n = int(gib * 2**30)
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = cuda_median_ms(lambda: dst.copy_(src), max(5, repeats // 5))
+    return 2 * n / (ms * 1e-3) / 1e12
+
+
+def step_bytes(target: torch.nn.Module, context_len: int) -> int:
+    """Bytes one decode step must read: every weight but the embedding table (one row of it), plus KV."""
+    b = target.config.backbone
+    embed = target.model.embed_tokens.weight
+    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in target.parameters()}.values())
+    if embed.data_ptr() != target.lm_head.weight.data_ptr():  # an untied table is only gathered from
+        weights -= embed.numel() * embed.element_size() - embed.shape[1] * embed.element_size()
+    kv = 2 * b.num_layers * b.num_kv_heads * b.head_dim * context_len * embed.element_size()
+    return weights + kv
+
+
+@torch.inference_mode()
+def run_engine_bench(args: BenchArgs) -> dict:
+    if not torch.cuda.is_available():
+        raise DSparkError("engine-bench measures GPU step costs; no CUDA device is visible")
+    dtype = pick_dtype(args.dtype, "cuda")
+    tcfg = _target_config(args.target)
+    dcfg = _draft_config(args.draft, tcfg)
+    target, draft = build_random(tcfg, dcfg, "cuda", dtype)
+    ctx, reps = args.context_len, args.repeats
+    prompt = torch.randint(0, 1000, (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
+    out: dict = {"copy_tbps": copy_bandwidth_tbps(args.copy_gib, reps)}
+    out["step_bytes"] = step_bytes(target, ctx)
+    out["limit_tok_s"] = out["copy_tbps"] * 1e12 / out["step_bytes"]
+    out |= measure_plain(target, prompt, reps)
+    out["decode_tok_s"] = 1e3 / out["decode_ms"]
+    out["decode_fraction_of_limit"] = out["decode_tok_s"] / out["limit_tok_s"]
+    for rows in (8, 16):
+        out[f"verify{rows}_ms"] = measure_verify(target, dcfg.target_layer_ids, prompt, rows, reps)
+    out["verify8_over_decode"] = out["verify8_ms"] / out["decode_ms"]
+    out |= measure_speculative(target, draft, prompt, reps)
+    out["draft_over_decode"] = out["draft_ms"] / out["decode_ms"]
+    out["round_over_decode"] = out["round_ms"] / out["decode_ms"]
+    if not args.skip_hf:
+        out["hf_generate_tok_s"] = hf_generate_tok_s(target, prompt, args.hf_new_tokens)
+    return out
+
+
+def measure_plain(target, prompt: list[int], reps: int) -> dict:
+    """The plain decode step (sampling included) replayed from its graph and run eagerly, and the cost
+    of NVTX ranges around the replay (host time included)."""
+    ctx, cfg, out = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0), {}
+    for graphs in (False, True):
+        engine = Engine(target, None, use_graphs=graphs)
+        engine.generate(prompt, cfg)  # fills the cache with the context and captures the graph
+        key, fn, _ = engine._step_fns(cfg)["ar_decode"]
+
+        def reset(e=engine):
+            e.state.position.fill_(ctx)
+
+        out["decode_ms" if graphs else "graphs_off_decode_ms"] = cuda_median_ms(
+            lambda e=engine, k=key, f=fn: e.runner.run(k, f), reps, reset)
+    for name, ranges in (("nvtx_on_decode_ms", Ranges(True)), ("nvtx_off_decode_ms", Ranges(False))):
+        def ranged(r=ranges):
+            with r("ar_decode"):
+                engine.runner.run(key, fn)
+
+        out[name] = host_median_ms(ranged, reps, reset)
+    out["nvtx_overhead_pct"] = 100 * (out["nvtx_on_decode_ms"] / out["nvtx_off_decode_ms"] - 1)
+    return out
+
+
+def measure_verify(target, taps: tuple[int, ...], prompt: list[int], rows: int, reps: int) -> float:
+    """One verify step of `rows` tokens (the anchor and rows-1 drafts) after the context, from its graph."""
+    ctx, b = len(prompt), target.config.backbone
+    cache = target.new_cache(ctx + rows + 2)
+    target(torch.tensor([prompt], device="cuda"), torch.arange(ctx, device="cuda")[None], cache, ctx, taps)
+    state = DecodeState.allocate(rows - 1, b.vocab_size, len(taps) * b.hidden_size, cache.k.dtype, "cuda")
+    state.position.fill_(ctx)
+    streams = Streams.from_seed(0, "cuda")
+    steps = TargetSteps(target, cache, state, streams, taps)
+    runner = StepRunner(True, streams.generators())
+
+    def verify():
+        steps.verify(1.0)
+
+    runner.capture(("verify",), verify)
+    return cuda_median_ms(lambda: runner.run(("verify",), verify), reps)
+
+
+def measure_speculative(target, draft, prompt: list[int], reps: int) -> dict:
+    """The draft step with 4 newly accepted context rows (graph replay), and a whole round:
+    propose + verify + accept and the host's read of the outcome."""
+    ctx, cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
+    drafter = BlockDrafter(draft)
+    engine = Engine(target, drafter)
+    engine.generate(prompt, cfg)
+    steps, state = engine._step_fns(cfg), engine.state
+
+    def reset_round():
+        state.position.fill_(ctx)
+        state.pending_start.fill_(ctx - 4)
+        state.pending_count.fill_(4)
+
+    pkey, pfn, _ = steps[f"{drafter.method}_propose"]
+
+    def whole_round():
+        for name, step in steps.items():
+            engine._step(name, step)
+        state.round_out.tolist()
+
+    return {"draft_ms": cuda_median_ms(lambda: engine.runner.run(pkey, pfn), reps, reset_round),
+            "round_ms": host_median_ms(whole_round, reps, reset_round)}
+
+
+def hf_generate_tok_s(target, prompt: list[int], new_tokens: int) -> float | None:
+    """The same random weights through transformers' own `generate` (greedy, fixed length): the peer."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    b = target.config.backbone
+    hf_cfg = transformers.Qwen3Config(**{k: v for k, v in b.hf_fields().items() if k not in ("model_type",)},
+                                      tie_word_embeddings=target.config.tie_word_embeddings,
+                                      max_position_embeddings=target.config.max_position_embeddings)
+    with torch.device("meta"):
+        hf = transformers.Qwen3ForCausalLM(hf_cfg)
+    hf.load_state_dict(target.state_dict(), assign=True, strict=False)  # shares our tensors: no copy
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    hf.model.rotary_emb = Qwen3RotaryEmbedding(hf_cfg, device="cuda")  # a buffer no state dict carries
+    hf = hf.eval()
+    ids = torch.tensor([prompt], device="cuda")
+    gen = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    hf.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm-up
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    hf.generate(ids, **gen)
+    torch.cuda.synchronize()
+    return new_tokens / (time.perf_counter() - t)
+
+
+def table_rows(out: dict) -> list[tuple[str, str]]:
+    fmt = {"copy_tbps": "{:.2f} TB/s", "step_bytes": "{:,} B", "limit_tok_s": "{:.1f} tok/s", "decode_ms": "{:.3f} ms",
+           "decode_tok_s": "{:.1f} tok/s", "decode_fraction_of_limit": "{:.1%}", "graphs_off_decode_ms": "{:.3f} ms",
+           "verify8_ms": "{:.3f} ms", "verify16_ms": "{:.3f} ms", "verify8_over_decode": "{:.2f}x",
+           "draft_ms": "{:.3f} ms", "draft_over_decode": "{:.2f}x", "round_ms": "{:.3f} ms",
+           "round_over_decode": "{:.2f}x", "hf_generate_tok_s": "{:.1f} tok/s", "nvtx_overhead_pct": "{:+.2f} %"}
+    return [(k, fmt[k].format(out[k])) for k in fmt if out.get(k) is not None]
+
+
+def dumps(out: dict) -> str:
+    return json.dumps(out, indent=2, default=str)
