@@ -126,7 +126,8 @@ def run_engine_bench(args: BenchArgs) -> dict:
     dcfg = _draft_config(args.draft, tcfg)
     target, draft = build_random(tcfg, dcfg, "cuda", dtype)
     ctx, reps = args.context_len, args.repeats
-    prompt = torch.randint(0, 1000, (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
+    high = min(1000, tcfg.backbone.vocab_size)
+    prompt = torch.randint(0, high, (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
     out: dict = {"copy_tbps": copy_bandwidth_tbps(args.copy_gib, reps)}
     out["step_bytes"] = step_bytes(target, ctx)
     out["limit_tok_s"] = out["copy_tbps"] * 1e12 / out["step_bytes"]
@@ -226,7 +227,8 @@ def hf_generate_tok_s(target, prompt: list[int], new_tokens: int) -> float | Non
     hf.load_state_dict(target.state_dict(), assign=True, strict=False)  # shares our tensors: no copy
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    hf.model.rotary_emb = Qwen3RotaryEmbedding(hf_cfg, device="cuda")  # a buffer no state dict carries
+    with torch.device("cuda"):
+        hf.model.rotary_emb = Qwen3RotaryEmbedding(hf_cfg)  # a buffer no state dict carries
     hf = hf.eval()
     ids = torch.tensor([prompt], device="cuda")
     gen = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
