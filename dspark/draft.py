@@ -110,8 +110,7 @@ class DraftModel(nn.Module):
         c = self.hidden_norm(self.fc(feats))
         step = AttentionStep.build(positions, positions, 0, self.config.backbone, c.dtype)
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.project_kv(c, step)
-            cache.write(i, positions, k, v)
+            layer.self_attn.write_kv(c, step, cache, i)
 
     def block_hidden(self, block_ids: Tensor, positions: Tensor, cache: KVCache, kv_len: int) -> Tensor:
         """Final-normed hidden states [B, block, H] of the query block at `positions` [B, block].
@@ -124,9 +123,10 @@ class DraftModel(nn.Module):
             x = torch.cat((x[:, :1], self.mask_embedding.to(x.dtype).expand(x.shape[0], x.shape[1] - 1, -1)), dim=1)
         last = positions[:, -1:].expand_as(positions)
         step = AttentionStep.build(positions, last, kv_len, self.config.backbone, x.dtype)
+        delta = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, step, cache, i)
-        return self.norm(x)
+            x, delta = layer(x, delta, step, cache, i)
+        return self.norm.add_forward(x, delta)[1]
 
     def base_logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden).float()

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dspark import kernels
 from dspark.config import BackboneConfig
 
 
@@ -24,10 +25,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return kernels.rms_norm_ref(x, self.weight, self.eps)
+
+    def add_forward(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(x + delta, norm(x + delta)) in one pass on the GPU."""
+        return kernels.add_rms_norm(x, delta, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -38,14 +40,6 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dt
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [B, heads, T, D]; cos/sin: [B, T, D]."""
-    cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 @dataclass
 class AttentionStep:
     """What every layer of one forward shares: query positions, RoPE tables and the visibility mask."""
@@ -53,16 +47,14 @@ class AttentionStep:
     positions: Tensor  # [B, T] absolute positions of the queries; their K/V are written there
     cos: Tensor
     sin: Tensor
-    mask: Tensor  # [B, 1, T, kv_len] bool, True where the query may attend to the key
+    limits: Tensor  # [B, T] the highest key position each query may see
     kv_len: int  # keys at positions 0..kv_len-1 are read from the cache
 
     @classmethod
     def build(cls, positions: Tensor, limits: Tensor, kv_len: int, cfg: BackboneConfig, dtype: torch.dtype):
         """`limits[b, t]`: the highest key position query (b, t) may see (its own position when causal)."""
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)
-        key_pos = torch.arange(kv_len, device=positions.device)
-        mask = (key_pos <= limits[..., None])[:, None]
-        return cls(positions, cos, sin, mask, kv_len)
+        return cls(positions, cos, sin, limits, kv_len)
 
 
 class KVCache:
@@ -82,20 +74,43 @@ class KVCache:
     def max_len(self) -> int:
         return self.k.shape[3]
 
-    def write(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
-        """k, v: [B, kv_heads, T, D] for the tokens at `positions` [B, T]."""
-        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
-        self.k[layer][rows, :, positions] = k.transpose(1, 2)
-        self.v[layer][rows, :, positions] = v.transpose(1, 2)
 
-    def read(self, layer: int, kv_len: int) -> tuple[Tensor, Tensor]:
-        return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+def _fused(module: nn.Module, attr: str, parts: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    """One weight (and bias) for several projections of the same input, built once and kept.
+
+    The projections' own parameters become views of it, so checkpoints, in-place updates and
+    state dicts see the usual names; loading or converting a module replaces them, and the next
+    call builds the fused tensor again. With autograd on (training) the parts are used as they are.
+    """
+    cached = getattr(module, attr, None)
+    first = parts[0].weight
+    if cached is None or cached[0].data_ptr() != first.data_ptr() or cached[0].dtype != first.dtype:
+        weight = torch.cat([p.weight.detach() for p in parts])
+        bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+        offset = 0
+        for p in parts:
+            rows = p.weight.shape[0]
+            p.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=p.weight.requires_grad)
+            if bias is not None:
+                p.bias = nn.Parameter(bias[offset : offset + rows], requires_grad=p.bias.requires_grad)
+            offset += rows
+        cached = (weight, bias)
+        object.__setattr__(module, attr, cached)
+    return cached
+
+
+def _project(module: nn.Module, attr: str, parts: list[nn.Linear], x: Tensor) -> Tensor:
+    if torch.is_grad_enabled():
+        return torch.cat([p(x) for p in parts], dim=-1)
+    weight, bias = _fused(module, attr, parts)
+    return F.linear(x, weight, bias)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
@@ -104,22 +119,23 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def _heads(self, x: Tensor, n: int) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, n, self.head_dim).transpose(1, 2)
-
-    def project_kv(self, x: Tensor, step: AttentionStep) -> tuple[Tensor, Tensor]:
-        """Normed, rotated keys and values [B, kv_heads, T, D] of `x` at `step.positions`."""
-        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), step.cos, step.sin)
-        return k, self._heads(self.v_proj(x), self.num_kv_heads)
+    def write_kv(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> None:
+        """Keys (k_norm, RoPE at their true positions) and values of `x`, written to the cache only."""
+        if torch.is_grad_enabled():
+            kv = torch.cat((self.k_proj(x), self.v_proj(x)), dim=-1)
+        else:  # the k and v rows of the fused projection: a view, no copy
+            weight, bias = _fused(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
+            nq = self.q_proj.out_features
+            kv = F.linear(x, weight[nq:], None if bias is None else bias[nq:])
+        kernels.qk_norm_rope_cache(kv, 0, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight, self.eps,
+                                   step.cos, step.sin, step.positions, cache.k[layer], cache.v[layer])
 
     def forward(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
-        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), step.cos, step.sin)
-        k, v = self.project_kv(x, step)
-        cache.write(layer, step.positions, k, v)
-        keys, values = cache.read(layer, step.kv_len)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        qkv = _project(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj], x)
+        q = kernels.qk_norm_rope_cache(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
+                                       self.k_norm.weight, self.eps, step.cos, step.sin, step.positions,
+                                       cache.k[layer], cache.v[layer])
+        out = kernels.attention(q, cache.k[layer], cache.v[layer], step.limits, step.kv_len)
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -132,11 +148,15 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(kernels.silu_mul(_project(self, "_gate_up", [self.gate_proj, self.up_proj], x)))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm Qwen3 layer; parameter names follow Hugging Face's checkpoints."""
+    """Pre-norm Qwen3 layer; parameter names follow Hugging Face's checkpoints.
+
+    The residual add of the previous layer's MLP output is fused into this layer's first norm:
+    a layer takes (x, delta) and returns (x', delta') whose sum is its output.
+    """
 
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
@@ -145,9 +165,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), step, cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: Tensor, delta: Tensor | None, step: AttentionStep, cache: KVCache,
+                layer: int) -> tuple[Tensor, Tensor]:
+        x, h = self.input_layernorm.add_forward(x, delta)
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, step, cache, layer))
+        return x, self.mlp(h)
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -49,12 +49,13 @@ class Qwen3Target(nn.Module):
         x = self.model.embed_tokens(input_ids)
         step = AttentionStep.build(positions, positions, kv_len, self.config.backbone, x.dtype)
         tapped = [x] if -1 in taps else []
+        delta = None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, step, cache, i)
+            x, delta = layer(x, delta, step, cache, i)
             if i in taps:
-                tapped.append(x)
+                tapped.append(x + delta)
         feats = torch.cat(tapped, dim=-1) if taps else None
-        return self.model.norm(x), feats
+        return self.model.norm.add_forward(x, delta)[1], feats
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden).float()

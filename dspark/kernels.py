@@ -1,0 +1,234 @@
+"""Fused GPU kernels (Triton) for the small operations around the matrix products, with their reference.
+
+Each public function computes the same thing as its `*_ref` twin in plain PyTorch; on CUDA tensors
+it runs one Triton kernel instead of several PyTorch ones (the reference runs on CPU, without
+Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its reference.
+
+- `add_rms_norm`: residual add and RMSNorm in one pass (x += delta; h = norm(x) * w).
+- `qk_norm_rope_cache`: per-head q/k RMSNorm, RoPE on both, K/V written to the cache at their positions.
+- `silu_mul`: SwiGLU's silu(gate) * up on the fused gate/up projection output.
+- `attention`: GQA attention of T query rows over the cache, each row seeing keys up to its limit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+try:  # Triton ships with CUDA builds of PyTorch; CPU builds run the references.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+
+def use_triton(t: Tensor) -> bool:
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    return (triton is not None and os.environ.get("DSPARK_KERNELS", "1") != "0"
+            and (t.is_cuda or interpret))
+
+
+# ---- references ----------------------------------------------------------------------------------
+
+def rms_norm_ref(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    dtype = x.dtype
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+def add_rms_norm_ref(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    if delta is not None:
+        x = x + delta
+    return x, rms_norm_ref(x, weight, eps)
+
+
+def rope_ref(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [B, heads, T, D]; cos/sin: [B, T, D]."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def qk_norm_rope_cache_ref(qkv: Tensor, num_heads: int, num_kv_heads: int, q_norm: Tensor, k_norm: Tensor,
+                           eps: float, cos: Tensor, sin: Tensor, positions: Tensor, cache_k: Tensor,
+                           cache_v: Tensor) -> Tensor:
+    """qkv [B, T, (Hq+2Hkv)*D] -> q [B, Hq, T, D]; normed, rotated K and V go to cache_[kv][b, :, pos]."""
+    b, t, _ = qkv.shape
+    d = q_norm.shape[0]
+    q, k, v = qkv.view(b, t, num_heads + 2 * num_kv_heads, d).split([num_heads, num_kv_heads, num_kv_heads], dim=2)
+    q = rope_ref(rms_norm_ref(q.transpose(1, 2), q_norm, eps), cos, sin)
+    k = rope_ref(rms_norm_ref(k.transpose(1, 2), k_norm, eps), cos, sin)
+    rows = torch.arange(b, device=qkv.device)[:, None]
+    cache_k[rows, :, positions] = k.transpose(1, 2)
+    cache_v[rows, :, positions] = v
+    return q
+
+
+def silu_mul_ref(gate_up: Tensor) -> Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
+    """q [B, Hq, T, D] over keys 0..kv_len-1; query (b, t) sees keys at positions <= limits[b, t]."""
+    mask = (torch.arange(kv_len, device=q.device) <= limits[..., None])[:, None]
+    return F.scaled_dot_product_attention(q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], attn_mask=mask,
+                                          enable_gqa=q.shape[1] != cache_k.shape[1])
+
+
+# ---- dispatch ------------------------------------------------------------------------------------
+
+def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    if not use_triton(x) or delta is None:
+        return add_rms_norm_ref(x, delta, weight, eps)
+    shape = x.shape
+    x2, d2 = x.reshape(-1, shape[-1]), delta.reshape(-1, shape[-1])
+    out_x, out_h = torch.empty_like(x2), torch.empty_like(x2)
+    n = shape[-1]
+    _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, out_x, out_h, n, eps, BLOCK=triton.next_power_of_2(n))
+    return out_x.view(shape), out_h.view(shape)
+
+
+def qk_norm_rope_cache(qkv: Tensor, num_heads: int, num_kv_heads: int, q_norm: Tensor, k_norm: Tensor, eps: float,
+                       cos: Tensor, sin: Tensor, positions: Tensor, cache_k: Tensor, cache_v: Tensor) -> Tensor:
+    if not use_triton(qkv):
+        return qk_norm_rope_cache_ref(qkv, num_heads, num_kv_heads, q_norm, k_norm, eps, cos, sin, positions,
+                                      cache_k, cache_v)
+    b, t, _ = qkv.shape
+    d = q_norm.shape[0]
+    qkv = qkv.contiguous()
+    q = torch.empty(b, num_heads, t, d, dtype=qkv.dtype, device=qkv.device)
+    cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
+    grid = (b * t, num_heads + 2 * num_kv_heads)
+    _qk_norm_rope_cache_kernel[grid](
+        qkv, q, cos, sin, positions, q_norm, k_norm, cache_k, cache_v, t, num_heads, num_kv_heads,
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), eps, D=d,
+    )
+    return q
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    if not use_triton(gate_up):
+        return silu_mul_ref(gate_up)
+    shape = gate_up.shape
+    inter = shape[-1] // 2
+    g2 = gate_up.reshape(-1, shape[-1])
+    out = torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, out, inter, BLOCK=block)
+    return out.view(*shape[:-1], inter)
+
+
+def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
+    if not use_triton(q):
+        return attention_ref(q, cache_k, cache_v, limits, kv_len)
+    b, hq, t, d = q.shape
+    hkv = cache_k.shape[1]
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    limits = limits.contiguous()
+    _attention_kernel[(b * hq, t)](
+        q, cache_k, cache_v, out, limits, t, hq, hq // hkv, kv_len,
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), 1.0 / math.sqrt(d), D=d, BLOCK_N=64,
+    )
+    return out
+
+
+# ---- kernels -------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, out_x_ptr, out_h_ptr, n, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n
+        x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0)
+        s = x + tl.load(d_ptr + row * n + cols, mask=mask, other=0.0)  # rounded to the storage dtype, as torch
+        tl.store(out_x_ptr + row * n + cols, s, mask=mask)
+        sf = s.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / n + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        tl.store(out_h_ptr + row * n + cols, w * (sf * inv).to(s.dtype), mask=mask)
+
+    @triton.jit
+    def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, ck_ptr, cv_ptr,
+                                   T, HQ, HKV, c_sb, c_sh, c_sp, eps, D: tl.constexpr):
+        token = tl.program_id(0)  # b * T + t
+        head = tl.program_id(1)  # q heads, then k heads, then v heads
+        b = token // T
+        t = token % T
+        half: tl.constexpr = D // 2
+        cols = tl.arange(0, D)
+        width = (HQ + 2 * HKV) * D
+        x = tl.load(qkv_ptr + token * width + head * D + cols)
+        pos = tl.load(pos_ptr + token)
+        if head >= HQ + HKV:  # values: straight to the cache
+            h = head - HQ - HKV
+            tl.store(cv_ptr + b * c_sb + h * c_sh + pos * c_sp + cols, x)
+        else:
+            # rotate_half: element i pairs with i + D/2 (negated) for the first half, i - D/2 after
+            partner_cols = (cols + half) % D
+            xp = tl.load(qkv_ptr + token * width + head * D + partner_cols).to(tl.float32)
+            if head < HQ:
+                w = tl.load(qn_ptr + cols)
+                wp = tl.load(qn_ptr + partner_cols)
+            else:
+                w = tl.load(kn_ptr + cols)
+                wp = tl.load(kn_ptr + partner_cols)
+            xf = x.to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+            normed = w * (xf * inv).to(x.dtype)
+            partner = wp * (xp * inv).to(x.dtype)
+            rotated = tl.where(cols < half, -partner, partner)
+            cos = tl.load(cos_ptr + token * D + cols)
+            sin = tl.load(sin_ptr + token * D + cols)
+            out = normed * cos + rotated * sin
+            if head < HQ:
+                tl.store(q_ptr + ((b * HQ + head) * T + t) * D + cols, out)
+            else:
+                tl.store(ck_ptr + b * c_sb + (head - HQ) * c_sh + pos * c_sp + cols, out)
+
+    @triton.jit
+    def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < inter
+        g = tl.load(gu_ptr + row * 2 * inter + cols, mask=mask, other=0.0)
+        u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # silu in float, rounded, then the product, as torch
+        tl.store(out_ptr + row * inter + cols, act * u, mask=mask)
+
+    @triton.jit
+    def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lim_ptr, T, HQ, GROUP, kv_len, c_sb, c_sh, c_sp, scale,
+                          D: tl.constexpr, BLOCK_N: tl.constexpr):
+        bh = tl.program_id(0)  # b * HQ + query head
+        t = tl.program_id(1)
+        b = bh // HQ
+        hk = (bh % HQ) // GROUP
+        cols = tl.arange(0, D)
+        q = tl.load(q_ptr + (bh * T + t) * D + cols).to(tl.float32) * scale
+        limit = tl.minimum(tl.load(lim_ptr + b * T + t), kv_len - 1)
+        m_i = -float("inf")
+        l_i = 0.0
+        acc = tl.zeros([D], dtype=tl.float32)
+        base = b * c_sb + hk * c_sh
+        for start in range(0, limit + 1, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            valid = offs <= limit
+            k = tl.load(k_ptr + base + offs[:, None] * c_sp + cols[None, :], mask=valid[:, None], other=0.0)
+            s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+            s = tl.where(valid, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m_i - m_new)
+            v = tl.load(v_ptr + base + offs[:, None] * c_sp + cols[None, :], mask=valid[:, None], other=0.0)
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            m_i = m_new
+        tl.store(o_ptr + (bh * T + t) * D + cols, (acc / l_i).to(o_ptr.dtype.element_ty))
