@@ -47,7 +47,7 @@ def main() -> None:
                 for step_name, step in steps.items():
                     engine._step(step_name, step)
             torch.cuda.synchronize()
-        print(f"\n== {name}: kernels per step (median of the graph replays' totals over {args.steps})")
+        print(f"\n== {name}: kernels per step (GPU time averaged over {args.steps})")
         print(kernel_table(prof, args.steps))
 
 

@@ -40,7 +40,6 @@ def test_qk_norm_rope_cache(dtype, heads):
     b, t, d, s = 2, 8, 128, 300
     qkv = torch.randn(b, t, (hq + 2 * hkv) * d, device="cuda", dtype=dtype)
     qn, kn = torch.rand(d, device="cuda", dtype=dtype) + 0.5, torch.rand(d, device="cuda", dtype=dtype) + 0.5
-    pos = torch.randint(0, s - 1, (b, t), device="cuda")
     pos = torch.stack([torch.randperm(s - 1, device="cuda")[:t] for _ in range(b)])  # distinct per row
     cos, sin = rope_cos_sin(pos, d, 1e6, dtype)
     caches = [torch.randn(b, hkv, s, d, device="cuda", dtype=dtype) for _ in range(2)]
