@@ -124,18 +124,36 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 
 
 def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
-    if not use_triton(q):
-        return attention_ref(q, cache_k, cache_v, limits, kv_len)
+    """Split-KV ("flash decoding") attention: each program takes one KV head's query group for one
+    row over one chunk of keys; a second kernel merges the chunks' partial softmaxes."""
     b, hq, t, d = q.shape
+    if not use_triton(q) or d < 16 or d & (d - 1):
+        return attention_ref(q, cache_k, cache_v, limits, kv_len)
     hkv = cache_k.shape[1]
+    group = hq // hkv
+    gp = max(16, triton.next_power_of_2(group))  # tensor-core tiles need 16 rows
+    block_n = 64
+    splits = max(1, min(triton.cdiv(kv_len, block_n), triton.cdiv(2 * _sm_count(q.device), b * hkv * t)))
+    chunk = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
+    splits = triton.cdiv(kv_len, chunk)
     q = q.contiguous()
-    out = torch.empty_like(q)
+    part_o = torch.empty(b * hkv * t * splits * gp, d, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(2, b * hkv * t * splits * gp, dtype=torch.float32, device=q.device)
     limits = limits.contiguous()
-    _attention_kernel[(b * hq, t)](
-        q, cache_k, cache_v, out, limits, t, hq, hq // hkv, kv_len,
-        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), 1.0 / math.sqrt(d), D=d, BLOCK_N=64,
+    _attention_split_kernel[(b * hkv, t, splits)](
+        q, cache_k, cache_v, part_o, part_ml, limits, t, hq, hkv, kv_len, chunk, splits, part_ml.shape[1],
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), 1.0 / math.sqrt(d),
+        G=group, GP=gp, D=d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
     )
+    out = torch.empty_like(q)
+    _attention_merge_kernel[(b * hq * t,)](part_o, part_ml, out, t, hq, hkv, splits, part_ml.shape[1], G=group, GP=gp, D=d, SP=triton.next_power_of_2(splits))
     return out
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # ---- kernels -------------------------------------------------------------------------------------
@@ -205,30 +223,67 @@ if triton is not None:
         tl.store(out_ptr + row * inter + cols, act * u, mask=mask)
 
     @triton.jit
-    def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lim_ptr, T, HQ, GROUP, kv_len, c_sb, c_sh, c_sp, scale,
-                          D: tl.constexpr, BLOCK_N: tl.constexpr):
-        bh = tl.program_id(0)  # b * HQ + query head
+    def _attention_split_kernel(q_ptr, k_ptr, v_ptr, po_ptr, pml_ptr, lim_ptr, T, HQ, HKV, kv_len, chunk, S, L_OFF,
+                                c_sb, c_sh, c_sp, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                                BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+        bk = tl.program_id(0)  # b * HKV + kv head
         t = tl.program_id(1)
-        b = bh // HQ
-        hk = (bh % HQ) // GROUP
-        cols = tl.arange(0, D)
-        q = tl.load(q_ptr + (bh * T + t) * D + cols).to(tl.float32) * scale
+        sp = tl.program_id(2)
+        b = bk // HKV
+        hk = bk % HKV
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + ((b * HQ + hk * G + g[:, None]) * T + t) * D + d[None, :], mask=g[:, None] < G,
+                    other=0.0)
         limit = tl.minimum(tl.load(lim_ptr + b * T + t), kv_len - 1)
-        m_i = -float("inf")
-        l_i = 0.0
-        acc = tl.zeros([D], dtype=tl.float32)
+        start = sp * chunk
+        end = tl.minimum(start + chunk, limit + 1)
+        m_i = tl.full([GP], -float("inf"), dtype=tl.float32)
+        l_i = tl.zeros([GP], dtype=tl.float32)
+        acc = tl.zeros([GP, D], dtype=tl.float32)
         base = b * c_sb + hk * c_sh
-        for start in range(0, limit + 1, BLOCK_N):
-            offs = start + tl.arange(0, BLOCK_N)
-            valid = offs <= limit
-            k = tl.load(k_ptr + base + offs[:, None] * c_sp + cols[None, :], mask=valid[:, None], other=0.0)
-            s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
-            s = tl.where(valid, s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            p = tl.exp(s - m_new)
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            valid = offs < end
+            k = tl.load(k_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(valid[None, :], s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
-            v = tl.load(v_ptr + base + offs[:, None] * c_sp + cols[None, :], mask=valid[:, None], other=0.0)
-            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
+            v = tl.load(v_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0)
+            if IEEE:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
-        tl.store(o_ptr + (bh * T + t) * D + cols, (acc / l_i).to(o_ptr.dtype.element_ty))
+        row = ((bk * T + t) * S + sp) * GP + g
+        tl.store(po_ptr + row[:, None] * D + d[None, :], acc)
+        tl.store(pml_ptr + row, m_i)
+        tl.store(pml_ptr + L_OFF + row, l_i)
+
+    @triton.jit
+    def _attention_merge_kernel(po_ptr, pml_ptr, o_ptr, T, HQ, HKV, S, L_OFF, G: tl.constexpr, GP: tl.constexpr,
+                                D: tl.constexpr, SP: tl.constexpr):
+        pid = tl.program_id(0)  # (b * HQ + h) * T + t
+        t = pid % T
+        bh = pid // T
+        b = bh // HQ
+        h = bh % HQ
+        bk = b * HKV + h // G
+        g = h % G
+        sp = tl.arange(0, SP)
+        d = tl.arange(0, D)
+        row = ((bk * T + t) * S + sp) * GP + g
+        ok = sp < S
+        m = tl.load(pml_ptr + row, mask=ok, other=-float("inf"))
+        l_s = tl.load(pml_ptr + L_OFF + row, mask=ok, other=0.0)
+        w = tl.where(ok & (l_s > 0), tl.exp(m - tl.max(m, axis=0)), 0.0)
+        acc = tl.sum(w[:, None] * tl.load(po_ptr + row[:, None] * D + d[None, :], mask=ok[:, None], other=0.0),
+                     axis=0)
+        tl.store(o_ptr + pid * D + d, (acc / tl.sum(w * l_s, axis=0)).to(o_ptr.dtype.element_ty))
