@@ -15,7 +15,7 @@ from torch import Tensor
 
 from dspark.draft import DraftModel
 from dspark.layers import KVCache
-from dspark.sampling import probs, sample
+from dspark.sampling import gumbel_noise, probs, sample, sample_logits
 from dspark.steps import DecodeState, scratch_positions, visible_len
 
 
@@ -94,23 +94,28 @@ class BlockDrafter:
 
     def _markov_sample(self, hidden: Tensor, logits: Tensor, anchor: Tensor, temperature: float,
                        generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Left to right: slot k's logits get the bias of the token sampled at slot k-1 (the anchor for k=0)."""
+        """Left to right: slot k's logits get the bias of the token sampled at slot k-1 (the anchor for k=0).
+
+        Only the sampling is sequential (Gumbel-max on the corrected logits, noise drawn for all
+        slots at once); the distributions q are formed afterwards in one batched softmax.
+        """
         model = self.model
         prev, state = anchor.view(1), None
-        qs, ids, confs = [], [], []
+        noise = gumbel_noise(tuple(logits.shape), temperature, generator, logits.device)
+        corrected, ids, confs = [], [], []
         for k in range(hidden.shape[0]):
             h = hidden[k : k + 1]
             bias, e, state = model.markov_head.step(h, prev, state)
-            q = probs(logits[k : k + 1] + bias, temperature)
-            d = sample(q, generator)
+            row = logits[k : k + 1] + bias
+            d = sample_logits(row, None if noise is None else noise[k : k + 1])
             if model.confidence_head is not None:
                 use_e = e if model.config.confidence_head_with_markov else None
                 confs.append(torch.sigmoid(model.confidence_head(h, use_e)))
-            qs.append(q)
+            corrected.append(row)
             ids.append(d)
             prev = self._to_target[d]
         conf = torch.cat(confs) if confs else None
-        return torch.cat(qs), torch.cat(ids), conf
+        return probs(torch.cat(corrected), temperature), torch.cat(ids), conf
 
 
 class NgramDrafter:

@@ -29,6 +29,20 @@ def sample(weights: Tensor, generator: torch.Generator | None) -> Tensor:
     return (weights / noise).argmax(-1)
 
 
+def gumbel_noise(shape: tuple[int, ...], temperature: float, generator: torch.Generator | None,
+                 device: torch.device) -> Tensor | None:
+    """T * Gumbel(0, 1) noise, so that argmax(logits + noise) samples softmax(logits / T) exactly
+    (the exponential race in log space); None at greedy temperatures, where argmax is the sample."""
+    if temperature <= GREEDY_TEMPERATURE:
+        return None
+    return -temperature * torch.empty(shape, device=device).exponential_(generator=generator).log()
+
+
+def sample_logits(logits: Tensor, noise: Tensor | None) -> Tensor:
+    """Sample from softmax(logits / T) given `gumbel_noise(..., T)` without forming the softmax."""
+    return (logits if noise is None else logits.float() + noise).argmax(-1)
+
+
 @dataclass
 class Streams:
     """Independent random streams: drafting, acceptance uniforms, and target-side sampling

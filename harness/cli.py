@@ -75,6 +75,7 @@ def generate(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the target's stop tokens."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16."),
+    no_cuda_graphs: bool = typer.Option(False, "--no-cuda-graphs", help="Run every step eagerly (the reference)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ):
     """Generate from one prompt, plainly or speculatively, and report the rounds."""
@@ -113,14 +114,16 @@ def generate(
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                            stop_token_ids=() if ignore_eos else loaded.stop_token_ids,
                            confidence_threshold=confidence_threshold)
-    result = Engine(loaded.model, drafter).generate(ids, cfg)
+    use_graphs = False if no_cuda_graphs else None  # None: graphs on CUDA, eager on CPU
+    result = Engine(loaded.model, drafter, use_graphs=use_graphs).generate(ids, cfg)
     text = tokenizer.decode(result.tokens) if tokenizer is not None else None
     if as_json:
         print(json.dumps({"method": method, "prompt_tokens": len(ids), "text": text, **result.to_dict(),
                           "settings": {"target": target, "draft": draft, "ngram": ngram, "temperature": temperature,
                                        "seed": seed, "max_new_tokens": max_new_tokens, "device": dev,
                                        "dtype": str(loaded.model.lm_head.weight.dtype).removeprefix("torch."),
-                                       "confidence_threshold": confidence_threshold, "ignore_eos": ignore_eos},
+                                       "confidence_threshold": confidence_threshold, "ignore_eos": ignore_eos,
+                                       "cuda_graphs": dev.startswith("cuda") and not no_cuda_graphs},
                           "provenance": provenance(dev)}))
         return
     # Plain print: Rich would wrap long output at the console width and expand tabs.
