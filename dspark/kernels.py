@@ -28,8 +28,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 def use_triton(t: Tensor) -> bool:
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    return (triton is not None and os.environ.get("DSPARK_KERNELS", "1") != "0"
-            and (t.is_cuda or interpret))
+    return (triton is not None and os.environ.get("DSPARK_KERNELS", "1") != "0" and (t.is_cuda or interpret)
+            and t.dtype in (torch.float32, torch.bfloat16, torch.float16))
 
 
 # ---- references ----------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def _generate_json(monkeypatch, capfd, tiny_dir, name, *extra) -> dict:
     options = [o.replace("{tiny}", str(tiny_dir)) for o in DRAFTERS[name][0]]
     code, out, err = run_cli(monkeypatch, capfd, "generate", "--target", tiny_dir / "target", *options,
                              "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", MAX_NEW,
-                             "--dtype", "float64", "--json", *extra)
+                             "--dtype", "float64", "--device", "cpu", "--json", *extra)
     assert code == 0 and "Traceback" not in err, err
     return json.loads(out)
 
