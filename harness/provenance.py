@@ -13,6 +13,10 @@ PACKAGES = ("dspark-bench", "torch", "transformers", "safetensors", "tokenizers"
 
 
 def _version(name: str) -> str | None:
+    if name == "torch":  # the build tag (+cu130, +cpu) matters and only torch itself reports it
+        import torch
+
+        return torch.__version__
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
