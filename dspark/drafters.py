@@ -102,19 +102,19 @@ class BlockDrafter:
         model = self.model
         prev, state = anchor.view(1), None
         noise = gumbel_noise(tuple(logits.shape), temperature, generator, logits.device)
-        corrected, ids, confs = [], [], []
+        corrected, ids, prevs = [], [], []
         for k in range(hidden.shape[0]):
-            h = hidden[k : k + 1]
-            bias, e, state = model.markov_head.step(h, prev, state)
+            bias, _, state = model.markov_head.step(hidden[k : k + 1], prev, state)
             row = logits[k : k + 1] + bias
             d = sample_logits(row, None if noise is None else noise[k : k + 1])
-            if model.confidence_head is not None:
-                use_e = e if model.config.confidence_head_with_markov else None
-                confs.append(torch.sigmoid(model.confidence_head(h, use_e)))
             corrected.append(row)
             ids.append(d)
+            prevs.append(prev)
             prev = self._to_target[d]
-        conf = torch.cat(confs) if confs else None
+        conf = None
+        if model.confidence_head is not None:  # slot k sees h_k and x_{k-1}, never x_k: batched after the loop
+            e = model.markov_head.markov_w1(torch.cat(prevs)) if model.config.confidence_head_with_markov else None
+            conf = torch.sigmoid(model.confidence_head(hidden, e))
         return probs(torch.cat(corrected), temperature), torch.cat(ids), conf
 
 
