@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dspark import kernels
 from dspark.config import DraftConfig
 from dspark.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, init_weights
 
@@ -43,7 +44,7 @@ class MarkovHead(nn.Module):
             g = torch.sigmoid(g_raw)
             state = g * state + (1 - g) * torch.tanh(c_raw)
             z = torch.tanh(o_raw)
-        return self.markov_w2(z).float(), e, state
+        return kernels.linear(z, self.markov_w2.weight).float(), e, state
 
 
 class ConfidenceHead(nn.Module):
@@ -107,7 +108,7 @@ class DraftModel(nn.Module):
 
     def add_context(self, feats: Tensor, positions: Tensor, cache: KVCache) -> None:
         """Write the K/V of new context rows (tapped target features [B, n, T*H] at `positions`)."""
-        c = self.hidden_norm(self.fc(feats))
+        c = self.hidden_norm(kernels.linear(feats, self.fc.weight))
         step = AttentionStep.build(positions, positions, 0, self.config.backbone, c.dtype)
         for i, layer in enumerate(self.layers):
             layer.self_attn.write_kv(c, step, cache, i)
@@ -129,4 +130,4 @@ class DraftModel(nn.Module):
         return self.norm.add_forward(x, delta)[1]
 
     def base_logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(hidden).float()
+        return kernels.linear(hidden, self.lm_head.weight).float()

@@ -8,6 +8,8 @@ Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its referen
 - `qk_norm_rope_cache`: per-head q/k RMSNorm, RoPE on both, K/V written to the cache at their positions.
 - `silu_mul`: SwiGLU's silu(gate) * up on the fused gate/up projection output.
 - `attention`: GQA attention of T query rows over the cache, each row seeing keys up to its limit.
+- `linear`: x @ W^T for up to 16 rows, streaming W faster than cuBLAS does at these shapes
+  (benchmarks/gemv_h200.txt).
 """
 
 from __future__ import annotations
@@ -78,6 +80,23 @@ def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, k
     mask = (torch.arange(kv_len, device=q.device) <= limits[..., None])[:, None]
     return F.scaled_dot_product_attention(q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], attn_mask=mask,
                                           enable_gqa=q.shape[1] != cache_k.shape[1])
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    rows = x.numel() // x.shape[-1]
+    if (not use_triton(x) or rows > 16 or bias is not None or x.dtype != weight.dtype
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight, bias)
+    n, k = weight.shape
+    x2 = x.reshape(rows, k).contiguous()
+    weight = weight.contiguous()
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    # Tiles from benchmarks/gemv_bench.py on the H200: wide heads, mid-size, and square projections.
+    block_n, block_k, stages = (64, 256 if n >= 65536 else 128, 3) if n >= 16384 else \
+        (64, 256, 5) if n > 4096 else (32, 512, 3)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x2, weight, y, rows, n, k, BLOCK_M=16, BLOCK_N=block_n,
+                                             BLOCK_K=block_k, num_warps=4, num_stages=stages)
+    return y.view(*x.shape[:-1], n)
 
 
 # ---- dispatch ------------------------------------------------------------------------------------
@@ -159,6 +178,21 @@ def _sm_count(device: torch.device) -> int:
 # ---- kernels -------------------------------------------------------------------------------------
 
 if triton is not None:
+
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+        """y[:M] = x[:M] @ W^T, one program per BLOCK_N output columns streaming its rows of W once."""
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, BLOCK_M)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
+            x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+            acc += tl.dot(x, tl.trans(w))
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, out_x_ptr, out_h_ptr, n, eps, BLOCK: tl.constexpr):

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dspark import kernels
@@ -103,7 +102,7 @@ def _project(module: nn.Module, attr: str, parts: list[nn.Linear], x: Tensor) ->
     if torch.is_grad_enabled():
         return torch.cat([p(x) for p in parts], dim=-1)
     weight, bias = _fused(module, attr, parts)
-    return F.linear(x, weight, bias)
+    return kernels.linear(x, weight, bias)
 
 
 class Attention(nn.Module):
@@ -126,7 +125,7 @@ class Attention(nn.Module):
         else:  # the k and v rows of the fused projection: a view, no copy
             weight, bias = _fused(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
             nq = self.q_proj.out_features
-            kv = F.linear(x, weight[nq:], None if bias is None else bias[nq:])
+            kv = kernels.linear(x, weight[nq:], None if bias is None else bias[nq:])
         kernels.qk_norm_rope_cache(kv, 0, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight, self.eps,
                                    step.cos, step.sin, step.positions, cache.k[layer], cache.v[layer])
 
@@ -137,7 +136,7 @@ class Attention(nn.Module):
                                        cache.k[layer], cache.v[layer])
         out = kernels.attention(q, cache.k[layer], cache.v[layer], step.limits, step.kv_len)
         b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return kernels.linear(out.transpose(1, 2).reshape(b, t, -1), self.o_proj.weight, self.o_proj.bias)
 
 
 class MLP(nn.Module):
@@ -148,7 +147,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(kernels.silu_mul(_project(self, "_gate_up", [self.gate_proj, self.up_proj], x)))
+        act = kernels.silu_mul(_project(self, "_gate_up", [self.gate_proj, self.up_proj], x))
+        return kernels.linear(act, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dspark import kernels
 from dspark.config import TargetConfig
 from dspark.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, init_weights
 
@@ -58,4 +59,4 @@ class Qwen3Target(nn.Module):
         return self.model.norm.add_forward(x, delta)[1], feats
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(hidden).float()
+        return kernels.linear(hidden, self.lm_head.weight).float()

@@ -58,3 +58,19 @@ def test_attention(dtype, t, kv_len):
     ck, cv = (torch.randn(b, hkv, kv_len + 10, d, device="cuda", dtype=dtype) for _ in range(2))
     limits = torch.sort(torch.randint(0, kv_len, (b, t), device="cuda"), dim=-1).values
     assert _rel(K.attention(q, ck, cv, limits, kv_len), K.attention_ref(q, ck, cv, limits, kv_len)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 4096), (24576, 4096), (4096, 12288), (1000, 300)])
+def test_linear(dtype, m, n, k):
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) * 0.02
+    assert _rel(K.linear(x, w), torch.nn.functional.linear(x, w)) < TOL[dtype]
+
+
+def test_linear_falls_back_beyond_16_rows_and_with_autograd():
+    x = torch.randn(17, 256, device="cuda")
+    w = torch.randn(64, 256, device="cuda", requires_grad=True)
+    y = K.linear(x, w)
+    y.sum().backward()  # the PyTorch path: gradients flow
+    assert w.grad is not None
