@@ -95,7 +95,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     block_n, block_k, stages = (64, 256 if n >= 65536 else 128, 3) if n >= 16384 else \
         (64, 256, 5) if n > 4096 else (32, 512, 3)
     _gemv_kernel[(triton.cdiv(n, block_n),)](x2, weight, y, rows, n, k, BLOCK_M=16, BLOCK_N=block_n,
-                                             BLOCK_K=block_k, num_warps=4, num_stages=stages)
+                                             BLOCK_K=block_k, IEEE=x.dtype == torch.float32, num_warps=4,
+                                             num_stages=stages)
     return y.view(*x.shape[:-1], n)
 
 
@@ -181,7 +182,7 @@ if triton is not None:
 
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
         """y[:M] = x[:M] @ W^T, one program per BLOCK_N output columns streaming its rows of W once."""
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, BLOCK_M)
@@ -190,7 +191,10 @@ if triton is not None:
             rk = k0 + tl.arange(0, BLOCK_K)
             w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
             x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-            acc += tl.dot(x, tl.trans(w))
+            if IEEE:  # float32 weights: full-precision products, not TF32
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
 
