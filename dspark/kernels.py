@@ -145,7 +145,8 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 
 def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
     """Split-KV ("flash decoding") attention: each program takes one KV head's query group for one
-    row over one chunk of keys; a second kernel merges the chunks' partial softmaxes."""
+    row over one chunk of keys; a second kernel merges the chunks' partial softmaxes.
+    Returns [B, Hq, T, D] (on the GPU a view of token-major memory)."""
     b, hq, t, d = q.shape
     if not use_triton(q) or d < 16 or d & (d - 1):
         return attention_ref(q, cache_k, cache_v, limits, kv_len)
@@ -165,7 +166,7 @@ def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_le
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), 1.0 / math.sqrt(d),
         G=group, GP=gp, D=d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
     )
-    out = torch.empty_like(q)
+    out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)  # token-major: o_proj reads it without a copy
     _attention_merge_kernel[(b * hq * t,)](part_o, part_ml, out, t, hq, hkv, splits, part_ml.shape[1], G=group, GP=gp, D=d, SP=triton.next_power_of_2(splits))
     return out
 
@@ -324,4 +325,4 @@ if triton is not None:
         w = tl.where(ok & (l_s > 0), tl.exp(m - tl.max(m, axis=0)), 0.0)
         acc = tl.sum(w[:, None] * tl.load(po_ptr + row[:, None] * D + d[None, :], mask=ok[:, None], other=0.0),
                      axis=0)
-        tl.store(o_ptr + pid * D + d, (acc / tl.sum(w * l_s, axis=0)).to(o_ptr.dtype.element_ty))
+        tl.store(o_ptr + ((b * T + t) * HQ + h) * D + d, (acc / tl.sum(w * l_s, axis=0)).to(o_ptr.dtype.element_ty))
