@@ -167,8 +167,9 @@ def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_le
         G=group, GP=gp, D=d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
     )
     out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)  # token-major: o_proj reads it without a copy
-    _attention_merge_kernel[(b * hq * t,)](part_o, part_ml, out, t, hq, hkv, splits, part_ml.shape[1], G=group, GP=gp, D=d, SP=triton.next_power_of_2(splits))
-    return out
+    _attention_merge_kernel[(b * hq * t,)](part_o, part_ml, out, t, hq, hkv, splits, part_ml.shape[1], G=group,
+                                            GP=gp, D=d, SP=triton.next_power_of_2(splits))
+    return out.permute(0, 2, 1, 3)
 
 
 def _sm_count(device: torch.device) -> int:
