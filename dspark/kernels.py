@@ -94,6 +94,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # Tiles from benchmarks/gemv_bench.py on the H200: wide heads, mid-size, and square projections.
     block_n, block_k, stages = (64, 256 if n >= 65536 else 128, 3) if n >= 16384 else \
         (64, 256, 5) if n > 4096 else (32, 512, 3)
+    if x.element_size() == 4:  # float32 tiles take twice the shared memory
+        block_k, stages = block_k // 2, 3
     _gemv_kernel[(triton.cdiv(n, block_n),)](x2, weight, y, rows, n, k, BLOCK_M=16, BLOCK_N=block_n,
                                              BLOCK_K=block_k, IEEE=x.dtype == torch.float32, num_warps=4,
                                              num_stages=stages)
