@@ -107,11 +107,32 @@ class DraftModel(nn.Module):
         return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device)
 
     def add_context(self, feats: Tensor, positions: Tensor, cache: KVCache) -> None:
-        """Write the K/V of new context rows (tapped target features [B, n, T*H] at `positions`)."""
+        """Write the K/V of new context rows (tapped target features [B, n, T*H] at `positions`).
+
+        One matrix product projects the rows to the keys and values of every draft layer at once.
+        """
         c = self.hidden_norm(kernels.linear(feats, self.fc.weight))
         step = AttentionStep.build(positions, positions, 0, self.config.backbone, c.dtype)
-        for i, layer in enumerate(self.layers):
-            layer.self_attn.write_kv(c, step, cache, i)
+        attns = [layer.self_attn for layer in self.layers]
+        if torch.is_grad_enabled():
+            kvs = [torch.cat((a.k_proj(c), a.v_proj(c)), dim=-1) for a in attns]
+        else:
+            kvs = kernels.linear(c, *self._context_kv_weight()).chunk(len(attns), dim=-1)
+        for i, (attn, kv) in enumerate(zip(attns, kvs)):
+            attn.store_kv(kv, step, cache, i)
+
+    def _context_kv_weight(self) -> tuple[Tensor, Tensor | None]:
+        """[k; v] weights (and biases) of all layers stacked: a copy made once, rebuilt when the
+        parameters are replaced (loading, dtype or device changes)."""
+        first = self.layers[0].self_attn.k_proj.weight
+        cached = getattr(self, "_ctx_kv", None)
+        if cached is None or cached[0] != (first.data_ptr(), first.dtype, first.device):
+            projs = [p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)]
+            weight = torch.cat([p.weight.detach() for p in projs])
+            bias = torch.cat([p.bias.detach() for p in projs]) if projs[0].bias is not None else None
+            cached = ((first.data_ptr(), first.dtype, first.device), (weight, bias))
+            object.__setattr__(self, "_ctx_kv", cached)
+        return cached[1]
 
     def block_hidden(self, block_ids: Tensor, positions: Tensor, cache: KVCache, kv_len: int) -> Tensor:
         """Final-normed hidden states [B, block, H] of the query block at `positions` [B, block].

@@ -118,14 +118,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def write_kv(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> None:
-        """Keys (k_norm, RoPE at their true positions) and values of `x`, written to the cache only."""
-        if torch.is_grad_enabled():
-            kv = torch.cat((self.k_proj(x), self.v_proj(x)), dim=-1)
-        else:  # the k and v rows of the fused projection: a view, no copy
-            weight, bias = _fused(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
-            nq = self.q_proj.out_features
-            kv = kernels.linear(x, weight[nq:], None if bias is None else bias[nq:])
+    def store_kv(self, kv: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> None:
+        """Projected [k | v] rows: k_norm and RoPE at their true positions, then both into the cache."""
         kernels.qk_norm_rope_cache(kv, 0, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight, self.eps,
                                    step.cos, step.sin, step.positions, cache.k[layer], cache.v[layer])
 
