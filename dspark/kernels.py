@@ -108,7 +108,7 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) ->
     if not use_triton(x) or delta is None:
         return add_rms_norm_ref(x, delta, weight, eps)
     shape = x.shape
-    x2, d2 = x.reshape(-1, shape[-1]), delta.reshape(-1, shape[-1])
+    x2, d2 = x.reshape(-1, shape[-1]).contiguous(), delta.reshape(-1, shape[-1]).contiguous()
     out_x, out_h = torch.empty_like(x2), torch.empty_like(x2)
     n = shape[-1]
     _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, out_x, out_h, n, eps, BLOCK=triton.next_power_of_2(n))
@@ -117,7 +117,7 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) ->
 
 def qk_norm_rope_cache(qkv: Tensor, num_heads: int, num_kv_heads: int, q_norm: Tensor, k_norm: Tensor, eps: float,
                        cos: Tensor, sin: Tensor, positions: Tensor, cache_k: Tensor, cache_v: Tensor) -> Tensor:
-    if not use_triton(qkv):
+    if not use_triton(qkv) or q_norm.shape[0] & (q_norm.shape[0] - 1):  # head_dim a power of two
         return qk_norm_rope_cache_ref(qkv, num_heads, num_kv_heads, q_norm, k_norm, eps, cos, sin, positions,
                                       cache_k, cache_v)
     b, t, _ = qkv.shape
@@ -138,7 +138,7 @@ def silu_mul(gate_up: Tensor) -> Tensor:
         return silu_mul_ref(gate_up)
     shape = gate_up.shape
     inter = shape[-1] // 2
-    g2 = gate_up.reshape(-1, shape[-1])
+    g2 = gate_up.reshape(-1, shape[-1]).contiguous()
     out = torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, out, inter, BLOCK=block)
