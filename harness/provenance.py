@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from datetime import datetime, timezone
@@ -25,7 +26,13 @@ def _version(name: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def git_revision() -> dict:
-    """The source tree's commit and whether it had uncommitted changes (None outside a checkout)."""
+    """The source tree's commit and whether it had uncommitted changes (None outside a checkout).
+
+    A copy of the tree without its .git folder (a remote GPU machine) can name its commit in
+    DSPARK_GIT_REVISION.
+    """
+    if os.environ.get("DSPARK_GIT_REVISION"):
+        return {"commit": os.environ["DSPARK_GIT_REVISION"], "dirty": None}
     root = Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
