@@ -15,14 +15,8 @@ from dspark.checkpoint import save_draft, save_target
 from dspark.config import BackboneConfig, DraftConfig, TargetConfig
 from dspark.draft import DraftModel
 from dspark.target import Qwen3Target
+from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}"
-    "{%- endif %}"
-)
 BYTE_VOCAB = 256
 MASK_TOKEN_ID = BYTE_VOCAB + len(SPECIALS)  # first row no token uses, as Qwen3's 151669
 
@@ -69,37 +63,6 @@ def random_draft(cfg: DraftConfig, target: Qwen3Target, seed: int = 1, std: floa
     return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False)
 
 
-def save_byte_tokenizer(out: Path, model_max_length: int = 4096) -> None:
-    """A byte-level tokenizer (256 bytes, no merges) with Qwen-style special tokens and chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    byte_chars = [chr(c) for c in _bytes_to_unicode()]
-    assert set(byte_chars) == set(alphabet)
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(byte_chars)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   model_max_length=model_max_length)
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-
-
-def _bytes_to_unicode() -> list[int]:
-    """GPT-2's printable stand-in for every byte, in byte order."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    out, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            out.append(b)
-        else:
-            out.append(256 + extra)
-            extra += 1
-    return out
-
-
 def make_tiny(out: str | Path, seed: int = 0) -> dict[str, Path]:
     """Save a random tiny target with a tokenizer and drafts in every real format. Returns their folders."""
     out = Path(out)
@@ -107,7 +70,7 @@ def make_tiny(out: str | Path, seed: int = 0) -> dict[str, Path]:
     target = random_target(tcfg, seed)
     paths = {name: out / name for name in ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab")}
     save_target(target, paths["target"])
-    save_byte_tokenizer(paths["target"])
+    save_tokenizer(build_tokenizer(), paths["target"])
     dspark = random_draft(tiny_draft_config(tcfg), target, seed + 1)
     save_draft(dspark, paths["dspark"], "deepspec", tcfg)
     save_draft(dspark, paths["dspark-speculators"], "speculators", tcfg, verifier=str(paths["target"]))
