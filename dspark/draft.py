@@ -106,13 +106,13 @@ class DraftModel(nn.Module):
         w = self.fc.weight
         return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device)
 
-    def add_context(self, feats: Tensor, positions: Tensor, cache: KVCache) -> None:
+    def add_context(self, feats: Tensor, positions: Tensor, cache: KVCache, slots: Tensor | None = None) -> None:
         """Write the K/V of new context rows (tapped target features [B, n, T*H] at `positions`).
 
         One matrix product projects the rows to the keys and values of every draft layer at once.
         """
         c = self.hidden_norm(kernels.linear(feats, self.fc.weight))
-        step = AttentionStep.build(positions, positions, 0, self.config.backbone, c.dtype)
+        step = AttentionStep.build(positions, positions, 0, self.config.backbone, c.dtype, slots)
         attns = [layer.self_attn for layer in self.layers]
         if torch.is_grad_enabled():
             kvs = [torch.cat((a.k_proj(c), a.v_proj(c)), dim=-1) for a in attns]
@@ -134,17 +134,19 @@ class DraftModel(nn.Module):
             object.__setattr__(self, "_ctx_kv", cached)
         return cached[1]
 
-    def block_hidden(self, block_ids: Tensor, positions: Tensor, cache: KVCache, kv_len: int) -> Tensor:
+    def block_hidden(self, block_ids: Tensor, positions: Tensor, cache: KVCache, kv_len: int,
+                     slots: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         """Final-normed hidden states [B, block, H] of the query block at `positions` [B, block].
 
         The block's own K/V land in the cache slots of its positions, where the next context rows
         overwrite them; every block query sees keys up to the block's last position (`kv_len` - 1).
+        Training runs many blocks at once: each in its own `slots`, with an explicit `mask`.
         """
         x = self.embed_tokens(block_ids)
         if self.mask_embedding is not None:
             x = torch.cat((x[:, :1], self.mask_embedding.to(x.dtype).expand(x.shape[0], x.shape[1] - 1, -1)), dim=1)
         last = positions[:, -1:].expand_as(positions)
-        step = AttentionStep.build(positions, last, kv_len, self.config.backbone, x.dtype)
+        step = AttentionStep.build(positions, last, kv_len, self.config.backbone, x.dtype, slots, mask)
         delta = None
         for i, layer in enumerate(self.layers):
             x, delta = layer(x, delta, step, cache, i)

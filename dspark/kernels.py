@@ -29,9 +29,10 @@ except ImportError:  # pragma: no cover - depends on the install
 
 
 def use_triton(t: Tensor) -> bool:
+    """Triton kernels serve inference (no autograd through them): with gradients on, the references run."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     return (triton is not None and os.environ.get("DSPARK_KERNELS", "1") != "0" and (t.is_cuda or interpret)
-            and t.dtype in (torch.float32, torch.bfloat16, torch.float16))
+            and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.is_grad_enabled())
 
 
 # ---- references ----------------------------------------------------------------------------------
@@ -75,17 +76,19 @@ def silu_mul_ref(gate_up: Tensor) -> Tensor:
     return F.silu(gate) * up
 
 
-def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
-    """q [B, Hq, T, D] over keys 0..kv_len-1; query (b, t) sees keys at positions <= limits[b, t]."""
-    mask = (torch.arange(kv_len, device=q.device) <= limits[..., None])[:, None]
+def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int,
+                  mask: Tensor | None = None) -> Tensor:
+    """q [B, Hq, T, D] over keys 0..kv_len-1; query (b, t) sees keys at slots <= limits[b, t], or where
+    an explicit `mask` [B, 1, T, kv_len] is True."""
+    if mask is None:
+        mask = (torch.arange(kv_len, device=q.device) <= limits[..., None])[:, None]
     return F.scaled_dot_product_attention(q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], attn_mask=mask,
                                           enable_gqa=q.shape[1] != cache_k.shape[1])
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     rows = x.numel() // x.shape[-1]
-    if (not use_triton(x) or rows > 16 or bias is not None or x.dtype != weight.dtype
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+    if not use_triton(x) or rows > 16 or bias is not None or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
     n, k = weight.shape
     x2 = x.reshape(rows, k).contiguous()
@@ -145,13 +148,14 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     return out.view(*shape[:-1], inter)
 
 
-def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
+def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int,
+              mask: Tensor | None = None) -> Tensor:
     """Split-KV ("flash decoding") attention: each program takes one KV head's query group for one
     row over one chunk of keys; a second kernel merges the chunks' partial softmaxes.
     Returns [B, Hq, T, D] (on the GPU a view of token-major memory)."""
     b, hq, t, d = q.shape
-    if not use_triton(q) or d < 16 or d & (d - 1):
-        return attention_ref(q, cache_k, cache_v, limits, kv_len)
+    if not use_triton(q) or d < 16 or d & (d - 1) or mask is not None:
+        return attention_ref(q, cache_k, cache_v, limits, kv_len, mask)
     hkv = cache_k.shape[1]
     group = hq // hkv
     gp = max(16, triton.next_power_of_2(group))  # tensor-core tiles need 16 rows

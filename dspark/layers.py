@@ -43,17 +43,20 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dt
 class AttentionStep:
     """What every layer of one forward shares: query positions, RoPE tables and the visibility mask."""
 
-    positions: Tensor  # [B, T] absolute positions of the queries; their K/V are written there
+    positions: Tensor  # [B, T] absolute positions of the queries (RoPE)
     cos: Tensor
     sin: Tensor
-    limits: Tensor  # [B, T] the highest key position each query may see
-    kv_len: int  # keys at positions 0..kv_len-1 are read from the cache
+    limits: Tensor  # [B, T] the highest key slot each query may see
+    kv_len: int  # keys in slots 0..kv_len-1 are read from the cache
+    slots: Tensor  # [B, T] cache slots the queries' K/V are written to: their positions when decoding
+    mask: Tensor | None = None  # [B, 1, T, kv_len] explicit visibility (training blocks); replaces limits
 
     @classmethod
-    def build(cls, positions: Tensor, limits: Tensor, kv_len: int, cfg: BackboneConfig, dtype: torch.dtype):
-        """`limits[b, t]`: the highest key position query (b, t) may see (its own position when causal)."""
+    def build(cls, positions: Tensor, limits: Tensor, kv_len: int, cfg: BackboneConfig, dtype: torch.dtype,
+              slots: Tensor | None = None, mask: Tensor | None = None):
+        """`limits[b, t]`: the highest key slot query (b, t) may see (its own position when causal)."""
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)
-        return cls(positions, cos, sin, limits, kv_len)
+        return cls(positions, cos, sin, limits, kv_len, positions if slots is None else slots, mask)
 
 
 class KVCache:
@@ -121,14 +124,14 @@ class Attention(nn.Module):
     def store_kv(self, kv: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> None:
         """Projected [k | v] rows: k_norm and RoPE at their true positions, then both into the cache."""
         kernels.qk_norm_rope_cache(kv, 0, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight, self.eps,
-                                   step.cos, step.sin, step.positions, cache.k[layer], cache.v[layer])
+                                   step.cos, step.sin, step.slots, cache.k[layer], cache.v[layer])
 
     def forward(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
         qkv = _project(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj], x)
         q = kernels.qk_norm_rope_cache(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
-                                       self.k_norm.weight, self.eps, step.cos, step.sin, step.positions,
+                                       self.k_norm.weight, self.eps, step.cos, step.sin, step.slots,
                                        cache.k[layer], cache.v[layer])
-        out = kernels.attention(q, cache.k[layer], cache.v[layer], step.limits, step.kv_len)
+        out = kernels.attention(q, cache.k[layer], cache.v[layer], step.limits, step.kv_len, step.mask)
         b, _, t, _ = out.shape
         return kernels.linear(out.transpose(1, 2).reshape(b, t, -1), self.o_proj.weight, self.o_proj.bias)
 
