@@ -1,0 +1,134 @@
+"""Training a draft for a Qwen3 target with DeepSpec's objective (spec §6).
+
+Per sequence: the target's tapped features and final hidden states are computed on the fly; anchors
+are drawn where the anchor and its next token are in the loss mask; every anchor's block
+`[token, mask, ..., mask]` runs at once, each block in its own cache slots and seeing the context
+before its anchor and itself (the same layers as inference, with an explicit mask). Slot k is
+scored against the token at anchor + k + 1 with weight exp(-k / gamma) under a prefix mask:
+DSpark: 0.1 CE + 0.9 L1(draft, target) + BCE(confidence, 1 - L1 / 2) with a teacher-forced Markov
+head; DFlash mode (Markov rank 0, no confidence head): CE only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dspark.draft import DraftModel
+from dspark.layers import KVCache
+from dspark.target import Qwen3Target
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    num_anchors: int = 64
+    gamma: float = 4.0
+    ce_weight: float = 0.1
+    l1_weight: float = 0.9
+    confidence_weight: float = 1.0
+
+
+@dataclass
+class LossParts:
+    loss: Tensor
+    ce: float
+    l1: float
+    bce: float
+    tau: float  # 1 + sum_k prod_{i<=k} (1 - L1_i / 2): the probabilistic acceptance length estimate
+    slots: int
+
+
+@torch.no_grad()
+def target_features(target: Qwen3Target, ids: Tensor, taps: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Tapped features [S, T*H] and the target's logits [S, V] for one sequence [S]."""
+    n = ids.shape[0]
+    cache = target.new_cache(n)
+    hidden, feats = target(ids[None], torch.arange(n, device=ids.device)[None], cache, n, taps)
+    return feats[0], target.logits(hidden[0])
+
+
+def sample_anchors(loss_mask: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    """Up to `count` anchor positions a (sorted) with loss_mask[a] and loss_mask[a + 1]."""
+    ok = (loss_mask[:-1] & loss_mask[1:]).nonzero().flatten()
+    pick = torch.randperm(ok.numel(), generator=generator, device="cpu")[:count].to(ok.device)
+    return ok[pick].sort().values
+
+
+def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Tensor, loss_mask: Tensor,
+               anchors: Tensor, cfg: LossConfig) -> LossParts:
+    dc = draft.config
+    if not dc.sample_from_anchor:
+        raise ValueError("the trainer writes anchor-first (DeepSpec) drafts")
+    s, b, a = ids.shape[0], dc.block_size, anchors.shape[0]
+    device = ids.device
+    k = torch.arange(b, device=device)
+    positions = anchors[:, None] + k  # [A, B] RoPE positions of the block rows
+    # One batch row per block: the shared context in slots 0..s-1, the block in slots s..s+b-1.
+    slots = (s + k)[None].expand(a, b)
+    kv_len = s + b
+    key = torch.arange(kv_len, device=device)
+    mask = ((key[None, :] < anchors[:, None]) | (key[None, :] >= s))[:, None, None, :].expand(a, 1, b, kv_len)
+    bb = dc.backbone
+    cache = KVCache(bb.num_layers, 1, bb.num_kv_heads, kv_len, bb.head_dim, feats.dtype, device)
+    draft.add_context(feats[None], torch.arange(s, device=device)[None], cache)
+    cache.k, cache.v = cache.k.expand(-1, a, -1, -1, -1).clone(), cache.v.expand(-1, a, -1, -1, -1).clone()
+    block = torch.full((a, b), dc.mask_token_id, dtype=torch.long, device=device)
+    block[:, 0] = ids[anchors]
+    hidden = draft.block_hidden(block, positions, cache, kv_len, slots=slots, mask=mask)  # [A, B, H]
+    logits = draft.base_logits(hidden)
+
+    label_pos = positions + 1  # slot k predicts the token at anchor + k + 1
+    in_seq = label_pos < s
+    label_pos = label_pos.clamp(max=s - 1)
+    valid = (in_seq & loss_mask[label_pos]).long().cumprod(-1).bool()  # a prefix mask
+    labels = ids[label_pos]
+    prev = ids[positions.clamp(max=s - 1)]  # teacher forcing: slot k follows the true token at anchor + k
+    conf_logit = None
+    if draft.markov_head is not None:
+        state, biases, es = None, [], []
+        for j in range(b):
+            bias, e, state = draft.markov_head.step(hidden[:, j], prev[:, j], state)
+            biases.append(bias)
+            es.append(e)
+        logits = logits + torch.stack(biases, 1)
+        e_all = torch.stack(es, 1)
+    if draft.confidence_head is not None:
+        use_e = e_all if dc.confidence_head_with_markov else None
+        conf_logit = draft.confidence_head(hidden, use_e)
+    weight = torch.exp(-k.float() / cfg.gamma)[None].expand(a, b) * valid
+    norm = weight.sum().clamp_min(1e-6)
+    log_q = F.log_softmax(logits.float(), -1)
+    ce = -(log_q.gather(-1, labels[..., None]).squeeze(-1))
+    p_t = F.softmax(target_logits[positions.clamp(max=s - 1)].float(), -1)
+    l1 = (log_q.exp() - p_t).abs().sum(-1)
+    parts = {"ce": (ce * weight).sum() / norm, "l1": (l1 * weight).sum() / norm, "bce": torch.zeros((), device=device)}
+    if dc.markov_rank == 0 and conf_logit is None:  # DFlash mode: cross-entropy only
+        loss = parts["ce"]
+    else:
+        loss = cfg.ce_weight * parts["ce"] + cfg.l1_weight * parts["l1"]
+        if conf_logit is not None:
+            target_acc = (1 - l1.detach() / 2).clamp(0, 1)
+            bce = F.binary_cross_entropy_with_logits(conf_logit, target_acc, reduction="none")
+            parts["bce"] = (bce * weight).sum() / norm
+            loss = loss + cfg.confidence_weight * parts["bce"]
+    accept = ((1 - l1.detach() / 2) * valid).clamp(0, 1)
+    tau = 1 + accept.cumprod(-1).sum(-1).mean()
+    return LossParts(loss, *(float(parts[n].detach()) for n in ("ce", "l1", "bce")), float(tau), int(valid.sum()))
+
+
+def trainable_parameters(draft: DraftModel) -> list[torch.nn.Parameter]:
+    """Everything but the frozen, target-shared embedding and LM head."""
+    frozen = {id(p) for m in (draft.embed_tokens, draft.lm_head) if m is not None for p in m.parameters()}
+    return [p for p in draft.parameters() if id(p) not in frozen]
+
+
+def cosine_lr(step: int, total: int, base: float, warmup_frac: float = 0.04) -> float:
+    warmup = max(1, int(total * warmup_frac))
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))

@@ -1,0 +1,81 @@
+"""The draft trainer's objective: the training block forward is the inference one, and it learns."""
+
+from __future__ import annotations
+
+import torch
+from pairs import random_pair
+
+from dspark.drafters import BlockDrafter
+from dspark.engine import Engine, GenerationConfig
+from dspark.train import LossConfig, cosine_lr, draft_loss, sample_anchors, target_features, trainable_parameters
+
+
+def _sequence(n=48, vocab=63, seed=0):
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_training_blocks_see_what_inference_blocks_see():
+    """Hidden states of a block in the batched, masked training forward equal those of the engine's draft step."""
+    target, draft = random_pair(dtype=torch.float64)
+    ids = _sequence()
+    feats, _ = target_features(target, ids, draft.config.target_layer_ids)
+    anchors = torch.tensor([5, 20, 33])
+    captured = {}
+    original = draft.base_logits
+
+    def spy(hidden):
+        captured["h"] = hidden
+        return original(hidden)
+
+    draft.base_logits = spy
+    with torch.no_grad():
+        draft_loss(draft, feats, torch.zeros(48, 64, dtype=torch.float64), ids, torch.ones(48, dtype=torch.bool),
+                   anchors, LossConfig())
+        train_h = captured["h"]
+        for i, a in enumerate(anchors.tolist()):
+            cache = draft.new_cache(64)
+            draft.add_context(feats[None, :a], torch.arange(a)[None], cache)
+            block = torch.full((1, draft.config.block_size), draft.config.mask_token_id)
+            block[0, 0] = ids[a]
+            pos = torch.arange(a, a + draft.config.block_size)[None]
+            h = draft.block_hidden(block, pos, cache, a + draft.config.block_size)
+            torch.testing.assert_close(train_h[i], h[0], rtol=1e-9, atol=1e-9)
+
+
+def test_anchors_respect_the_loss_mask():
+    mask = torch.tensor([0, 0, 1, 1, 1, 0, 1, 1, 0, 1], dtype=torch.bool)
+    anchors = sample_anchors(mask, 10, torch.Generator().manual_seed(0))
+    assert anchors.tolist() == [2, 3, 6]
+
+
+def test_loss_trains_the_draft_and_not_the_frozen_head():
+    target, draft = random_pair(dtype=torch.float32, std=0.3)
+    draft.train()
+    ids = _sequence(96)
+    mask = torch.ones(96, dtype=torch.bool)
+    mask[:10] = False  # a prompt
+    feats, t_logits = target_features(target, ids, draft.config.target_layer_ids)
+    params = trainable_parameters(draft)
+    for p in params:
+        p.requires_grad_(True)
+    assert all(p.requires_grad is False for p in draft.lm_head.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    first = last = None
+    for step in range(60):
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, 60, 1e-2)
+        out = draft_loss(draft, feats, t_logits, ids, mask, sample_anchors(mask, 32, gen), LossConfig())
+        opt.zero_grad()
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        first = first if first is not None else out
+        last = out
+    assert draft.lm_head.weight.grad is None
+    assert last.loss.item() < 0.85 * first.loss.item() and last.tau > first.tau + 0.5  # it learns the target
+    draft.eval().requires_grad_(False)
+    cfg = GenerationConfig(max_new_tokens=40, temperature=0.0)
+    plain = Engine(target).generate(ids[:10].tolist(), cfg)
+    spec = Engine(target, BlockDrafter(draft)).generate(ids[:10].tolist(), cfg)
+    assert spec.tokens == plain.tokens
