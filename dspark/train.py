@@ -132,3 +132,128 @@ def cosine_lr(step: int, total: int, base: float, warmup_frac: float = 0.04) -> 
         return base * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return base * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+# ---- the training loop ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrainArgs:
+    steps: int = 1000
+    batch: int = 8  # sequences per optimizer step (gradient accumulation)
+    lr: float = 6e-4
+    warmup_frac: float = 0.04
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 200
+    max_len: int = 1024
+    loss: LossConfig = LossConfig()
+
+
+def read_examples(path, tokenizer=None, max_len: int = 1024) -> list[tuple[Tensor, Tensor]]:
+    """(ids, loss_mask) per JSONL row: `{"prompt_ids", "response_ids"}`, or chat `{"messages"}` whose
+    last message is the assistant's (tokenized with the target's chat template, thinking off).
+    The loss covers the response and its end-of-turn token."""
+    import json
+
+    from dspark.errors import DSparkError
+
+    out = []
+    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "prompt_ids" in row:
+            prompt, response = list(row["prompt_ids"]), list(row["response_ids"])
+        elif "messages" in row:
+            if tokenizer is None:
+                raise DSparkError(f"{path}:{n}: chat rows need the target's tokenizer")
+            msgs = row["messages"]
+            prompt = list(tokenizer.apply_chat_template(msgs[:-1], add_generation_prompt=True, enable_thinking=False,
+                                                        tokenize=True, return_dict=False))
+            response = tokenizer.encode(msgs[-1]["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
+        else:
+            raise DSparkError(f"{path}:{n}: a row needs prompt_ids/response_ids or messages")
+        ids = (prompt + response)[:max_len]
+        mask = ([False] * len(prompt) + [True] * len(response))[:max_len]
+        if sum(mask) >= 2:
+            out.append((torch.tensor(ids), torch.tensor(mask)))
+    if not out:
+        raise DSparkError(f"{path}: no usable rows (each needs at least 2 response tokens)")
+    return out
+
+
+def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, Tensor]], args: TrainArgs,
+          out_dir=None, start_step: int = 0, optimizer_state: dict | None = None, on_step=None) -> DraftModel:
+    """AdamW with warm-up and cosine decay, gradient clipping, frozen shared embedding and head.
+
+    Step s draws its sequences and anchors from a generator seeded by (seed, s), so a run resumed at
+    any checkpoint takes the same steps as an uninterrupted one.
+    """
+    device = target.lm_head.weight.device
+    params = trainable_parameters(draft)
+    for p in draft.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    draft.train()
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    if optimizer_state is not None:
+        opt.load_state_dict(optimizer_state)
+    taps = draft.config.target_layer_ids
+    for step in range(start_step, args.steps):
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, args.steps, args.lr, args.warmup_frac)
+        opt.zero_grad(set_to_none=True)
+        picks = torch.randint(0, len(examples), (args.batch,), generator=gen).tolist()
+        stats = []
+        for i in picks:
+            ids, mask = (t.to(device) for t in examples[i])
+            feats, t_logits = target_features(target, ids, taps)
+            parts = draft_loss(draft, feats, t_logits, ids, mask, sample_anchors(mask, args.loss.num_anchors, gen),
+                               args.loss)
+            (parts.loss / args.batch).backward()
+            stats.append(parts)
+        torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        opt.step()
+        if on_step is not None:
+            on_step(step, stats)
+        if out_dir is not None and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
+            save_checkpoint(draft, opt, step + 1, out_dir, target)
+    draft.eval().requires_grad_(False)
+    return draft
+
+
+def save_checkpoint(draft: DraftModel, opt: torch.optim.Optimizer, step: int, out_dir, target: Qwen3Target) -> None:
+    """The draft in DeepSpec's format (loadable anywhere the official drafts load), and the optimizer
+    state beside it, written to temporary names first so an interruption never leaves half a checkpoint."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from dspark.checkpoint import save_draft
+
+    out = Path(out_dir)
+    tmp = out / "checkpoint.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_draft(draft, tmp, "deepspec", target.config)
+    torch.save({"step": step, "optimizer": opt.state_dict()}, tmp / "trainer_state.pt")
+    final = out / "checkpoint"
+    if final.exists():
+        shutil.rmtree(out / "checkpoint.old", ignore_errors=True)
+        os.replace(final, out / "checkpoint.old")
+    os.replace(tmp, final)
+    shutil.rmtree(out / "checkpoint.old", ignore_errors=True)
+
+
+def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel, int, dict] | None:
+    """(draft, step, optimizer state) of the last checkpoint under `out_dir`, or None."""
+    from pathlib import Path
+
+    from dspark.checkpoint import load_draft
+
+    path = Path(out_dir) / "checkpoint"
+    if not (path / "trainer_state.pt").is_file():
+        return None
+    state = torch.load(path / "trainer_state.pt", weights_only=True, map_location=target.lm_head.weight.device)
+    return load_draft(path, target).model, state["step"], state["optimizer"]

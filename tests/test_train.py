@@ -79,3 +79,39 @@ def test_loss_trains_the_draft_and_not_the_frozen_head():
     plain = Engine(target).generate(ids[:10].tolist(), cfg)
     spec = Engine(target, BlockDrafter(draft)).generate(ids[:10].tolist(), cfg)
     assert spec.tokens == plain.tokens
+
+
+def _examples(n=6, length=40, vocab=63):
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, vocab, (length,), generator=g)
+        mask = torch.arange(length) >= 8
+        out.append((ids, mask))
+    return out
+
+
+def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
+    from dspark.train import TrainArgs, load_checkpoint, train
+
+    args = TrainArgs(steps=6, batch=2, lr=1e-2, checkpoint_every=3, loss=LossConfig(num_anchors=8))
+    target, draft = random_pair(dtype=torch.float64)
+    whole = train(target, draft, _examples(), args)
+
+    # The same 6-step schedule, checkpointed every step and interrupted during the third; then resumed.
+    _, part = random_pair(dtype=torch.float64)
+
+    def stop_at_3(step, stats):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    try:
+        train(target, part, _examples(), TrainArgs(**{**args.__dict__, "checkpoint_every": 1}), out_dir=tmp_path,
+              on_step=stop_at_3)
+    except KeyboardInterrupt:
+        pass
+    resumed_draft, step, opt_state = load_checkpoint(tmp_path, target)
+    assert step == 2
+    resumed = train(target, resumed_draft, _examples(), args, start_step=step, optimizer_state=opt_state)
+    for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
