@@ -24,8 +24,12 @@ TARGETS = {"qwen3-8b": QWEN3_8B, "qwen3-4b": QWEN3_4B}
 
 
 def evenly_spaced_taps(num_target_layers: int, count: int = 5) -> tuple[int, ...]:
-    """DeepSeek's and z-lab's rule: `count` ids from 1 to L-3, rounded ([1,9,17,25,33] for 36 layers)."""
-    last = num_target_layers - 3
+    """DeepSeek's and z-lab's rule: `count` ids from 1 to L-3, rounded ([1,9,17,25,33] for 36 layers);
+    fewer for targets too shallow to hold that many."""
+    last = max(1, num_target_layers - 3)
+    count = max(1, min(count, last))
+    if count == 1:
+        return (min(1, num_target_layers - 2),)
     return tuple(round(1 + i * (last - 1) / (count - 1)) for i in range(count))
 
 

@@ -157,11 +157,18 @@ def read_examples(path, tokenizer=None, max_len: int = 1024) -> list[tuple[Tenso
 
     from dspark.errors import DSparkError
 
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise DSparkError(f"{path}: no such data file; give a JSONL file of training rows")
     out = []
-    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DSparkError(f"{path}:{n}: not JSON ({exc.msg}); one JSON object per line") from None
         if "prompt_ids" in row:
             prompt, response = list(row["prompt_ids"]), list(row["response_ids"])
         elif "messages" in row:

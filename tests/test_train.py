@@ -115,3 +115,29 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
     resumed = train(target, resumed_draft, _examples(), args, start_step=step, optimizer_state=opt_state)
     for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_train_draft_command_trains_saves_and_resumes(tiny_dir, tmp_path, monkeypatch, capfd):
+    import json
+
+    from cli_runner import run_cli
+
+    from dspark.checkpoint import load_draft, load_target
+
+    data = tmp_path / "data.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"double {i}"},
+                          {"role": "assistant", "content": f"def f(x):\n    return {i} * x\n"}]} for i in range(8)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "draft"
+    common = ["train-draft", "--target", tiny_dir / "target", "--data", data, "--out", out, "--batch", "2",
+              "--num-anchors", "8", "--checkpoint-every", "2", "--device", "cpu"]
+    code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "4")
+    assert code == 0, err
+    target = load_target(tiny_dir / "target").model
+    assert load_draft(out, target).config.format == "deepspec"
+    code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "4")
+    assert code == 2 and "pass --resume" in err  # never silently overwrites a run
+    code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "6", "--resume")
+    assert code == 0, err
+    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 6
