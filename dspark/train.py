@@ -11,14 +11,20 @@ head; DFlash mode (Markov rank 0, no confidence head): CE only.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dspark.checkpoint import load_draft, save_draft
 from dspark.draft import DraftModel
+from dspark.errors import DSparkError
 from dspark.layers import KVCache
 from dspark.target import Qwen3Target
 
@@ -62,7 +68,7 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
                anchors: Tensor, cfg: LossConfig) -> LossParts:
     dc = draft.config
     if not dc.sample_from_anchor:
-        raise ValueError("the trainer writes anchor-first (DeepSpec) drafts")
+        raise DSparkError("the trainer writes anchor-first (DeepSpec) drafts")
     s, b, a = ids.shape[0], dc.block_size, anchors.shape[0]
     device = ids.device
     k = torch.arange(b, device=device)
@@ -153,12 +159,6 @@ def read_examples(path, tokenizer=None, max_len: int = 1024) -> list[tuple[Tenso
     """(ids, loss_mask) per JSONL row: `{"prompt_ids", "response_ids"}`, or chat `{"messages"}` whose
     last message is the assistant's (tokenized with the target's chat template, thinking off).
     The loss covers the response and its end-of-turn token."""
-    import json
-
-    from dspark.errors import DSparkError
-
-    from pathlib import Path
-
     if not Path(path).is_file():
         raise DSparkError(f"{path}: no such data file; give a JSONL file of training rows")
     out = []
@@ -234,12 +234,6 @@ def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, T
 def save_checkpoint(draft: DraftModel, opt: torch.optim.Optimizer, step: int, out_dir, target: Qwen3Target) -> None:
     """The draft in DeepSpec's format (loadable anywhere the official drafts load), and the optimizer
     state beside it, written to temporary names first so an interruption never leaves half a checkpoint."""
-    import os
-    import shutil
-    from pathlib import Path
-
-    from dspark.checkpoint import save_draft
-
     out = Path(out_dir)
     tmp = out / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -255,10 +249,6 @@ def save_checkpoint(draft: DraftModel, opt: torch.optim.Optimizer, step: int, ou
 
 def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel, int, dict] | None:
     """(draft, step, optimizer state) of the last checkpoint under `out_dir`, or None."""
-    from pathlib import Path
-
-    from dspark.checkpoint import load_draft
-
     path = Path(out_dir) / "checkpoint"
     if not (path / "trainer_state.pt").is_file():
         return None
