@@ -81,7 +81,8 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     bb = dc.backbone
     cache = KVCache(bb.num_layers, 1, bb.num_kv_heads, kv_len, bb.head_dim, feats.dtype, device)
     draft.add_context(feats[None], torch.arange(s, device=device)[None], cache)
-    cache.k, cache.v = cache.k.expand(-1, a, -1, -1, -1).clone(), cache.v.expand(-1, a, -1, -1, -1).clone()
+    cache.k = [t.expand(a, -1, -1, -1).clone() for t in cache.k]  # the shared context, once per block row
+    cache.v = [t.expand(a, -1, -1, -1).clone() for t in cache.v]
     block = torch.full((a, b), dc.mask_token_id, dtype=torch.long, device=device)
     block[:, 0] = ids[anchors]
     hidden = draft.block_hidden(block, positions, cache, kv_len, slots=slots, mask=mask)  # [A, B, H]
@@ -254,3 +255,43 @@ def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel, int, dict
         return None
     state = torch.load(path / "trainer_state.pt", weights_only=True, map_location=target.lm_head.weight.device)
     return load_draft(path, target).model, state["step"], state["optimizer"]
+
+
+# ---- the target (demo models): next-token cross-entropy on the masked tokens ------------------------
+
+def lm_loss(target: Qwen3Target, ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """Mean next-token cross-entropy over positions whose *next* token is in the loss mask."""
+    n = ids.shape[0]
+    cache = target.new_cache(n)
+    hidden, _ = target(ids[None], torch.arange(n, device=ids.device)[None], cache, n)
+    logits = target.logits(hidden[0, :-1])
+    weight = loss_mask[1:].float()
+    ce = F.cross_entropy(logits, ids[1:], reduction="none")
+    return (ce * weight).sum() / weight.sum().clamp_min(1)
+
+
+def train_target(target: Qwen3Target, examples: list[tuple[Tensor, Tensor]], args: TrainArgs, on_step=None) -> None:
+    """Pretrain/finetune a (small) target in place: AdamW, warm-up and cosine decay, clipping,
+    step s drawing its sequences from a generator seeded by (seed, s)."""
+    device = target.lm_head.weight.device
+    params = list({id(p): p for p in target.parameters()}.values())
+    for p in params:
+        p.requires_grad_(True)
+    target.train()
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    for step in range(args.steps):
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, args.steps, args.lr, args.warmup_frac)
+        opt.zero_grad(set_to_none=True)
+        losses = []
+        for i in torch.randint(0, len(examples), (args.batch,), generator=gen).tolist():
+            ids, mask = (t.to(device) for t in examples[i])
+            loss = lm_loss(target, ids, mask)
+            (loss / args.batch).backward()
+            losses.append(float(loss.detach()))
+        torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        opt.step()
+        if on_step is not None:
+            on_step(step, losses)
+    target.eval().requires_grad_(False)

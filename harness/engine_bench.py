@@ -174,7 +174,7 @@ def measure_verify(target, taps: tuple[int, ...], prompt: list[int], rows: int, 
     ctx, b = len(prompt), target.config.backbone
     cache = target.new_cache(ctx + rows + 2)
     target(torch.tensor([prompt], device="cuda"), torch.arange(ctx, device="cuda")[None], cache, ctx, taps)
-    state = DecodeState.allocate(rows - 1, b.vocab_size, len(taps) * b.hidden_size, cache.k.dtype, "cuda")
+    state = DecodeState.allocate(rows - 1, b.vocab_size, len(taps) * b.hidden_size, cache.k[0].dtype, "cuda")
     state.position.fill_(ctx)
     streams = Streams.from_seed(0, "cuda")
     steps = TargetSteps(target, cache, state, streams, taps)

@@ -141,3 +141,19 @@ def test_train_draft_command_trains_saves_and_resumes(tiny_dir, tmp_path, monkey
     assert code == 0, err
     state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 6
+
+
+def test_train_target_learns_its_data():
+    from dspark.tiny import random_target, tiny_target_config
+    from dspark.train import TrainArgs, lm_loss, train_target
+
+    target = random_target(tiny_target_config(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
+                                              intermediate=64, eos=()), seed=0)
+    examples = _examples(n=2)
+    before = [float(lm_loss(target, ids, m)) for ids, m in examples]
+    train_target(target, examples, TrainArgs(steps=80, batch=2, lr=1e-2))
+    after = [float(lm_loss(target, ids, m)) for ids, m in examples]
+    assert max(after) < 0.5 * min(before)  # it memorises two sequences
+    ids, mask = examples[0]
+    out = Engine(target).generate(ids[:12].tolist(), GenerationConfig(max_new_tokens=10))
+    assert sum(a == b for a, b in zip(out.tokens, ids[12:22].tolist())) >= 7  # and continues them greedily
