@@ -26,8 +26,19 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.txt", "*.model", "*.jinja"
 IGNORED_KEYS = ("rotary_emb.inv_freq", "t2d", "verifier_lm_head", "verifier_norm")
 
 
+# Short names of the demo models that ship inside the package (built by experiments/demo/build.py).
+DEMO_MODELS = {"demo": "target", "demo-dspark": "dspark", "demo-dflash": "dflash"}
+DEMO_DIR = Path(__file__).resolve().parent / "data" / "demo"
+
+
 def resolve_path(name_or_path: str | Path, revision: str | None = None) -> Path:
-    """A local folder as is; otherwise a hub id, downloaded (config, safetensors, tokenizer files)."""
+    """A demo short name, a local folder as is, or a hub id, downloaded (config, safetensors, tokenizer files)."""
+    if str(name_or_path) in DEMO_MODELS:
+        path = DEMO_DIR / DEMO_MODELS[str(name_or_path)]
+        if not (path / "config.json").is_file():
+            raise DSparkError(f"{name_or_path}: the demo models are not in this install ({path}); "
+                              "build them with experiments/demo/build.py")
+        return path
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path

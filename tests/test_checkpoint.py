@@ -754,3 +754,17 @@ def test_real_process_reports_a_broken_draft_the_same_way(small, broken):
     assert len(proc.stderr.rstrip("\n")) > 80  # a long line stays one line at an 80-column console
     proc = _subprocess([sys.executable, "-m", "harness.cli", "inspect", broken / "corrupt_safetensors"])
     assert_one_error_line(proc.returncode, proc.stdout, proc.stderr, BROKEN_MESSAGES["corrupt_safetensors"])
+
+
+def test_demo_short_names_resolve_to_package_data(tiny_dir, monkeypatch, tmp_path):
+    import dspark.checkpoint as ckpt
+
+    monkeypatch.setattr(ckpt, "DEMO_DIR", tmp_path / "missing")
+    with pytest.raises(DSparkError, match="demo models are not in this install"):
+        ckpt.resolve_path("demo")
+    monkeypatch.setattr(ckpt, "DEMO_DIR", tiny_dir)
+    assert ckpt.resolve_path("demo") == tiny_dir / "target"
+    assert ckpt.resolve_path("demo-dspark") == tiny_dir / "dspark"
+    target = load_target("demo").model
+    assert load_draft("demo-dspark", target).config.method == "dspark"
+    assert load_draft("demo-dflash", target).config.method == "dflash"
