@@ -1,7 +1,8 @@
 """Rebuild the demo pair from nothing: corpus -> tokenizer -> target -> self-distillation -> drafts -> figures.
 
     python experiments/demo/build.py --out build/demo [--device cuda] [--seed 0]
-    python experiments/demo/build.py --out /tmp/demo --smoke      # every stage at toy sizes, in seconds
+    python experiments/demo/build.py --out /tmp/demo --size medium  # a CPU rehearsal in minutes
+    python experiments/demo/build.py --out /tmp/demo --smoke        # every stage at toy sizes, in seconds
 
 Stages (each seeded): the pinned standard-library corpus (`corpus.py`); a byte-level BPE tokenizer
 trained on it; a small Qwen3 target trained on the chat-formatted pairs (loss on the answers); the
@@ -36,6 +37,8 @@ from dspark.train import LossConfig, TrainArgs, train, train_target  # noqa: E40
 
 FULL = dict(vocab=2048, hidden=256, layers=6, heads=4, kv_heads=2, head_dim=64, intermediate=768,
             target_steps=3000, draft_steps=2000, batch=16, max_answer=256, draft_layers=1)
+MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384,
+              target_steps=300, draft_steps=150, batch=8, max_answer=96, draft_layers=1)
 SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64,
              target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, pairs=12, prompts=2)
 
@@ -57,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="toy sizes: checks every stage in seconds")
+    ap.add_argument("--size", choices=("full", "medium", "smoke"), default="full",
+                    help="full: the shipped pair (GPU); medium: a CPU rehearsal (minutes); smoke: every stage in seconds")
+    ap.add_argument("--smoke", action="store_true", help="the same as --size smoke")
     args = ap.parse_args(argv)
-    size = SMOKE if args.smoke else FULL
+    if args.smoke:
+        args.size = "smoke"
+    size = {"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size]
     out, device, t0 = args.out, args.device, time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
@@ -96,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"pairs": len(pairs), "vocab": vocab, "target_params": sum(p.numel() for p in target.parameters())}
     taps = evenly_spaced_taps(size["layers"])
     drafts = {}
-    for name, rank in (("dspark", 64 if not args.smoke else 8), ("dflash", 0)):
+    for name, rank in (("dspark", 8 if args.size == "smoke" else 64), ("dflash", 0)):
         dcfg = replace(tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=taps, markov_rank=rank,
                                          confidence=rank > 0, mask_token_id=mask_id))
         draft = random_draft(dcfg, target.cpu(), args.seed + 1).to(device)
         target.to(device)
-        train(target, draft, distilled, TrainArgs(steps=size["draft_steps"], batch=size["batch"], lr=6e-4,
+        train(target, draft, distilled, TrainArgs(steps=size["draft_steps"], batch=size["batch"], lr=1e-3,
                                                   seed=args.seed, loss=LossConfig(num_anchors=32)))
         save_draft(draft, out / name, "deepspec", tcfg)
         drafts[name] = draft
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             .read_text().splitlines() if line.strip()][: size.get("prompts")]
     prompts = [chat_example(tokenizer, r["turns"][0], [])[0].tolist() for r in rows]
     for temperature in (0.0, 1.0):
-        cfg = GenerationConfig(max_new_tokens=128 if not args.smoke else 16, temperature=temperature,
+        cfg = GenerationConfig(max_new_tokens=16 if args.size == "smoke" else 128, temperature=temperature,
                                stop_token_ids=eos)
         systems = {"dspark": BlockDrafter(drafts["dspark"]), "dflash": BlockDrafter(drafts["dflash"]),
                    "ngram": NgramDrafter()}
