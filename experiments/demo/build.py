@@ -63,10 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=("full", "medium", "smoke"), default="full",
                     help="full: the shipped pair (GPU); medium: a CPU rehearsal (minutes); smoke: every stage in seconds")
     ap.add_argument("--smoke", action="store_true", help="the same as --size smoke")
+    ap.add_argument("--target-steps", type=int, help="override the size's target training steps")
+    ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
     args = ap.parse_args(argv)
     if args.smoke:
         args.size = "smoke"
-    size = {"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size]
+    size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
+    for key in ("target_steps", "draft_steps"):
+        if getattr(args, key) is not None:
+            size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
