@@ -35,7 +35,7 @@ from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: 
 from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer  # noqa: E402
 from dspark.train import LossConfig, TrainArgs, train, train_target  # noqa: E402
 
-FULL = dict(vocab=2048, hidden=256, layers=6, heads=4, kv_heads=2, head_dim=64, intermediate=768,
+FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768,
             target_steps=3000, draft_steps=2000, batch=16, max_answer=256, draft_layers=1)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384,
               target_steps=300, draft_steps=150, batch=8, max_answer=96, draft_layers=1)
