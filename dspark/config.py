@@ -15,7 +15,6 @@ from typing import Any
 from dspark.errors import DSparkError
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
-FORMATS = ("deepspec", "speculators", "zlab")
 
 
 def _get(cfg: dict, key: str, where: str) -> Any:

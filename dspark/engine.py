@@ -166,12 +166,15 @@ class Engine:
         """Allocate for `max_len` positions and capture the graphs `cfg` needs, outside any timing."""
         self._allocate(max_len)
         self._history = [0]
-        with self.ranges("warmup"):
+        todo = [(key, fn) for key, fn, graphable in self._step_fns(cfg).values()
+                if graphable and self.use_graphs and key not in self.runner.graphs]
+        if not todo:
+            return
+        with self.ranges("warmup"):  # only when something is captured: later requests show no such range
             self.state.position.zero_()
             self.state.pending_count.zero_()
-            for key, fn, graphable in self._step_fns(cfg).values():
-                if graphable:
-                    self.runner.capture(key, fn)
+            for key, fn in todo:
+                self.runner.capture(key, fn)
 
     def _step(self, name: str, step: tuple[tuple, Callable[[], None], bool]) -> None:
         key, fn, _ = step
