@@ -259,20 +259,34 @@ def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel, int, dict
 
 # ---- the target (demo models): next-token cross-entropy on the masked tokens ------------------------
 
+def pad_batch(examples: list[tuple[Tensor, Tensor]], device) -> tuple[Tensor, Tensor]:
+    """Right-padded ids and loss masks [B, S]: causal attention never lets a real token see the padding."""
+    s = max(ids.shape[0] for ids, _ in examples)
+    ids = torch.zeros(len(examples), s, dtype=torch.long)
+    mask = torch.zeros(len(examples), s, dtype=torch.bool)
+    for row, (i, m) in enumerate(examples):
+        ids[row, : i.shape[0]], mask[row, : m.shape[0]] = i, m
+    return ids.to(device), mask.to(device)
+
+
 def lm_loss(target: Qwen3Target, ids: Tensor, loss_mask: Tensor) -> Tensor:
-    """Mean next-token cross-entropy over positions whose *next* token is in the loss mask."""
-    n = ids.shape[0]
-    cache = target.new_cache(n)
-    hidden, _ = target(ids[None], torch.arange(n, device=ids.device)[None], cache, n)
-    logits = target.logits(hidden[0, :-1])
-    weight = loss_mask[1:].float()
-    ce = F.cross_entropy(logits, ids[1:], reduction="none")
-    return (ce * weight).sum() / weight.sum().clamp_min(1)
+    """Mean next-token cross-entropy over positions whose *next* token is in the loss mask.
+    `ids` and `loss_mask` are one sequence [S] or a right-padded batch [B, S] (see `pad_batch`)."""
+    if ids.dim() == 1:
+        ids, loss_mask = ids[None], loss_mask[None]
+    b, n = ids.shape
+    cache = target.new_cache(n, batch=b)
+    positions = torch.arange(n, device=ids.device)[None].expand(b, n)
+    hidden, _ = target(ids, positions, cache, n)
+    logits = target.logits(hidden[:, :-1])
+    weight = loss_mask[:, 1:].float()
+    ce = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+    return (ce * weight.flatten()).sum() / weight.sum().clamp_min(1)
 
 
 def train_target(target: Qwen3Target, examples: list[tuple[Tensor, Tensor]], args: TrainArgs, on_step=None) -> None:
     """Pretrain/finetune a (small) target in place: AdamW, warm-up and cosine decay, clipping,
-    step s drawing its sequences from a generator seeded by (seed, s)."""
+    step s drawing its batch (one padded forward) from a generator seeded by (seed, s)."""
     device = target.lm_head.weight.device
     params = list({id(p): p for p in target.parameters()}.values())
     for p in params:
@@ -284,14 +298,11 @@ def train_target(target: Qwen3Target, examples: list[tuple[Tensor, Tensor]], arg
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, args.steps, args.lr, args.warmup_frac)
         opt.zero_grad(set_to_none=True)
-        losses = []
-        for i in torch.randint(0, len(examples), (args.batch,), generator=gen).tolist():
-            ids, mask = (t.to(device) for t in examples[i])
-            loss = lm_loss(target, ids, mask)
-            (loss / args.batch).backward()
-            losses.append(float(loss.detach()))
+        picks = torch.randint(0, len(examples), (args.batch,), generator=gen).tolist()
+        loss = lm_loss(target, *pad_batch([examples[i] for i in picks], device))
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         opt.step()
         if on_step is not None:
-            on_step(step, losses)
+            on_step(step, loss)
     target.eval().requires_grad_(False)

@@ -38,3 +38,4 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     for key in ("dspark_T0_acceptance_length", "dflash_T0_acceptance_length", "ngram_T0_acceptance_length",
                 "dspark_T1_acceptance_length", "target_T0_distinct_4gram"):
         assert figures[key] >= 0
+    assert figures["greedy_outputs_equal_plain"] is True

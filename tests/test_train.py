@@ -157,3 +157,22 @@ def test_train_target_learns_its_data():
     ids, mask = examples[0]
     out = Engine(target).generate(ids[:12].tolist(), GenerationConfig(max_new_tokens=10))
     assert sum(a == b for a, b in zip(out.tokens, ids[12:22].tolist())) >= 7  # and continues them greedily
+
+
+def test_padded_batch_loss_equals_the_per_sequence_losses():
+    """Right padding never leaks into real tokens: the batched loss is the token-weighted mean of the
+    sequences' own losses, whatever their lengths."""
+    from dspark.tiny import random_target, tiny_target_config
+    from dspark.train import lm_loss, pad_batch
+
+    target = random_target(tiny_target_config(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
+                                              intermediate=64, eos=()), seed=0)
+    g = torch.Generator().manual_seed(3)
+    examples = []
+    for n in (9, 17, 12):
+        ids = torch.randint(0, 64, (n,), generator=g)
+        examples.append((ids, torch.arange(n) >= 3))
+    counts = [float(m[1:].sum()) for _, m in examples]
+    own = sum(float(lm_loss(target, i, m)) * c for (i, m), c in zip(examples, counts)) / sum(counts)
+    batched = float(lm_loss(target, *pad_batch(examples, "cpu")))
+    assert abs(batched - own) < 1e-5

@@ -1,6 +1,6 @@
 """Rebuild the demo pair from nothing: corpus -> tokenizer -> target -> self-distillation -> drafts -> figures.
 
-    python experiments/demo/build.py --out build/demo [--device cuda] [--seed 0]
+    python experiments/demo/build.py --out build/demo [--device cuda] [--seed 0] [--jobs 2] [--install]
     python experiments/demo/build.py --out /tmp/demo --size medium  # a CPU rehearsal in minutes
     python experiments/demo/build.py --out /tmp/demo --smoke        # every stage at toy sizes, in seconds
 
@@ -8,15 +8,25 @@ Stages (each seeded): the pinned standard-library corpus (`corpus.py`); a byte-l
 trained on it; a small Qwen3 target trained on the chat-formatted pairs (loss on the answers); the
 target's own greedy answers to the training instructions (self-distillation, as DeepSpec does);
 a DSpark draft and a DFlash-mode draft trained on those; acceptance on the held-out coding prompts.
-Writes target/, dspark/, dflash/ and figures.json under --out.
+Writes target/, dspark/, dflash/ and figures.json under --out; a stage whose output is already
+there is reused (an interrupted build goes on where it stopped). The models are stored in bfloat16
+(what ships), and every later stage uses the stored weights, so the figures are those of the shipped
+pair. `--install` copies the three models into the package and the figures beside this script.
+
+The corpus is pinned to one Python version (corpus.py). On a machine with another version, write the
+pairs on the pinned interpreter (`corpus.py --out pairs.jsonl`) and pass them with `--corpus`.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import multiprocessing
+import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -26,21 +36,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus as corpus_mod  # noqa: E402
 
-from dspark.checkpoint import save_draft, save_target  # noqa: E402
+from dspark.checkpoint import DEMO_DIR, load_draft, load_target, save_draft, save_target  # noqa: E402
 from dspark.config import BackboneConfig, TargetConfig  # noqa: E402
 from dspark.drafters import BlockDrafter, NgramDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
 from dspark.presets import evenly_spaced_taps  # noqa: E402
+from dspark.target import Qwen3Target  # noqa: E402
 from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: E402
 from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer  # noqa: E402
 from dspark.train import LossConfig, TrainArgs, train, train_target  # noqa: E402
 
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768,
-            target_steps=3000, draft_steps=2000, batch=16, max_answer=256, draft_layers=1)
+            target_steps=3000, draft_steps=2000, batch=16, max_answer=256, draft_layers=1, samples=1)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384,
-              target_steps=300, draft_steps=150, batch=8, max_answer=96, draft_layers=1)
+              target_steps=300, draft_steps=150, batch=8, max_answer=96, draft_layers=1, samples=0)
 SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64,
-             target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, pairs=12, prompts=2)
+             target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, pairs=12, prompts=2, samples=1)
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,6 +66,126 @@ def distinct_4gram_ratio(tokens: list[int]) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
+def _stored(model: torch.nn.Module) -> torch.nn.Module:
+    """The model as it ships: weights rounded to bfloat16 (kept in float32 for the next stages)."""
+    return model.to(torch.bfloat16).to(torch.float32)
+
+
+def _load_target(out: Path, device: str) -> Qwen3Target:
+    return load_target(out / "target", device=device, dtype="float32").model
+
+
+def build_target(out: Path, pairs: list[dict], size: dict, seed: int, device: str):
+    """Tokenizer and target; returns (tokenizer, target). Reuses out/target when it is complete."""
+    from transformers import AutoTokenizer
+
+    if not (out / "target" / "model.safetensors").is_file():
+        tok = build_tokenizer((p["instruction"] + "\n" + p["answer"] for p in pairs), vocab_size=size["vocab"])
+        save_tokenizer(tok, out / "target")
+        tokenizer = AutoTokenizer.from_pretrained(out / "target")
+        vocab = len(tokenizer) + 1  # the first free row: the drafts' mask token
+        eos = (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids(SPECIALS[0]))
+        backbone = BackboneConfig(hidden_size=size["hidden"], intermediate_size=size["intermediate"],
+                                  num_layers=size["layers"], num_heads=size["heads"], num_kv_heads=size["kv_heads"],
+                                  head_dim=size["head_dim"], rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=vocab)
+        tcfg = TargetConfig(backbone=backbone, tie_word_embeddings=True, max_position_embeddings=2048,
+                            eos_token_ids=eos)
+        target = random_target(tcfg, seed).to(device)
+        examples = [chat_example(tokenizer, p["instruction"],
+                                 tokenizer.encode(p["answer"], add_special_tokens=False)[: size["max_answer"]] + [eos[0]])
+                    for p in pairs]
+        log = _progress("target", size["target_steps"], lambda loss: f"loss {float(loss):.3f}")
+        train_target(target, examples, TrainArgs(steps=size["target_steps"], batch=size["batch"], lr=1e-3, seed=seed),
+                     on_step=log)
+        save_target(target.to(torch.bfloat16), out / "target")
+    return AutoTokenizer.from_pretrained(out / "target"), _load_target(out, device)
+
+
+def _progress(stage: str, total: int, describe):
+    t0 = time.perf_counter()
+
+    def on_step(step: int, value) -> None:
+        if (step + 1) % max(1, total // 10) == 0 or step + 1 == total:
+            print(f"[{stage}] step {step + 1}/{total} {describe(value)} {time.perf_counter() - t0:.0f}s", flush=True)
+    return on_step
+
+
+def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], size: dict, seed: int) -> list:
+    """The target's own answers to the training instructions: greedy, plus `samples` at temperature 1."""
+    path = out / "distilled.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    eos = target.config.eos_token_ids
+    engine = Engine(target)
+    examples, t0 = [], time.perf_counter()
+    for n, p in enumerate(pairs):
+        prompt = chat_example(tokenizer, p["instruction"], [])[0].tolist()
+        for s in range(1 + size["samples"]):
+            cfg = GenerationConfig(max_new_tokens=size["max_answer"], temperature=0.0 if s == 0 else 1.0,
+                                   seed=seed * 100_003 + n * 10 + s, stop_token_ids=eos)
+            examples.append(chat_example(tokenizer, p["instruction"], engine.generate(prompt, cfg).tokens))
+        if (n + 1) % max(1, len(pairs) // 5) == 0:
+            print(f"[distill] {n + 1}/{len(pairs)} instructions {time.perf_counter() - t0:.0f}s", flush=True)
+    torch.save(examples, path)
+    return examples
+
+
+def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: str) -> str:
+    """Train one draft on the distilled answers and store it (a process of its own with --jobs)."""
+    out = Path(out)
+    if (out / name / "model.safetensors").is_file():
+        return name
+    target = _load_target(out, device)
+    examples = torch.load(out / "distilled.pt", weights_only=True)
+    tcfg = target.config
+    dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=evenly_spaced_taps(size["layers"]),
+                             markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1)
+    draft = random_draft(dcfg, target.cpu(), seed + 1).to(device)
+    target.to(device)
+    log = _progress(name, size["draft_steps"], lambda parts: "tau {:.2f} ce {:.3f}".format(
+        sum(p.tau for p in parts) / len(parts), sum(p.ce for p in parts) / len(parts)))
+    train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=size["batch"], lr=1e-3, seed=seed,
+                                             loss=LossConfig(num_anchors=32)), on_step=log)
+    save_draft(draft.to(torch.bfloat16), out / name, "deepspec", tcfg)
+    return name
+
+
+def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool) -> dict:
+    """Acceptance on the held-out coding prompts (never seen in training), with the stored models."""
+    target = _load_target(out, device)
+    eos = target.config.eos_token_ids
+    rows = [json.loads(line) for line in resources.files("harness").joinpath("data/demo_coding.jsonl")
+            .read_text().splitlines() if line.strip()][: size.get("prompts")]
+    prompts = [chat_example(tokenizer, r["turns"][0], [])[0].tolist() for r in rows]
+    systems = {"plain": None, "dspark": BlockDrafter(load_draft(out / "dspark", target).model),
+               "dflash": BlockDrafter(load_draft(out / "dflash", target).model), "ngram": NgramDrafter()}
+    figures = {"prompts": len(prompts)}
+    for temperature in (0.0, 1.0):
+        cfg = GenerationConfig(max_new_tokens=16 if smoke else 128, temperature=temperature, stop_token_ids=eos)
+        outputs = {}
+        for name, drafter in systems.items():
+            engine = Engine(target, drafter)
+            outputs[name] = [engine.generate(p, replace(cfg, seed=i)) for i, p in enumerate(prompts)]
+        t = f"T{temperature:g}"
+        for name in ("dspark", "dflash", "ngram"):
+            lengths = [n for r in outputs[name] for n in r.acceptance_lengths]
+            figures[f"{name}_{t}_acceptance_length"] = sum(lengths) / max(1, len(lengths))
+        plain = outputs["plain"]
+        figures[f"target_{t}_distinct_4gram"] = sum(distinct_4gram_ratio(r.tokens) for r in plain) / len(plain)
+        figures[f"target_{t}_mean_output_tokens"] = sum(len(r.tokens) for r in plain) / len(plain)
+        if temperature == 0.0:
+            figures["greedy_outputs_equal_plain"] = all(
+                a.tokens == b.tokens for name in ("dspark", "dflash", "ngram") for a, b in zip(outputs[name], plain))
+    return figures
+
+
+def install(out: Path) -> None:
+    for name in ("target", "dspark", "dflash"):
+        shutil.rmtree(DEMO_DIR / name, ignore_errors=True)
+        shutil.copytree(out / name, DEMO_DIR / name)
+    shutil.copy(out / "figures.json", Path(__file__).with_name("figures.json"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -65,78 +196,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="the same as --size smoke")
     ap.add_argument("--target-steps", type=int, help="override the size's target training steps")
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
+    ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
+    ap.add_argument("--corpus", type=Path, help="pairs written by corpus.py on the pinned Python (default: build them)")
+    ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes")
+    ap.add_argument("--install", action="store_true", help="copy the models into the package, the figures here")
     args = ap.parse_args(argv)
     if args.smoke:
         args.size = "smoke"
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
-    for key in ("target_steps", "draft_steps"):
+    for key in ("target_steps", "draft_steps", "draft_layers"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
 
-    pairs = corpus_mod.build(json.loads(corpus_mod.PIN.read_text()), corpus_mod.stdlib_dir())
+    if args.corpus:
+        text = args.corpus.read_text(encoding="utf-8")
+        pairs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        pairs = corpus_mod.build(json.loads(corpus_mod.PIN.read_text()), corpus_mod.stdlib_dir())
+        text = "".join(json.dumps(p) + "\n" for p in pairs)
     pairs = pairs[: size.get("pairs", len(pairs))]
-    tok = build_tokenizer((p["instruction"] + "\n" + p["answer"] for p in pairs), vocab_size=size["vocab"])
-    save_tokenizer(tok, out / "target")
-    from transformers import AutoTokenizer
+    tokenizer, target = build_target(out, pairs, size, args.seed, device)
+    print(f"[target] ready {time.perf_counter() - t0:.0f}s", flush=True)
+    distill(out, tokenizer, target, pairs, size, args.seed)
+    print(f"[distill] ready {time.perf_counter() - t0:.0f}s", flush=True)
+    del target
+    jobs = [(str(out), name, rank, size, args.seed, device)
+            for name, rank in (("dspark", 8 if args.size == "smoke" else 64), ("dflash", 0))]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(build_draft, *zip(*jobs)))
+    else:
+        for job in jobs:
+            build_draft(*job)
+    print(f"[drafts] ready {time.perf_counter() - t0:.0f}s", flush=True)
 
-    tokenizer = AutoTokenizer.from_pretrained(out / "target")
-    mask_id = len(tokenizer)  # the first free row: the drafts' mask token
-    vocab = mask_id + 1
-    eos = (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids(SPECIALS[0]))
-    backbone = BackboneConfig(hidden_size=size["hidden"], intermediate_size=size["intermediate"],
-                              num_layers=size["layers"], num_heads=size["heads"], num_kv_heads=size["kv_heads"],
-                              head_dim=size["head_dim"], rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=vocab)
-    tcfg = TargetConfig(backbone=backbone, tie_word_embeddings=True, max_position_embeddings=2048, eos_token_ids=eos)
-    target = random_target(tcfg, args.seed).to(device)
-    examples = [chat_example(tokenizer, p["instruction"],
-                             tokenizer.encode(p["answer"], add_special_tokens=False)[: size["max_answer"]] + [eos[0]])
-                for p in pairs]
-    train_target(target, examples, TrainArgs(steps=size["target_steps"], batch=size["batch"], lr=1e-3, seed=args.seed))
-    save_target(target, out / "target")
-
-    # Self-distillation: the drafts learn the target's own answers to the training instructions.
-    engine = Engine(target)
-    cfg = GenerationConfig(max_new_tokens=size["max_answer"], temperature=0.0, stop_token_ids=eos)
-    distilled = []
-    for p in pairs:
-        prompt, _ = chat_example(tokenizer, p["instruction"], [])
-        distilled.append(chat_example(tokenizer, p["instruction"], engine.generate(prompt.tolist(), cfg).tokens))
-
-    figures = {"pairs": len(pairs), "vocab": vocab, "target_params": sum(p.numel() for p in target.parameters())}
-    taps = evenly_spaced_taps(size["layers"])
-    drafts = {}
-    for name, rank in (("dspark", 8 if args.size == "smoke" else 64), ("dflash", 0)):
-        dcfg = replace(tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=taps, markov_rank=rank,
-                                         confidence=rank > 0, mask_token_id=mask_id))
-        draft = random_draft(dcfg, target.cpu(), args.seed + 1).to(device)
-        target.to(device)
-        train(target, draft, distilled, TrainArgs(steps=size["draft_steps"], batch=size["batch"], lr=1e-3,
-                                                  seed=args.seed, loss=LossConfig(num_anchors=32)))
-        save_draft(draft, out / name, "deepspec", tcfg)
-        drafts[name] = draft
-
-    # Acceptance on the held-out coding prompts (never seen in training).
-    rows = [json.loads(line) for line in resources.files("harness").joinpath("data/demo_coding.jsonl")
-            .read_text().splitlines() if line.strip()][: size.get("prompts")]
-    prompts = [chat_example(tokenizer, r["turns"][0], [])[0].tolist() for r in rows]
-    for temperature in (0.0, 1.0):
-        cfg = GenerationConfig(max_new_tokens=16 if args.size == "smoke" else 128, temperature=temperature,
-                               stop_token_ids=eos)
-        systems = {"dspark": BlockDrafter(drafts["dspark"]), "dflash": BlockDrafter(drafts["dflash"]),
-                   "ngram": NgramDrafter()}
-        for name, drafter in systems.items():
-            rounds = [Engine(target, drafter).generate(p, replace(cfg, seed=i)) for i, p in enumerate(prompts)]
-            lengths = [n for r in rounds for n in r.acceptance_lengths]
-            figures[f"{name}_T{temperature:g}_acceptance_length"] = sum(lengths) / max(1, len(lengths))
-            if name == "dspark":
-                figures[f"target_T{temperature:g}_distinct_4gram"] = sum(
-                    distinct_4gram_ratio(r.tokens) for r in rounds) / len(rounds)
-    figures["seconds"] = time.perf_counter() - t0
+    figures = {"size": args.size, "seed": args.seed, "device": device, "pairs": len(pairs),
+               "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
+               "target_steps": size["target_steps"], "draft_steps": size["draft_steps"],
+               "draft_layers": size["draft_layers"]}
+    figures |= evaluate(out, tokenizer, size, device, args.size == "smoke")
+    figures["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "figures.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
+    if args.install:
+        install(out)
     return 0
 
 
