@@ -282,8 +282,10 @@ def _draft_state(model: DraftModel, with_embeddings: bool) -> dict[str, Tensor]:
 
 
 def save_draft(model: DraftModel, out: Path, fmt: str, target_config: TargetConfig | None = None,
-               verifier: str = "") -> None:
-    """Write `model` as a DeepSpec flat, speculators, or z-lab DFlash checkpoint (spec §1)."""
+               verifier: str = "", with_embeddings: bool = True) -> None:
+    """Write `model` as a DeepSpec flat, speculators, or z-lab DFlash checkpoint (spec §1).
+    `with_embeddings=False` leaves out the frozen copies of the target's embedding and head (the
+    loader then shares the target's), as z-lab checkpoints always do."""
     cfg = model.config
     out.mkdir(parents=True, exist_ok=True)
     b = cfg.backbone
@@ -302,7 +304,7 @@ def save_draft(model: DraftModel, out: Path, fmt: str, target_config: TargetConf
             hf["markov_head_type"] = cfg.markov_head_type
         if cfg.confidence_head:
             hf["confidence_head_with_markov"] = cfg.confidence_head_with_markov
-        state = _draft_state(model, with_embeddings=True)
+        state = _draft_state(model, with_embeddings)
     elif fmt == "speculators":
         kind = "dspark" if cfg.markov_rank > 0 or cfg.sample_from_anchor else "dflash"
         hf = {
@@ -324,7 +326,7 @@ def save_draft(model: DraftModel, out: Path, fmt: str, target_config: TargetConf
             hf |= {"markov_rank": cfg.markov_rank, "markov_head_type": cfg.markov_head_type or "vanilla",
                    "enable_confidence_head": cfg.confidence_head,
                    "confidence_head_with_markov": cfg.confidence_head_with_markov}
-        state = _draft_state(model, with_embeddings=True)
+        state = _draft_state(model, with_embeddings)
         if cfg.reduced_vocab:  # d2t is a buffer of the model, already in the state
             t2d = torch.zeros(b.vocab_size, dtype=torch.bool)
             t2d[model.target_ids().cpu()] = True

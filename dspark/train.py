@@ -48,13 +48,27 @@ class LossParts:
     slots: int
 
 
+def pad_batch(examples: list[tuple[Tensor, Tensor]], device) -> tuple[Tensor, Tensor]:
+    """Right-padded ids and loss masks [B, S]: causal attention never lets a real token see the padding."""
+    s = max(ids.shape[0] for ids, _ in examples)
+    ids = torch.zeros(len(examples), s, dtype=torch.long)
+    mask = torch.zeros(len(examples), s, dtype=torch.bool)
+    for row, (i, m) in enumerate(examples):
+        ids[row, : i.shape[0]], mask[row, : m.shape[0]] = i, m
+    return ids.to(device), mask.to(device)
+
+
 @torch.no_grad()
 def target_features(target: Qwen3Target, ids: Tensor, taps: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-    """Tapped features [S, T*H] and the target's logits [S, V] for one sequence [S]."""
-    n = ids.shape[0]
-    cache = target.new_cache(n)
-    hidden, feats = target(ids[None], torch.arange(n, device=ids.device)[None], cache, n, taps)
-    return feats[0], target.logits(hidden[0])
+    """Tapped features [..., S, T*H] and the target's logits [..., S, V] for one sequence [S] or a
+    right-padded batch [B, S] (causal attention keeps the padding out of every real row)."""
+    batched = ids.dim() == 2
+    ids = ids if batched else ids[None]
+    nb, n = ids.shape
+    cache = target.new_cache(n, batch=nb)
+    hidden, feats = target(ids, torch.arange(n, device=ids.device)[None].expand(nb, n), cache, n, taps)
+    logits = target.logits(hidden)
+    return (feats, logits) if batched else (feats[0], logits[0])
 
 
 def sample_anchors(loss_mask: Tensor, count: int, generator: torch.Generator) -> Tensor:
@@ -64,36 +78,56 @@ def sample_anchors(loss_mask: Tensor, count: int, generator: torch.Generator) ->
     return ok[pick].sort().values
 
 
+def pad_anchors(anchors: list[Tensor]) -> Tensor:
+    """Per-sequence anchor lists as one [B, A] tensor, -1 where a sequence has fewer."""
+    out = torch.full((len(anchors), max(1, max(a.numel() for a in anchors))), -1, dtype=torch.long,
+                     device=anchors[0].device)
+    for row, a in enumerate(anchors):
+        out[row, : a.numel()] = a
+    return out
+
+
 def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Tensor, loss_mask: Tensor,
                anchors: Tensor, cfg: LossConfig) -> LossParts:
+    """The loss of one sequence (ids [S], anchors [A]) or of a right-padded batch (ids [B, S],
+    anchors [B, A] with -1 for none), averaged over every scored slot of the batch."""
     dc = draft.config
     if not dc.sample_from_anchor:
         raise DSparkError("the trainer writes anchor-first (DeepSpec) drafts")
-    s, b, a = ids.shape[0], dc.block_size, anchors.shape[0]
+    if ids.dim() == 1:
+        feats, target_logits, ids, loss_mask, anchors = (t[None] for t in (feats, target_logits, ids, loss_mask,
+                                                                          anchors))
+    nb, s = ids.shape
+    b = dc.block_size
     device = ids.device
+    used = anchors >= 0
+    seq = torch.arange(nb, device=device)[:, None].expand_as(anchors)[used]  # [R] the sequence of each block
+    anchor = anchors[used]
+    r = anchor.shape[0]
     k = torch.arange(b, device=device)
-    positions = anchors[:, None] + k  # [A, B] RoPE positions of the block rows
-    # One batch row per block: the shared context in slots 0..s-1, the block in slots s..s+b-1.
-    slots = (s + k)[None].expand(a, b)
+    positions = anchor[:, None] + k  # [R, B] RoPE positions of the block rows
+    # One batch row per block: its sequence's context in slots 0..s-1, the block in slots s..s+b-1.
+    slots = (s + k)[None].expand(r, b)
     kv_len = s + b
     key = torch.arange(kv_len, device=device)
-    mask = ((key[None, :] < anchors[:, None]) | (key[None, :] >= s))[:, None, None, :].expand(a, 1, b, kv_len)
+    mask = ((key[None, :] < anchor[:, None]) | (key[None, :] >= s))[:, None, None, :].expand(r, 1, b, kv_len)
     bb = dc.backbone
-    cache = KVCache(bb.num_layers, 1, bb.num_kv_heads, kv_len, bb.head_dim, feats.dtype, device)
-    draft.add_context(feats[None], torch.arange(s, device=device)[None], cache)
-    cache.k = [t.expand(a, -1, -1, -1).clone() for t in cache.k]  # the shared context, once per block row
-    cache.v = [t.expand(a, -1, -1, -1).clone() for t in cache.v]
-    block = torch.full((a, b), dc.mask_token_id, dtype=torch.long, device=device)
-    block[:, 0] = ids[anchors]
-    hidden = draft.block_hidden(block, positions, cache, kv_len, slots=slots, mask=mask)  # [A, B, H]
+    cache = KVCache(bb.num_layers, nb, bb.num_kv_heads, kv_len, bb.head_dim, feats.dtype, device)
+    draft.add_context(feats, torch.arange(s, device=device)[None].expand(nb, s), cache)
+    cache.k = [t[seq] for t in cache.k]  # each block row gets a copy of its sequence's context
+    cache.v = [t[seq] for t in cache.v]
+    block = torch.full((r, b), dc.mask_token_id, dtype=torch.long, device=device)
+    block[:, 0] = ids[seq, anchor]
+    hidden = draft.block_hidden(block, positions, cache, kv_len, slots=slots, mask=mask)  # [R, B, H]
     logits = draft.base_logits(hidden)
 
+    rows = seq[:, None]
     label_pos = positions + 1  # slot k predicts the token at anchor + k + 1
     in_seq = label_pos < s
     label_pos = label_pos.clamp(max=s - 1)
-    valid = (in_seq & loss_mask[label_pos]).long().cumprod(-1).bool()  # a prefix mask
-    labels = ids[label_pos]
-    prev = ids[positions.clamp(max=s - 1)]  # teacher forcing: slot k follows the true token at anchor + k
+    valid = (in_seq & loss_mask[rows, label_pos]).long().cumprod(-1).bool()  # a prefix mask
+    labels = ids[rows, label_pos]
+    prev = ids[rows, positions.clamp(max=s - 1)]  # teacher forcing: slot k follows the true token at anchor + k
     conf_logit = None
     if draft.markov_head is not None:
         state, biases, es = None, [], []
@@ -106,11 +140,11 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     if draft.confidence_head is not None:
         use_e = e_all if dc.confidence_head_with_markov else None
         conf_logit = draft.confidence_head(hidden, use_e)
-    weight = torch.exp(-k.float() / cfg.gamma)[None].expand(a, b) * valid
+    weight = torch.exp(-k.float() / cfg.gamma)[None].expand(r, b) * valid
     norm = weight.sum().clamp_min(1e-6)
     log_q = F.log_softmax(logits.float(), -1)
     ce = -(log_q.gather(-1, labels[..., None]).squeeze(-1))
-    p_t = F.softmax(target_logits[positions.clamp(max=s - 1)].float(), -1)
+    p_t = F.softmax(target_logits[rows, positions.clamp(max=s - 1)].float(), -1)
     l1 = (log_q.exp() - p_t).abs().sum(-1)
     parts = {"ce": (ce * weight).sum() / norm, "l1": (l1 * weight).sum() / norm, "bce": torch.zeros((), device=device)}
     if dc.markov_rank == 0 and conf_logit is None:  # DFlash mode: cross-entropy only
@@ -146,7 +180,7 @@ def cosine_lr(step: int, total: int, base: float, warmup_frac: float = 0.04) -> 
 @dataclass(frozen=True)
 class TrainArgs:
     steps: int = 1000
-    batch: int = 8  # sequences per optimizer step (gradient accumulation)
+    batch: int = 8  # sequences per optimizer step (one right-padded batch)
     lr: float = 6e-4
     warmup_frac: float = 0.04
     grad_clip: float = 1.0
@@ -214,14 +248,12 @@ def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, T
             g["lr"] = cosine_lr(step, args.steps, args.lr, args.warmup_frac)
         opt.zero_grad(set_to_none=True)
         picks = torch.randint(0, len(examples), (args.batch,), generator=gen).tolist()
-        stats = []
-        for i in picks:
-            ids, mask = (t.to(device) for t in examples[i])
-            feats, t_logits = target_features(target, ids, taps)
-            parts = draft_loss(draft, feats, t_logits, ids, mask, sample_anchors(mask, args.loss.num_anchors, gen),
-                               args.loss)
-            (parts.loss / args.batch).backward()
-            stats.append(parts)
+        ids, mask = pad_batch([examples[i] for i in picks], device)
+        anchors = pad_anchors([sample_anchors(mask[row], args.loss.num_anchors, gen) for row in range(len(picks))])
+        feats, t_logits = target_features(target, ids, taps)
+        parts = draft_loss(draft, feats, t_logits, ids, mask, anchors, args.loss)
+        parts.loss.backward()
+        stats = [parts]
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         opt.step()
         if on_step is not None:
@@ -258,16 +290,6 @@ def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel, int, dict
 
 
 # ---- the target (demo models): next-token cross-entropy on the masked tokens ------------------------
-
-def pad_batch(examples: list[tuple[Tensor, Tensor]], device) -> tuple[Tensor, Tensor]:
-    """Right-padded ids and loss masks [B, S]: causal attention never lets a real token see the padding."""
-    s = max(ids.shape[0] for ids, _ in examples)
-    ids = torch.zeros(len(examples), s, dtype=torch.long)
-    mask = torch.zeros(len(examples), s, dtype=torch.bool)
-    for row, (i, m) in enumerate(examples):
-        ids[row, : i.shape[0]], mask[row, : m.shape[0]] = i, m
-    return ids.to(device), mask.to(device)
-
 
 def lm_loss(target: Qwen3Target, ids: Tensor, loss_mask: Tensor) -> Tensor:
     """Mean next-token cross-entropy over positions whose *next* token is in the loss mask.

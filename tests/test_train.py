@@ -176,3 +176,34 @@ def test_padded_batch_loss_equals_the_per_sequence_losses():
     own = sum(float(lm_loss(target, i, m)) * c for (i, m), c in zip(examples, counts)) / sum(counts)
     batched = float(lm_loss(target, *pad_batch(examples, "cpu")))
     assert abs(batched - own) < 1e-5
+
+
+def test_a_padded_batch_of_sequences_trains_each_block_as_alone():
+    """Blocks of sequences of different lengths, batched with padding, get the hidden states (and so
+    the loss terms) they get one sequence at a time."""
+    from dspark.train import pad_anchors, pad_batch
+
+    target, draft = random_pair(dtype=torch.float64)
+    seqs = [(_sequence(30, seed=1), torch.arange(30) >= 4), (_sequence(48, seed=2), torch.arange(48) >= 9)]
+    anchors = [torch.tensor([5, 12, 20]), torch.tensor([9, 40])]
+    captured = []
+    original = draft.base_logits
+
+    def spy(hidden):
+        captured.append(hidden)
+        return original(hidden)
+
+    draft.base_logits = spy
+    taps = draft.config.target_layer_ids
+    with torch.no_grad():
+        ids, mask = pad_batch(seqs, "cpu")
+        feats, logits = target_features(target, ids, taps)
+        batched = draft_loss(draft, feats, logits, ids, mask, pad_anchors(anchors), LossConfig())
+        alone = []
+        for (i, m), a in zip(seqs, anchors):
+            f, lg = target_features(target, i, taps)
+            alone.append(draft_loss(draft, f, lg, i, m, a, LossConfig()))
+    torch.testing.assert_close(captured[0], torch.cat(captured[1:]), rtol=1e-9, atol=1e-9)
+    assert batched.slots == sum(p.slots for p in alone)
+    twice = draft_loss(draft, *(torch.stack([t, t]) for t in (f, lg, i, m)), torch.stack([a, a]), LossConfig())
+    assert abs(twice.loss.item() - alone[-1].loss.item()) < 1e-9  # the batch mean of equal rows is the row's

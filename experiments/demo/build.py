@@ -5,16 +5,17 @@
     python experiments/demo/build.py --out /tmp/demo --smoke        # every stage at toy sizes, in seconds
 
 Stages (each seeded): the pinned standard-library corpus (`corpus.py`); a byte-level BPE tokenizer
-trained on it; a small Qwen3 target trained on the chat-formatted pairs (loss on the answers); the
-target's own greedy answers to the training instructions (self-distillation, as DeepSpec does);
-a DSpark draft and a DFlash-mode draft trained on those; acceptance on the held-out coding prompts.
+trained on it; a small Qwen3 target pretrained on the library's source, then instruction-tuned on the
+chat-formatted pairs (loss on the answers); the target's own answers to the training instructions,
+greedy and sampled (self-distillation, as DeepSpec does); a DSpark draft and a DFlash-mode draft
+trained on those; acceptance on the held-out coding prompts.
 Writes target/, dspark/, dflash/ and figures.json under --out; a stage whose output is already
 there is reused (an interrupted build goes on where it stopped). The models are stored in bfloat16
 (what ships), and every later stage uses the stored weights, so the figures are those of the shipped
 pair. `--install` copies the three models into the package and the figures beside this script.
 
 The corpus is pinned to one Python version (corpus.py). On a machine with another version, write the
-pairs on the pinned interpreter (`corpus.py --out pairs.jsonl`) and pass them with `--corpus`.
+corpus on the pinned interpreter (`corpus.py --out corpus.json`) and pass it with `--corpus`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus as corpus_mod  # noqa: E402
 
+from dspark import distill as distill_mod
 from dspark.checkpoint import DEMO_DIR, load_draft, load_target, save_draft, save_target  # noqa: E402
 from dspark.config import BackboneConfig, TargetConfig  # noqa: E402
 from dspark.drafters import BlockDrafter, NgramDrafter  # noqa: E402
@@ -44,14 +46,18 @@ from dspark.presets import evenly_spaced_taps  # noqa: E402
 from dspark.target import Qwen3Target  # noqa: E402
 from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: E402
 from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer  # noqa: E402
-from dspark.train import LossConfig, TrainArgs, train, train_target  # noqa: E402
+from dspark.train import LossConfig, TrainArgs, load_checkpoint, train, train_target  # noqa: E402
 
-FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768,
-            target_steps=3000, draft_steps=2000, batch=16, max_answer=256, draft_layers=1, samples=1)
-MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384,
-              target_steps=300, draft_steps=150, batch=8, max_answer=96, draft_layers=1, samples=0)
-SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64,
-             target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, pairs=12, prompts=2, samples=1)
+# pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
+FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
+            pretrain_steps=3000, target_steps=1500, draft_steps=3000, batch=16, max_answer=256, draft_layers=2,
+            samples=1)
+MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
+              pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
+              samples=1, files=60, pairs=400)
+SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64, window=64,
+             pretrain_steps=10, target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, samples=1,
+             files=3, pairs=12, prompts=2)
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,12 +81,24 @@ def _load_target(out: Path, device: str) -> Qwen3Target:
     return load_target(out / "target", device=device, dtype="float32").model
 
 
-def build_target(out: Path, pairs: list[dict], size: dict, seed: int, device: str):
-    """Tokenizer and target; returns (tokenizer, target). Reuses out/target when it is complete."""
+def windows(tokenizer, texts: list[str], size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Pretraining rows: each text tokenized and cut into windows of `size` tokens, all in the loss."""
+    out = []
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        out += [(torch.tensor(ids[i : i + size]), torch.ones(len(ids[i : i + size]), dtype=torch.bool))
+                for i in range(0, len(ids) - 1, size) if len(ids[i : i + size]) > 1]
+    return out
+
+
+def build_target(out: Path, corpus: dict, size: dict, seed: int, device: str):
+    """Tokenizer and target; returns (tokenizer, target). Reuses out/target when it is complete.
+    The target is pretrained on the library's source, then instruction-tuned on the pairs."""
     from transformers import AutoTokenizer
 
     if not (out / "target" / "model.safetensors").is_file():
-        tok = build_tokenizer((p["instruction"] + "\n" + p["answer"] for p in pairs), vocab_size=size["vocab"])
+        texts, pairs = list(corpus["files"].values()), corpus["pairs"]
+        tok = build_tokenizer(texts + [p["instruction"] for p in pairs], vocab_size=size["vocab"])
         save_tokenizer(tok, out / "target")
         tokenizer = AutoTokenizer.from_pretrained(out / "target")
         vocab = len(tokenizer) + 1  # the first free row: the drafts' mask token
@@ -91,12 +109,17 @@ def build_target(out: Path, pairs: list[dict], size: dict, seed: int, device: st
         tcfg = TargetConfig(backbone=backbone, tie_word_embeddings=True, max_position_embeddings=2048,
                             eos_token_ids=eos)
         target = random_target(tcfg, seed).to(device)
+        source = windows(tokenizer, texts, size["window"])
+        print(f"[target] {len(source)} pretraining windows, {len(pairs)} instruction pairs", flush=True)
+        log = _progress("pretrain", size["pretrain_steps"], lambda loss: f"loss {float(loss):.3f}")
+        train_target(target, source, TrainArgs(steps=size["pretrain_steps"], batch=size["batch"], lr=1e-3, seed=seed),
+                     on_step=log)
         examples = [chat_example(tokenizer, p["instruction"],
                                  tokenizer.encode(p["answer"], add_special_tokens=False)[: size["max_answer"]] + [eos[0]])
                     for p in pairs]
         log = _progress("target", size["target_steps"], lambda loss: f"loss {float(loss):.3f}")
-        train_target(target, examples, TrainArgs(steps=size["target_steps"], batch=size["batch"], lr=1e-3, seed=seed),
-                     on_step=log)
+        train_target(target, examples, TrainArgs(steps=size["target_steps"], batch=size["batch"], lr=5e-4,
+                                                 seed=seed + 1), on_step=log)
         save_target(target.to(torch.bfloat16), out / "target")
     return AutoTokenizer.from_pretrained(out / "target"), _load_target(out, device)
 
@@ -115,19 +138,14 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], size: 
     path = out / "distilled.pt"
     if path.is_file():
         return torch.load(path, weights_only=True)
-    eos = target.config.eos_token_ids
-    engine = Engine(target)
-    examples, t0 = [], time.perf_counter()
-    for n, p in enumerate(pairs):
-        prompt = chat_example(tokenizer, p["instruction"], [])[0].tolist()
-        for s in range(1 + size["samples"]):
-            cfg = GenerationConfig(max_new_tokens=size["max_answer"], temperature=0.0 if s == 0 else 1.0,
-                                   seed=seed * 100_003 + n * 10 + s, stop_token_ids=eos)
-            examples.append(chat_example(tokenizer, p["instruction"], engine.generate(prompt, cfg).tokens))
-        if (n + 1) % max(1, len(pairs) // 5) == 0:
-            print(f"[distill] {n + 1}/{len(pairs)} instructions {time.perf_counter() - t0:.0f}s", flush=True)
-    torch.save(examples, path)
-    return examples
+    prompts = [chat_example(tokenizer, p["instruction"], [])[0].tolist() for p in pairs]
+    rows = []
+    for s in range(1 + size["samples"]):
+        outputs = distill_mod.answers(target, prompts, size["max_answer"], 0.0 if s == 0 else 1.0,
+                                      target.config.eos_token_ids, seed * 1000 + s)
+        rows += distill_mod.examples(prompts, outputs)
+    torch.save(rows, path)
+    return rows
 
 
 def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: str) -> str:
@@ -142,11 +160,15 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
                              markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1)
     draft = random_draft(dcfg, target.cpu(), seed + 1).to(device)
     target.to(device)
-    log = _progress(name, size["draft_steps"], lambda parts: "tau {:.2f} ce {:.3f}".format(
-        sum(p.tau for p in parts) / len(parts), sum(p.ce for p in parts) / len(parts)))
+    ckpt, start, opt_state = out / f"{name}.train", 0, None
+    if (resumed := load_checkpoint(ckpt, target)) is not None:  # an interrupted build goes on from here
+        draft, start, opt_state = resumed
+    log = _progress(name, size["draft_steps"], lambda parts: f"tau {parts[0].tau:.2f} ce {parts[0].ce:.3f}")
     train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=size["batch"], lr=1e-3, seed=seed,
-                                             loss=LossConfig(num_anchors=32)), on_step=log)
-    save_draft(draft.to(torch.bfloat16), out / name, "deepspec", tcfg)
+                                             checkpoint_every=500, loss=LossConfig(num_anchors=32)),
+          out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
+    save_draft(draft.to(torch.bfloat16), out / name, "deepspec", tcfg, with_embeddings=False)
+    shutil.rmtree(ckpt, ignore_errors=True)
     return name
 
 
@@ -194,17 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=("full", "medium", "smoke"), default="full",
                     help="full: the shipped pair (GPU); medium: a CPU rehearsal (minutes); smoke: every stage in seconds")
     ap.add_argument("--smoke", action="store_true", help="the same as --size smoke")
-    ap.add_argument("--target-steps", type=int, help="override the size's target training steps")
+    ap.add_argument("--pretrain-steps", type=int, help="override the size's target pretraining steps")
+    ap.add_argument("--target-steps", type=int, help="override the size's target instruction-tuning steps")
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
     ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
-    ap.add_argument("--corpus", type=Path, help="pairs written by corpus.py on the pinned Python (default: build them)")
+    ap.add_argument("--corpus", type=Path, help="the corpus written by corpus.py on the pinned Python (default: build it)")
     ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes")
     ap.add_argument("--install", action="store_true", help="copy the models into the package, the figures here")
     args = ap.parse_args(argv)
     if args.smoke:
         args.size = "smoke"
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
-    for key in ("target_steps", "draft_steps", "draft_layers"):
+    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
@@ -213,12 +236,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.corpus:
         text = args.corpus.read_text(encoding="utf-8")
-        pairs = [json.loads(line) for line in text.splitlines() if line.strip()]
+        corpus = json.loads(text)
     else:
-        pairs = corpus_mod.build(json.loads(corpus_mod.PIN.read_text()), corpus_mod.stdlib_dir())
-        text = "".join(json.dumps(p) + "\n" for p in pairs)
-    pairs = pairs[: size.get("pairs", len(pairs))]
-    tokenizer, target = build_target(out, pairs, size, args.seed, device)
+        corpus = corpus_mod.build(json.loads(corpus_mod.PIN.read_text()), corpus_mod.stdlib_dir())
+        text = json.dumps(corpus)
+    files = sorted(corpus["files"])[: size.get("files")]
+    corpus = {"files": {f: corpus["files"][f] for f in files}, "pairs": corpus["pairs"][: size.get("pairs")]}
+    pairs = corpus["pairs"]
+    tokenizer, target = build_target(out, corpus, size, args.seed, device)
     print(f"[target] ready {time.perf_counter() - t0:.0f}s", flush=True)
     distill(out, tokenizer, target, pairs, size, args.seed)
     print(f"[distill] ready {time.perf_counter() - t0:.0f}s", flush=True)
@@ -235,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
 
     figures = {"size": args.size, "seed": args.seed, "device": device, "pairs": len(pairs),
                "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
-               "target_steps": size["target_steps"], "draft_steps": size["draft_steps"],
+               "files": len(files), "pretrain_steps": size["pretrain_steps"], "target_steps": size["target_steps"],
+               "draft_steps": size["draft_steps"],
                "draft_layers": size["draft_layers"]}
     figures |= evaluate(out, tokenizer, size, device, args.size == "smoke")
     figures["seconds"] = round(time.perf_counter() - t0, 1)

@@ -1,13 +1,14 @@
-"""The demo target's training corpus: instruction/answer pairs from the Python standard library.
+"""The demo target's training corpus: the Python standard library's own source.
 
 Every Python install ships the same standard library for a given version, so the corpus needs no
-download. The instruction is a function's signature and the first paragraph of its docstring; the
-answer is its body (docstring removed). The module files are pinned (`corpus_pin.json`: Python
+download. Two parts: the files' text (pretraining), and instruction/answer pairs (instruction
+tuning), where the instruction is a function's signature and the first paragraph of its docstring
+and the answer its body (docstring removed). The files are pinned (`corpus_pin.json`: Python
 version, relative path and sha256 of each file) and the build refuses to run on files that differ,
 so a rebuild sees exactly the same text.
 
-    python experiments/demo/corpus.py --out corpus.jsonl          # check the pin, write the pairs
-    python experiments/demo/corpus.py --repin                      # pin this interpreter's files
+    python experiments/demo/corpus.py --out corpus.json    # check the pin, write {python, files, pairs}
+    python experiments/demo/corpus.py --repin               # pin this interpreter's files
 """
 
 from __future__ import annotations
@@ -23,18 +24,9 @@ import textwrap
 from pathlib import Path
 
 PIN = Path(__file__).with_name("corpus_pin.json")
-MODULES = [
-    "textwrap.py", "string.py", "shlex.py", "fnmatch.py", "glob.py", "posixpath.py", "genericpath.py", "ntpath.py",
-    "heapq.py", "bisect.py", "statistics.py", "fractions.py", "colorsys.py", "calendar.py", "difflib.py",
-    "base64.py", "quopri.py", "html/__init__.py", "json/encoder.py", "json/decoder.py", "urllib/parse.py",
-    "email/utils.py", "email/_parseaddr.py", "csv.py", "tokenize.py", "random.py", "copy.py", "functools.py",
-    "collections/__init__.py", "operator.py", "pprint.py", "reprlib.py", "inspect.py", "dataclasses.py",
-    "ast.py", "argparse.py", "gettext.py", "mimetypes.py", "shutil.py", "tempfile.py", "zipfile.py",
-    "configparser.py", "datetime.py", "_pydecimal.py", "ipaddress.py", "uuid.py", "hmac.py", "platform.py",
-    "sysconfig.py", "os.py", "subprocess.py", "queue.py", "sched.py", "contextlib.py", "weakref.py",
-    "warnings.py", "traceback.py", "linecache.py", "codecs.py", "filecmp.py", "plistlib.py", "wave.py",
-    "locale.py", "netrc.py", "pathlib.py", "keyword.py", "numbers.py", "abc.py", "secrets.py",
-]
+# Every module of the library itself: no tests, GUI or packaging helpers, data tables or vendored code.
+EXCLUDED = ("test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages",
+            "__pycache__", "pydoc_data", "encodings", "venv", "__phello__")
 MIN_BODY_LINES, MAX_BODY_LINES = 2, 40
 
 
@@ -48,6 +40,12 @@ def stdlib_dir() -> Path:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def library_modules(root: Path) -> list[str]:
+    """Relative paths of the library's own .py files, sorted."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")
+                  if not any(part in EXCLUDED or part.startswith("config-") for part in p.relative_to(root).parts))
 
 
 def make_pin(modules: list[str], root: Path) -> dict:
@@ -109,34 +107,32 @@ def function_pairs(source: str, module: str) -> list[dict]:
     return pairs
 
 
-def build(pin: dict, root: Path) -> list[dict]:
-    pairs = []
-    for path in check_pin(pin, root):
-        rel = path.relative_to(root).as_posix()
-        pairs += function_pairs(path.read_text(encoding="utf-8"), rel)
-    return pairs
+def build(pin: dict, root: Path) -> dict:
+    """{"python", "files": {path: text}, "pairs": [...]} from the pinned files."""
+    files = {path.relative_to(root).as_posix(): path.read_text(encoding="utf-8") for path in check_pin(pin, root)}
+    pairs = [pair for rel, text in files.items() for pair in function_pairs(text, rel)]
+    return {"python": pin["python"], "files": files, "pairs": pairs}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, help="JSONL file to write the pairs to")
+    ap.add_argument("--out", type=Path, help="JSON file to write the corpus to")
     ap.add_argument("--repin", action="store_true", help="pin this interpreter's standard library files")
     args = ap.parse_args(argv)
     root = stdlib_dir()
     if args.repin:
-        PIN.write_text(json.dumps(make_pin(MODULES, root), indent=1) + "\n")
+        PIN.write_text(json.dumps(make_pin(library_modules(root), root), indent=1) + "\n")
         print(f"pinned {len(json.loads(PIN.read_text())['files'])} files of Python {platform.python_version()}")
         return 0
     try:
-        pairs = build(json.loads(PIN.read_text()), root)
+        corpus = build(json.loads(PIN.read_text()), root)
     except PinError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        with args.out.open("w") as f:
-            for pair in pairs:
-                f.write(json.dumps(pair) + "\n")
-    print(f"{len(pairs)} pairs from {len({p['module'] for p in pairs})} modules")
+        args.out.write_text(json.dumps(corpus))
+    chars = sum(map(len, corpus["files"].values()))
+    print(f"{len(corpus['files'])} files ({chars / 1e6:.1f} M characters), {len(corpus['pairs'])} pairs")
     return 0
 
 
