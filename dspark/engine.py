@@ -101,6 +101,11 @@ class StepRunner:
         self.pool = graph.pool()
         self.graphs[key] = graph
 
+    def reset(self) -> None:
+        """Drop every graph and their memory pool (a freed pool must not be captured into again)."""
+        self.graphs.clear()
+        self.pool = None
+
     def run(self, key: tuple, fn: Callable[[], None]) -> None:
         graph = self.graphs.get(key) if self.use_graphs else None
         if graph is None:
@@ -145,7 +150,7 @@ class Engine:
         self.steps = TargetSteps(self.target, self.cache, self.state, self.streams, taps)
         if self.drafter:
             self.drafter.allocate(max_len + 1)
-        self.runner.graphs.clear()
+        self.runner.reset()
         self.max_len = max_len
 
     def _step_fns(self, cfg: GenerationConfig) -> dict[str, tuple[tuple, Callable[[], None], bool]]:

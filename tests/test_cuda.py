@@ -97,3 +97,19 @@ def test_engine_bench_runs_on_a_tiny_pair(tiny_dir):
                 "round_over_decode", "hf_generate_tok_s", "graphs_off_decode_ms", "nvtx_overhead_pct"):
         assert out[key] is not None and out[key] == out[key], key
     assert out["copy_tbps"] > 0.1 and out["step_bytes"] > 0
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_longer_request_reallocates_and_recaptures(speculative):
+    """A request longer than the caches grows them: the old graphs and their memory pool are dropped
+    and new ones captured (capturing into the freed pool once crashed the allocator)."""
+    target, draft = bigram_pair(dtype=torch.float32)
+    target, draft = target.cuda(), draft.cuda()
+    engine = Engine(target, BlockDrafter(draft) if speculative else None)
+    eager = Engine(target, BlockDrafter(draft) if speculative else None, use_graphs=False)
+    g = torch.Generator().manual_seed(1)
+    for n, new in ((8, 16), (300, 200), (20, 600)):
+        prompt = torch.randint(0, 63, (n,), generator=g).tolist()
+        cfg = GenerationConfig(max_new_tokens=new, temperature=0.0)
+        assert engine.generate(prompt, cfg).tokens == eager.generate(prompt, cfg).tokens
+    assert engine.max_len >= 620 and engine.runner.graphs

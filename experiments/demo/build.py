@@ -50,7 +50,7 @@ from dspark.train import LossConfig, TrainArgs, load_checkpoint, train, train_ta
 
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
-            pretrain_steps=3000, target_steps=1500, draft_steps=3000, batch=16, max_answer=256, draft_layers=2,
+            pretrain_steps=2500, target_steps=1200, draft_steps=3000, batch=16, max_answer=256, draft_layers=2,
             samples=1)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
