@@ -50,14 +50,14 @@ from dspark.train import LossConfig, TrainArgs, load_checkpoint, train, train_ta
 
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
-            pretrain_steps=2500, target_steps=1200, draft_steps=3000, batch=16, max_answer=256, draft_layers=2,
-            samples=1)
+            pretrain_steps=3000, target_steps=1500, draft_steps=4500, batch=16, max_answer=256, draft_layers=2,
+            samples=1, draft_source=True)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
-              samples=1, files=60, pairs=400)
+              samples=1, files=60, pairs=400, draft_source=True)
 SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64, window=64,
              pretrain_steps=10, target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, samples=1,
-             files=3, pairs=12, prompts=2)
+             files=3, pairs=12, prompts=2, draft_source=True)
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,6 +79,12 @@ def _stored(model: torch.nn.Module) -> torch.nn.Module:
 
 def _load_target(out: Path, device: str) -> Qwen3Target:
     return load_target(out / "target", device=device, dtype="float32").model
+
+
+def _record(out: Path, stage: str, settings: dict) -> None:
+    """What a stage ran with, written when it runs: the figures of a resumed build report the settings
+    that made each stored model, not those of the resuming command."""
+    (out / f"{stage}.settings.json").write_text(json.dumps(settings, indent=1))
 
 
 def windows(tokenizer, texts: list[str], size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -121,6 +127,10 @@ def build_target(out: Path, corpus: dict, size: dict, seed: int, device: str):
         train_target(target, examples, TrainArgs(steps=size["target_steps"], batch=size["batch"], lr=5e-4,
                                                  seed=seed + 1), on_step=log)
         save_target(target.to(torch.bfloat16), out / "target")
+        _record(out, "target", {k: size[k] for k in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim",
+                                                    "intermediate", "window", "pretrain_steps", "target_steps",
+                                                    "batch", "max_answer")}
+                | {"files": len(texts), "pairs": len(pairs), "windows": len(source), "seed": seed, "device": device})
     return AutoTokenizer.from_pretrained(out / "target"), _load_target(out, device)
 
 
@@ -145,16 +155,21 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], size: 
                                       target.config.eos_token_ids, seed * 1000 + s)
         rows += distill_mod.examples(prompts, outputs)
     torch.save(rows, path)
+    _record(out, "distill", {"instructions": len(prompts), "greedy": 1, "samples_t1": size["samples"],
+                             "max_answer": size["max_answer"], "sequences": len(rows), "seed": seed})
     return rows
 
 
 def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: str) -> str:
-    """Train one draft on the distilled answers and store it (a process of its own with --jobs)."""
+    """Train one draft on the distilled answers (and the library's source windows, scored against the
+    target's distributions) and store it (a process of its own with --jobs)."""
     out = Path(out)
     if (out / name / "model.safetensors").is_file():
         return name
     target = _load_target(out, device)
-    examples = torch.load(out / "distilled.pt", weights_only=True)
+    distilled = torch.load(out / "distilled.pt", weights_only=True)
+    source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] else []
+    examples = distilled + source
     tcfg = target.config
     dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=evenly_spaced_taps(size["layers"]),
                              markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1)
@@ -167,6 +182,10 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=size["batch"], lr=1e-3, seed=seed,
                                              checkpoint_every=500, loss=LossConfig(num_anchors=32)),
           out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
+    _record(out, name, {"layers": size["draft_layers"], "markov_rank": rank, "block_size": 7,
+                        "taps": list(dcfg.target_layer_ids), "steps": size["draft_steps"], "batch": size["batch"], "anchors": 32, "lr": 1e-3,
+                        "distilled_sequences": len(distilled), "source_windows": len(source), "seed": seed,
+                        "device": device})
     save_draft(draft.to(torch.bfloat16), out / name, "deepspec", tcfg, with_embeddings=False)
     shutil.rmtree(ckpt, ignore_errors=True)
     return name
@@ -246,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer, target = build_target(out, corpus, size, args.seed, device)
     print(f"[target] ready {time.perf_counter() - t0:.0f}s", flush=True)
     distill(out, tokenizer, target, pairs, size, args.seed)
+    if size["draft_source"] and not (out / "windows.pt").is_file():
+        torch.save(windows(tokenizer, list(corpus["files"].values()), size["window"]), out / "windows.pt")
     print(f"[distill] ready {time.perf_counter() - t0:.0f}s", flush=True)
     del target
     jobs = [(str(out), name, rank, size, args.seed, device)
@@ -258,11 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             build_draft(*job)
     print(f"[drafts] ready {time.perf_counter() - t0:.0f}s", flush=True)
 
-    figures = {"size": args.size, "seed": args.seed, "device": device, "pairs": len(pairs),
-               "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
-               "files": len(files), "pretrain_steps": size["pretrain_steps"], "target_steps": size["target_steps"],
-               "draft_steps": size["draft_steps"],
-               "draft_layers": size["draft_layers"]}
+    figures = {"size": args.size, "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
+               "build": {stage: json.loads((out / f"{stage}.settings.json").read_text())
+                         for stage in ("target", "distill", "dspark", "dflash")}}
     figures |= evaluate(out, tokenizer, size, device, args.size == "smoke")
     figures["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "figures.json").write_text(json.dumps(figures, indent=2))
