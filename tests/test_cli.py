@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cli_runner import run_cli
 
 from dspark.checkpoint import load_target, save_target
@@ -38,7 +37,27 @@ SUMMARY = re.compile(r"dspark: (\d+) tokens in [\d.]+ s \([\d.]+ tok/s\), (\d+) 
                      r"stop: (max_new_tokens|stop_token)")
 
 
-def test_readme_quickstart(tmp_path, monkeypatch, capfd):
+README_PROMPT = "Write a Python function `count_vowels(s)` that counts the vowels in a string."
+
+
+def test_readme_quickstart_on_the_shipped_demo_pair(monkeypatch, capfd):
+    from dspark.checkpoint import DEMO_DIR
+
+    if not (DEMO_DIR / "target" / "model.safetensors").is_file():
+        pytest.skip("the demo models are not built")
+    args = ["generate", "--target", "demo", "--draft", "demo-dspark", "--chat", "--prompt", README_PROMPT]
+    proc = run_process(*args)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert SUMMARY.fullmatch(err.rstrip("\n")), err
+    code, out, _ = run_cli(monkeypatch, capfd, *args, "--json")
+    result = json.loads(out)
+    assert code == 0 and proc.stdout.decode() == result["text"] + "\n"
+    assert result["text"].startswith("def ")  # the demo target answers with code
+    assert sum(result["acceptance_lengths"]) / result["num_rounds"] > 1.3  # a trained draft, not a random one
+
+
+def test_make_tiny_then_generate(tmp_path, monkeypatch, capfd):
     out_dir = tmp_path / "dspark-tiny"
     made = run_process("make-tiny", out_dir)
     assert made.returncode == 0, made.stderr.decode()
