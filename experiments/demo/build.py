@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[drafts] ready {time.perf_counter() - t0:.0f}s", flush=True)
 
     figures = {"size": args.size, "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
+               "evaluated_on": device, "torch": torch.__version__,
                "build": {stage: json.loads((out / f"{stage}.settings.json").read_text())
                          for stage in ("target", "distill", "dspark", "dflash")}}
     figures |= evaluate(out, tokenizer, size, device, args.size == "smoke")
