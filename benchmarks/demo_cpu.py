@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from importlib import resources
 
 import torch
 
 from dspark.checkpoint import load_draft, load_target
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
+from harness.datasets import load
 
 
 def main() -> None:
@@ -33,13 +33,12 @@ def main() -> None:
     draft = load_draft(args.draft, target.model)
     tok = AutoTokenizer.from_pretrained(target.path)
     loaded = time.perf_counter() - t0
-    rows = [json.loads(line) for line in resources.files("harness").joinpath("data/demo_coding.jsonl")
-            .read_text().splitlines() if line.strip()][: args.prompts]
+    rows = [r for r in load("qualitative", source="demo").rows if r.category == "coding"][: args.prompts]
     engine = Engine(target.model, BlockDrafter(draft.model))
     cfg = GenerationConfig(max_new_tokens=args.tokens, temperature=0.0, stop_token_ids=target.stop_token_ids)
     tokens, rounds = 0, []
     for r in rows:
-        ids = tok.apply_chat_template([{"role": "user", "content": r["turns"][0]}], add_generation_prompt=True,
+        ids = tok.apply_chat_template([{"role": "user", "content": r.turns[0]}], add_generation_prompt=True,
                                       enable_thinking=False, tokenize=True, return_dict=False)
         out = engine.generate(ids, cfg)
         tokens += len(out.tokens)

@@ -41,6 +41,9 @@ class GenerationResult:
     stop_reason: str = "max_new_tokens"  # or "stop_token"
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # with Engine(timing=True): per round, milliseconds of each step (propose/verify/accept, or decode
+    # for plain decoding) and "host", the round's wall time the steps do not cover
+    round_ms: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def num_rounds(self) -> int:
@@ -63,12 +66,60 @@ class GenerationResult:
             "prompt_len": self.prompt_len,
             "prefill_s": self.prefill_s,
             "decode_s": self.decode_s,
+            "round_ms": self.round_ms,
         }
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+STEP_KINDS = {"target_verify": "verify", "decode_sample": "accept", "ar_decode": "decode"}  # else: propose
+
+
+class StepTimer:
+    """Per-round step times with no extra synchronisation: CUDA events, read once the request is over
+    (on the CPU the steps run synchronously, so the wall clock is the step time)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.rounds: list[tuple[float, dict[str, tuple]]] = []
+        self.current: dict[str, tuple] = {}
+        self.t0 = 0.0
+
+    def start_round(self) -> None:
+        self.current, self.t0 = {}, time.perf_counter()
+
+    def end_round(self) -> None:
+        self.rounds.append(((time.perf_counter() - self.t0) * 1e3, self.current))
+
+    def begin(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def end(self, name: str, start) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.current[STEP_KINDS.get(name, "propose")] = (start, end)
+        else:
+            self.current[STEP_KINDS.get(name, "propose")] = (start, time.perf_counter())
+
+    def results(self) -> dict[str, list[float]]:
+        """{kind: [ms per round]} plus "host"; call after the device has finished the request."""
+        out: dict[str, list[float]] = {}
+        for wall, steps in self.rounds:
+            device = 0.0
+            for kind, (a, b) in steps.items():
+                ms = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+                out.setdefault(kind, []).append(ms)
+                device += ms
+            out.setdefault("host", []).append(max(0.0, wall - device))
+        return out
 
 
 class StepRunner:
@@ -122,8 +173,10 @@ class Engine:
     """
 
     def __init__(self, target: Qwen3Target, drafter: Drafter | None = None, use_graphs: bool | None = None,
-                 nvtx: bool = True):
+                 nvtx: bool = True, timing: bool = False):
         self.target = target
+        self.timing = timing
+        self.timer: StepTimer | None = None
         self.drafter = drafter
         self.device = target.lm_head.weight.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -184,7 +237,12 @@ class Engine:
     def _step(self, name: str, step: tuple[tuple, Callable[[], None], bool]) -> None:
         key, fn, _ = step
         with self.ranges(name):
-            self.runner.run(key, fn)
+            if self.timer is None:
+                self.runner.run(key, fn)
+            else:
+                start = self.timer.begin()
+                self.runner.run(key, fn)
+                self.timer.end(name, start)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], cfg: GenerationConfig) -> GenerationResult:
@@ -223,7 +281,12 @@ class Engine:
 
         stop = set(cfg.stop_token_ids)
         self._history[:] = prompt_ids + result.tokens
+        timer = self.timer = StepTimer(self.device) if self.timing else None
         while len(result.tokens) < cfg.max_new_tokens and result.tokens[-1] not in stop:
+            if timer is not None:
+                if timer.t0:
+                    timer.end_round()
+                timer.start_round()
             if self.drafter is None:
                 self._step("ar_decode", steps["ar_decode"])
                 result.tokens.append(int(state.anchor))
@@ -240,8 +303,13 @@ class Engine:
             result.acceptance_lengths.append(len(emitted))
             result.tokens.extend(emitted)
             self._history.extend(emitted)
+        if timer is not None and timer.t0:
+            timer.end_round()
         _sync(self.device)
         result.decode_s = time.perf_counter() - t1
+        if timer is not None:
+            result.round_ms = timer.results()
+            self.timer = None
 
         for i, tok in enumerate(result.tokens[: cfg.max_new_tokens]):
             if tok in stop:

@@ -3,15 +3,13 @@ losslessly with real acceptance on held-out prompts."""
 
 from __future__ import annotations
 
-import json
-from importlib import resources
-
 import pytest
 import torch
 
 from dspark.checkpoint import DEMO_DIR, load_draft, load_target
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
+from harness.datasets import load
 
 pytestmark = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built (experiments/demo/build.py)")
@@ -22,9 +20,8 @@ transformers = pytest.importorskip("transformers")
 def pair():
     target = load_target("demo")
     tok = transformers.AutoTokenizer.from_pretrained(target.path)
-    rows = [json.loads(line) for line in resources.files("harness").joinpath("data/demo_coding.jsonl")
-            .read_text().splitlines() if line.strip()]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": r["turns"][0]}], add_generation_prompt=True,
+    rows = [r for r in load("qualitative", source="demo").rows if r.category == "coding"]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": r.turns[0]}], add_generation_prompt=True,
                                        enable_thinking=False, tokenize=True, return_dict=False) for r in rows[:3]]
     return target, prompts
 

@@ -147,3 +147,20 @@ def test_engine_reuses_its_caches_across_requests():
     engine.generate(_prompt(60, seed=2), cfg)
     again = engine.generate(_prompt(seed=1), cfg)
     assert first.tokens == again.tokens and first.acceptance_lengths == again.acceptance_lengths
+
+
+def test_timed_generation_reports_each_round_and_changes_nothing():
+    from pairs import bigram_pair
+
+    target, draft = bigram_pair(dtype=torch.float32)
+    prompt = list(range(1, 20))
+    cfg = GenerationConfig(max_new_tokens=40, temperature=0.0)
+    plain, timed_plain = Engine(target).generate(prompt, cfg), Engine(target, timing=True).generate(prompt, cfg)
+    assert timed_plain.tokens == plain.tokens and plain.round_ms == {}
+    assert set(timed_plain.round_ms) == {"decode", "host"}
+    assert len(timed_plain.round_ms["decode"]) == len(plain.tokens) - 1  # one step per token after the prefill
+    spec = Engine(target, BlockDrafter(draft), timing=True).generate(prompt, cfg)
+    assert spec.tokens == plain.tokens
+    assert set(spec.round_ms) == {"propose", "verify", "accept", "host"}
+    assert all(len(v) == spec.num_rounds and min(v) >= 0 for v in spec.round_ms.values())
+    assert sum(map(sum, spec.round_ms.values())) <= spec.decode_s * 1e3 + 1.0  # rounds fit in the decode time

@@ -29,7 +29,6 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 
 import torch
@@ -47,6 +46,7 @@ from dspark.target import Qwen3Target  # noqa: E402
 from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: E402
 from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer  # noqa: E402
 from dspark.train import LossConfig, TrainArgs, load_checkpoint, train, train_target  # noqa: E402
+from harness.datasets import load as load_suite
 
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
@@ -195,9 +195,8 @@ def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool) -> dict
     """Acceptance on the held-out coding prompts (never seen in training), with the stored models."""
     target = _load_target(out, device)
     eos = target.config.eos_token_ids
-    rows = [json.loads(line) for line in resources.files("harness").joinpath("data/demo_coding.jsonl")
-            .read_text().splitlines() if line.strip()][: size.get("prompts")]
-    prompts = [chat_example(tokenizer, r["turns"][0], [])[0].tolist() for r in rows]
+    rows = [r for r in load_suite("qualitative", source="demo").rows if r.category == "coding"][: size.get("prompts")]
+    prompts = [chat_example(tokenizer, r.turns[0], [])[0].tolist() for r in rows]
     systems = {"plain": None, "dspark": BlockDrafter(load_draft(out / "dspark", target).model),
                "dflash": BlockDrafter(load_draft(out / "dflash", target).model), "ngram": NgramDrafter()}
     figures = {"prompts": len(prompts)}

@@ -1,0 +1,131 @@
+"""Experiment definitions: TOML files naming a target, its systems, the backend and the sampling.
+
+Shipped experiments live in the repository's `experiments/` folder and install as package data
+(`harness/experiments/`), so `--experiment demo` works after a plain `pip install .`; any other
+TOML file is given by path. See `experiments/demo.toml` for every key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from dspark.errors import DSparkError
+
+METHODS = ("plain", "dspark", "dflash", "ngram")
+BACKENDS = ("native",)
+DATASETS = ("demo", "hub")
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    method: str  # what the system is expected to run: plain decoding, a DSpark or DFlash draft, n-gram lookup
+    draft: str | None = None
+    num_speculative_tokens: int | None = None
+    confidence_threshold: float = 0.0
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    target: str
+    systems: tuple[System, ...]
+    description: str = ""
+    backend: str = "native"
+    dataset: str = "hub"
+    dataset_revision: str | None = None
+    temperatures: tuple[float, ...] = (0.0,)
+    output_len: int = 2048
+    num_prompts: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    turns: str = "first"
+    path: str = ""
+    sha256: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def system(self, name: str) -> System:
+        return next(s for s in self.systems if s.name == name)
+
+
+def shipped() -> dict[str, Path]:
+    """Names of the shipped experiments and their files (installed copy, else the source tree's)."""
+    found: dict[str, Path] = {}
+    installed = resources.files("harness").joinpath("experiments")
+    for folder in (Path(str(installed)), Path(__file__).resolve().parent.parent / "experiments"):
+        if folder.is_dir():
+            for f in sorted(folder.glob("*.toml")):
+                found.setdefault(f.stem, f)
+    return found
+
+
+def load_experiment(name_or_path: str) -> Experiment:
+    path = Path(name_or_path)
+    if not (path.suffix == ".toml" and path.is_file()):
+        known = shipped()
+        if name_or_path not in known:
+            raise DSparkError(f"unknown experiment '{name_or_path}'; give a .toml file or one of {', '.join(known)}")
+        path = known[name_or_path]
+    raw = path.read_bytes()
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise DSparkError(f"{path}: not valid TOML ({exc})") from None
+    return parse(data, str(path), hashlib.sha256(raw).hexdigest())
+
+
+def parse(data: dict, where: str, sha256: str = "") -> Experiment:
+    def need(table: dict, key: str, kind, context: str):
+        if key not in table:
+            raise DSparkError(f"{where}: {context}'{key}' is missing")
+        value = table[key]
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            raise DSparkError(f"{where}: {context}'{key}' must be {getattr(kind, '__name__', kind)}")
+        return value
+
+    name = need(data, "name", str, "")
+    target = need(data, "target", str, "")
+    backend = data.get("backend", "native")
+    if backend not in BACKENDS:
+        raise DSparkError(f"{where}: backend '{backend}' is not available; use one of {', '.join(BACKENDS)}")
+    dataset = data.get("dataset", "hub")
+    if dataset not in DATASETS:
+        raise DSparkError(f"{where}: dataset '{dataset}' must be one of {', '.join(DATASETS)}")
+    sampling = data.get("sampling", {})
+    temps = sampling.get("temperatures", [0.0])
+    if not isinstance(temps, list) or not temps or not all(isinstance(t, (int, float)) and t >= 0 for t in temps):
+        raise DSparkError(f"{where}: sampling.temperatures must be a non-empty list of numbers >= 0")
+    turns = sampling.get("turns", "first")
+    if turns not in ("first", "all"):
+        raise DSparkError(f"{where}: sampling.turns must be 'first' or 'all'")
+    systems, names = [], set()
+    for i, raw in enumerate(data.get("systems", [])):
+        context = f"systems[{i}]."
+        sname = need(raw, "name", str, context)
+        method = need(raw, "method", str, context)
+        if method not in METHODS:
+            raise DSparkError(f"{where}: {context}method '{method}' must be one of {', '.join(METHODS)}")
+        draft = raw.get("draft")
+        if (draft is None) != (method in ("plain", "ngram")):
+            raise DSparkError(f"{where}: system '{sname}': {'a' if draft is None else 'no'} draft is expected "
+                              f"with method '{method}'")
+        if sname in names:
+            raise DSparkError(f"{where}: two systems are named '{sname}'")
+        names.add(sname)
+        k = raw.get("num_speculative_tokens")
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise DSparkError(f"{where}: system '{sname}': num_speculative_tokens must be a positive integer")
+        systems.append(System(sname, method, draft, k, float(raw.get("confidence_threshold", 0.0))))
+    if not systems:
+        raise DSparkError(f"{where}: no [[systems]]; name at least one")
+    num_prompts = sampling.get("num_prompts")
+    return Experiment(name=name, target=target, systems=tuple(systems), description=data.get("description", ""),
+                      backend=backend, dataset=dataset, dataset_revision=data.get("dataset_revision"),
+                      temperatures=tuple(float(t) for t in temps), output_len=int(sampling.get("output_len", 2048)),
+                      num_prompts=None if num_prompts is None else int(num_prompts),
+                      shuffle=bool(sampling.get("shuffle", True)), seed=int(sampling.get("seed", 0)), turns=turns,
+                      path=where, sha256=sha256)

@@ -1,0 +1,96 @@
+"""The figures of a run, as the field defines them (names from vLLM bench where it has one).
+
+A round proposes d draft tokens, accepts a <= d of them and emits a + 1 tokens (the +1 is the
+target's bonus or correction token). `acceptance_lengths` holds a + 1 per round and
+`proposal_lengths` d per round, as the engine reports them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+
+def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int]) -> dict:
+    """Pooled over all rounds given (of any number of requests).
+
+    - `spec_decode_acceptance_length`: tokens per round (1 + accepted / rounds), as vLLM;
+    - `spec_decode_acceptance_rate`: accepted / proposed draft tokens;
+    - `spec_decode_per_position_acceptance_rates`: joint, P(position k accepted | k proposed);
+    - `spec_decode_conditional_acceptance_rates`: P(k accepted | k - 1 accepted and k proposed);
+    - `spec_decode_acceptance_histogram`: rounds by accepted draft count (index 0..max proposed).
+    Positions no round proposed are None.
+    """
+    rounds = len(acceptance_lengths)
+    if rounds == 0:
+        return {"num_rounds": 0, "spec_decode_acceptance_length": None, "spec_decode_acceptance_rate": None,
+                "spec_decode_num_draft_tokens": 0, "spec_decode_num_accepted_tokens": 0,
+                "spec_decode_per_position_acceptance_rates": [], "spec_decode_conditional_acceptance_rates": [],
+                "spec_decode_acceptance_histogram": []}
+    accepted = [n - 1 for n in acceptance_lengths]
+    k_max = max(proposal_lengths)
+    proposed_at = [sum(d >= k for d in proposal_lengths) for k in range(1, k_max + 1)]
+    accepted_at = [sum(a >= k for a in accepted) for k in range(1, k_max + 1)]
+    joint = [acc / prop if prop else None for acc, prop in zip(accepted_at, proposed_at)]
+    conditional = []
+    for k in range(1, k_max + 1):
+        # rounds that accepted k - 1 and proposed k: the ones that could accept position k
+        reached = sum(a >= k - 1 and d >= k for a, d in zip(accepted, proposal_lengths))
+        conditional.append(accepted_at[k - 1] / reached if reached else None)
+    histogram = [0] * (k_max + 1)
+    for a in accepted:
+        histogram[a] += 1
+    return {
+        "num_rounds": rounds,
+        "spec_decode_acceptance_length": 1 + sum(accepted) / rounds,
+        "spec_decode_acceptance_rate": sum(accepted) / sum(proposal_lengths) if sum(proposal_lengths) else None,
+        "spec_decode_num_draft_tokens": sum(proposal_lengths),
+        "spec_decode_num_accepted_tokens": sum(accepted),
+        "spec_decode_per_position_acceptance_rates": joint,
+        "spec_decode_conditional_acceptance_rates": conditional,
+        "spec_decode_acceptance_histogram": histogram,
+    }
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def latency_stats(name: str, values: Sequence[float]) -> dict:
+    """mean / median / p90 / p99 of one latency in milliseconds, as `mean_<name>` ... `p99_<name>`."""
+    vals = [v for v in values if v is not None]
+    return {f"mean_{name}": sum(vals) / len(vals) if vals else None, f"median_{name}": percentile(vals, 50),
+            f"p90_{name}": percentile(vals, 90), f"p99_{name}": percentile(vals, 99)}
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def speedup(baseline_tpot: Sequence[float], system_tpot: Sequence[float], resamples: int = 2000,
+            seed: int = 0) -> dict | None:
+    """Geometric mean over prompts of baseline TPOT / system TPOT (paired: index i is one prompt in
+    both), with a 95 % percentile-bootstrap interval over prompts. None without pairs."""
+    ratios = [b / s for b, s in zip(baseline_tpot, system_tpot) if b and s]
+    if not ratios:
+        return None
+    rng = random.Random(seed)
+    n = len(ratios)
+    boot = sorted(geometric_mean([ratios[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    return {"speedup": geometric_mean(ratios), "speedup_ci95": [percentile(boot, 2.5), percentile(boot, 97.5)],
+            "speedup_pairs": n}
+
+
+def first_difference(tokens: Sequence[int], baseline: Sequence[int]) -> bool | int:
+    """True when the token lists are equal, else the index of the first difference."""
+    for i, (a, b) in enumerate(zip(tokens, baseline)):
+        if a != b:
+            return i
+    return True if len(tokens) == len(baseline) else min(len(tokens), len(baseline))
