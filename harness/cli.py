@@ -302,6 +302,89 @@ def make_tiny_cmd(
         out.print(f"{name:20s} {path}", highlight=False, soft_wrap=True)
 
 
+@app.command()
+def run(
+    split: str = typer.Option("qualitative", help="SPEED-Bench config: qualitative, throughput_1k ... throughput_32k."),
+    category: Optional[str] = typer.Option(None, help="Categories to run, comma-separated (default: all)."),
+    experiment: str = typer.Option("demo", help="A shipped experiment (demo, qwen3-8b) or a TOML file."),
+    dataset_path: Optional[str] = typer.Option(None, help="Local SPEED-Bench data: a file, or a folder holding "
+                                               "<split>.jsonl or <split>/*.parquet (hub, specdec_bench, NeMo-Skills)."),
+    systems: Optional[str] = typer.Option(None, help="Run only these systems of the experiment, comma-separated."),
+    backend: Optional[str] = typer.Option(None, help="native (default: the experiment's)."),
+    num_prompts: Optional[int] = typer.Option(None, help="Prompts to run (default: the experiment's, else all)."),
+    disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Take prompts in file order."),
+    seed: Optional[int] = typer.Option(None, help="Shuffle and sampling seed (default: the experiment's)."),
+    output_len: Optional[int] = typer.Option(None, help="Most tokens generated per request."),
+    temperature: Optional[str] = typer.Option(None, help="Temperatures, comma-separated (default: the experiment's)."),
+    turns: Optional[str] = typer.Option(None, help="first: each row's first turn; all: every turn, with the "
+                                        "model's own replies as history."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Generate output-len tokens whatever the stop tokens."),
+    concurrency: int = typer.Option(1, help="Requests in flight (the native backend serves one at a time)."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Run folder (default: results/<experiment>-<split>-<time>)."),
+    resume: Optional[str] = typer.Option(None, help="Finish the run in this folder (same arguments)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve every system (format, fit, method); generate nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary (or the dry run) as JSON."),
+):
+    """Run SPEED-Bench prompts through every system of an experiment and compare them."""
+    from harness.run import RunOptions, print_tables
+    from harness.run import dry_run as resolve_all
+    from harness.run import run as run_all
+
+    if turns not in (None, "first", "all"):
+        raise DSparkError(f"--turns {turns}: use first or all")
+    try:
+        temps = None if temperature is None else [float(t) for t in temperature.split(",") if t.strip()]
+    except ValueError:
+        raise DSparkError(f"--temperature must be numbers separated by commas, got '{temperature}'") from None
+    opts = RunOptions(split=split, categories=[c.strip() for c in category.split(",")] if category else None,
+                      experiment=experiment, dataset_path=dataset_path,
+                      systems=[s.strip() for s in systems.split(",")] if systems else None, backend=backend,
+                      num_prompts=num_prompts, output_len=output_len, temperatures=temps, turns=turns,
+                      ignore_eos=ignore_eos, concurrency=concurrency, seed=seed, disable_shuffle=disable_shuffle,
+                      device=_device(device), dtype=dtype, out=out_dir, resume=resume)
+    if out_dir and resume:
+        raise DSparkError("give --out for a new run or --resume for an unfinished one, not both")
+    if dry_run:
+        rows = resolve_all(opts, err if as_json else out)
+        if as_json:
+            print(json.dumps(rows))
+        if not all(r["fits_target"] for r in rows):
+            raise typer.Exit(1)
+        return
+    path, summary = run_all(opts, err)
+    if as_json:
+        print(json.dumps({"run_dir": str(path), **summary}))
+    else:
+        print_tables(summary, out, f"{experiment}: {split} {category or 'all categories'} ({path})")
+
+
+@app.command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="Run folders written by `dspark-bench run`."),
+    category: str = typer.Option("overall", help="Which category's rows to show (overall: the macro average)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
+):
+    """Print the comparison tables of saved runs again (recomputed from their requests)."""
+    from harness.report import summarize_folder, table
+
+    summaries = {}
+    for d in run_dirs:
+        if not (d / "requests.jsonl").is_file():
+            raise DSparkError(f"{d}: no requests.jsonl; give a folder written by dspark-bench run")
+        summaries[str(d)] = summarize_folder(d)
+    if as_json:
+        print(json.dumps(summaries))
+        return
+    for name, summary in summaries.items():
+        out.print(table(summary, f"{name} ({category})", category))
+    if len(summaries) > 1:
+        merged = {"rows": [dict(r, system=f"{Path(name).name}/{r['system']}") for name, s in summaries.items()
+                           for r in s["rows"]]}
+        out.print(table(merged, f"comparison ({category})", category))
+
+
 def main() -> None:
     try:
         app()

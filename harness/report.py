@@ -1,0 +1,155 @@
+"""Summaries of a run's requests: per system x temperature x category, a macro `overall`, and the
+comparison table (one row per system, as published DSpark comparisons print it)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from rich.table import Table
+
+from harness.metrics import acceptance, geometric_mean, latency_stats, speedup
+from harness.results import read_requests
+
+BASELINE = "plain"
+
+
+def _pairs(records: list[dict], baseline: dict[tuple, dict]) -> tuple[list[float], list[float]]:
+    base, mine = [], []
+    for r in records:
+        b = baseline.get((r["question_id"], r["turn"], r["temperature"]))
+        if b is not None and b["tpot_ms"] and r["tpot_ms"]:
+            base.append(b["tpot_ms"])
+            mine.append(r["tpot_ms"])
+    return base, mine
+
+
+def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseline: bool) -> dict:
+    lengths = [n for r in records for n in r["acceptance_lengths"]]
+    proposals = [n for r in records for n in r["proposal_lengths"]]
+    wall_s = sum(r["e2el_ms"] for r in records) / 1e3
+    out_tokens = sum(r["output_tokens"] for r in records)
+    row = {"requests": len(records), "output_tokens": out_tokens, "wall_s": wall_s,
+           "output_throughput": out_tokens / wall_s if wall_s else None, **acceptance(lengths, proposals)}
+    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        row |= latency_stats(name, [r[name] for r in records])
+    for kind in ("propose", "verify", "accept", "decode", "host"):
+        per_round = [ms for r in records for ms in r["round_ms"].get(kind, [])]
+        row[f"mean_{kind}_ms"] = sum(per_round) / len(per_round) if per_round else None
+    memory = [r["peak_memory_bytes"] for r in records if r.get("peak_memory_bytes") is not None]
+    row["peak_memory_gb"] = max(memory) / 1e9 if memory else None
+    greedy = [r for r in records if r.get("matches_baseline") is not None]
+    row["matches_baseline"] = sum(r["matches_baseline"] is True for r in greedy) if greedy else None
+    row["matches_baseline_of"] = len(greedy) if greedy else None
+    s = speedup(*_pairs(records, baseline)) if has_baseline else None
+    row |= s or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
+    return row
+
+
+MACRO = ("spec_decode_acceptance_length", "spec_decode_acceptance_rate", "mean_ttft_ms", "mean_tpot_ms",
+         "mean_e2el_ms", "output_throughput")
+
+
+def summarize(records: list[dict]) -> dict:
+    """{"rows": [...]}: one row per system x temperature x category, then each system x temperature's
+    `overall`: the macro average over categories (speedup: their geometric mean), with pooled counts."""
+    has_baseline = any(r["system"] == BASELINE for r in records)
+    baseline = {(r["question_id"], r["turn"], r["temperature"]): r for r in records if r["system"] == BASELINE}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    order: list[str] = []
+    for r in records:
+        groups[(r["system"], r["temperature"], r["category"])].append(r)
+        if r["system"] not in order:
+            order.append(r["system"])
+    rows = []
+    for system in order:
+        for temp in sorted({t for s, t, _ in groups if s == system}):
+            cats = sorted(c for s, t, c in groups if s == system and t == temp)
+            per_cat = []
+            for cat in cats:
+                row = {"system": system, "method": groups[(system, temp, cat)][0]["method"], "temperature": temp,
+                       "category": cat, **summarize_group(groups[(system, temp, cat)], baseline, has_baseline)}
+                per_cat.append(row)
+            everything = [r for c in cats for r in groups[(system, temp, c)]]
+            overall = {"system": system, "method": per_cat[0]["method"], "temperature": temp, "category": "overall",
+                       **summarize_group(everything, baseline, has_baseline)}
+            for key in MACRO:
+                vals = [row[key] for row in per_cat if row[key] is not None]
+                overall[key] = sum(vals) / len(vals) if vals else None
+            speedups = [row["speedup"] for row in per_cat if row["speedup"]]
+            overall["speedup"] = geometric_mean(speedups) if speedups else None
+            overall["pooled_acceptance_length"] = summarize_group(everything, {}, False)["spec_decode_acceptance_length"]
+            rows += per_cat + [overall]
+    return {"rows": rows, "baseline": BASELINE if has_baseline else None,
+            "notes": "overall = macro average over categories (speedup: geometric mean); pooled_acceptance_length "
+                     "pools every round of every category"}
+
+
+def _fmt(v, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+COLUMNS = [("system", "system"), ("T", "temperature"), ("tokens", "output_tokens"), ("time s", "wall_s"),
+           ("TPOT ms", "mean_tpot_ms"), ("speedup", "speedup"), ("95% CI", "speedup_ci95"), ("AL", "spec_decode_acceptance_length"),
+           ("accept", "spec_decode_acceptance_rate"), ("rounds", "num_rounds"), ("= plain", "matches_baseline")]
+
+
+def _cells(row: dict) -> list[str]:
+    cells = []
+    for _, key in COLUMNS:
+        v = row[key]
+        if key == "speedup_ci95":
+            cells.append("-" if not v else f"{v[0]:.2f}-{v[1]:.2f}")
+        elif key == "matches_baseline":
+            cells.append("-" if v is None else f"{v}/{row['matches_baseline_of']}")
+        elif key == "temperature":
+            cells.append(f"{v:g}")
+        elif key == "spec_decode_acceptance_rate":
+            cells.append("-" if v is None else f"{100 * v:.0f}%")
+        else:
+            cells.append(_fmt(v, 1 if key in ("wall_s", "mean_tpot_ms") else 2))
+    return cells
+
+
+def table(summary: dict, title: str, category: str = "overall") -> Table:
+    t = Table(title=title, caption="AL: acceptance length (tokens per round); accept: accepted / proposed; "
+              "= plain: greedy outputs equal plain decoding's", caption_justify="left")
+    for header, _ in COLUMNS:
+        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header == "system")
+    for row in summary["rows"]:
+        if row["category"] == category:
+            t.add_row(*_cells(row))
+    return t
+
+
+def markdown(summary: dict, title: str) -> str:
+    lines = [f"# {title}", ""]
+    cats = list(dict.fromkeys(r["category"] for r in summary["rows"]))
+    for cat in ["overall"] + [c for c in cats if c != "overall"]:
+        lines += [f"## {cat}", "", "| " + " | ".join(h for h, _ in COLUMNS) + " |",
+                  "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(_cells(r)) + " |" for r in summary["rows"] if r["category"] == cat]
+        lines.append("")
+    lines.append(summary["notes"])
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(summary: dict) -> str:
+    keys = list(dict.fromkeys(k for r in summary["rows"] for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys)
+    writer.writeheader()
+    for r in summary["rows"]:
+        writer.writerow({k: "|".join(map(str, v)) if isinstance(v, list) else v for k, v in r.items()})
+    return buf.getvalue()
+
+
+def summarize_folder(run_dir: Path) -> dict:
+    return summarize(read_requests(run_dir))

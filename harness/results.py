@@ -1,0 +1,83 @@
+"""A run folder: `manifest.json` (what produced the run), `requests.jsonl` (one object per finished
+request, appended, flushed and synced as each one ends) and the summaries written at the end.
+
+A killed run loses no finished request; a resumed run skips every request already recorded (keyed by
+system, question, turn and temperature) and refuses settings that differ from the manifest's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from dspark.errors import DSparkError
+
+MANIFEST, REQUESTS = "manifest.json", "requests.jsonl"
+
+
+def request_key(record: dict) -> tuple:
+    return (record["system"], record["question_id"], record["turn"], float(record["temperature"]))
+
+
+def read_requests(run_dir: Path) -> list[dict]:
+    """Finished requests; a torn last line (the process died while writing it) is dropped from the file."""
+    path = Path(run_dir) / REQUESTS
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    records, good = [], 0
+    for line in data.splitlines(keepends=True):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if line.endswith(b"\n"):  # a bad line in the middle is not an interruption: refuse
+                raise DSparkError(f"{path}: a line is not JSON; the file was edited or is not a run") from None
+            break
+        good += len(line)
+    if good < len(data):
+        with path.open("r+b") as f:
+            f.truncate(good)
+    return records
+
+
+class RunFolder:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def manifest(self) -> dict | None:
+        f = self.path / MANIFEST
+        return json.loads(f.read_text()) if f.is_file() else None
+
+    def create(self, manifest: dict) -> None:
+        if (self.path / MANIFEST).exists() or (self.path / REQUESTS).exists():
+            raise DSparkError(f"{self.path} already holds a run; use --resume {self.path} or another --out")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.write_json(MANIFEST, manifest)
+
+    def check_resume(self, settings: dict) -> None:
+        """Exit (DSparkError) unless `settings` equal those the run was started with."""
+        manifest = self.manifest()
+        if manifest is None:
+            raise DSparkError(f"--resume {self.path}: no {MANIFEST} there; not a run folder")
+        before = manifest["settings"]
+        for key in sorted(set(before) | set(settings)):
+            if before.get(key) != settings.get(key):
+                raise DSparkError(f"--resume {self.path}: '{key}' was {json.dumps(before.get(key))}, now "
+                                  f"{json.dumps(settings.get(key))}; resume with the run's own arguments")
+
+    def append(self, record: dict) -> None:
+        with (self.path / REQUESTS).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write_json(self, name: str, data) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=1, default=str))
+        os.replace(tmp, self.path / name)
+
+    def write_text(self, name: str, text: str) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.path / name)
