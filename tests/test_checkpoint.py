@@ -12,14 +12,13 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from cli_runner import run_cli
+from safetensors.torch import load_file, save_file
 
 from dspark.checkpoint import load_draft, load_target, save_draft, save_target
 from dspark.config import DraftConfig, TargetConfig
@@ -27,7 +26,6 @@ from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
 from dspark.tiny import MASK_TOKEN_ID, random_draft, random_target, tiny_draft_config, tiny_target_config
-
 
 # ---- 1. config parsing of the published layouts -------------------------------------------------
 

@@ -31,7 +31,7 @@ def run_process(*args) -> subprocess.CompletedProcess:
     return subprocess.run([str(script), *map(str, args)], capture_output=True, env=env, timeout=300)
 
 
-# ---- the README's first line ------------------------------------------------------------------
+# ---- generate on the demo pair and on a tiny random pair ----------------------------------------
 
 SUMMARY = re.compile(r"dspark: (\d+) tokens in [\d.]+ s \([\d.]+ tok/s\), (\d+) rounds, acceptance length [\d.]+, "
                      r"stop: (max_new_tokens|stop_token)")
@@ -40,7 +40,7 @@ SUMMARY = re.compile(r"dspark: (\d+) tokens in [\d.]+ s \([\d.]+ tok/s\), (\d+) 
 README_PROMPT = "Write a Python function `count_vowels(s)` that counts the vowels in a string."
 
 
-def test_readme_quickstart_on_the_shipped_demo_pair(monkeypatch, capfd):
+def test_generate_on_the_shipped_demo_pair(monkeypatch, capfd):
     from dspark.checkpoint import DEMO_DIR
 
     if not (DEMO_DIR / "target" / "model.safetensors").is_file():
