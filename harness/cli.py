@@ -309,6 +309,7 @@ def run(
     experiment: str = typer.Option("demo", help="A shipped experiment (demo, qwen3-8b) or a TOML file."),
     dataset_path: Optional[str] = typer.Option(None, help="Local SPEED-Bench data: a file, or a folder holding "
                                                "<split>.jsonl or <split>/*.parquet (hub, specdec_bench, NeMo-Skills)."),
+    dataset_revision: Optional[str] = typer.Option(None, help="Pin the hub dataset's revision (commit or tag)."),
     systems: Optional[str] = typer.Option(None, help="Run only these systems of the experiment, comma-separated."),
     backend: Optional[str] = typer.Option(None, help="native (default: the experiment's)."),
     num_prompts: Optional[int] = typer.Option(None, help="Prompts to run (default: the experiment's, else all)."),
@@ -339,7 +340,7 @@ def run(
     except ValueError:
         raise DSparkError(f"--temperature must be numbers separated by commas, got '{temperature}'") from None
     opts = RunOptions(split=split, categories=[c.strip() for c in category.split(",")] if category else None,
-                      experiment=experiment, dataset_path=dataset_path,
+                      experiment=experiment, dataset_path=dataset_path, dataset_revision=dataset_revision,
                       systems=[s.strip() for s in systems.split(",")] if systems else None, backend=backend,
                       num_prompts=num_prompts, output_len=output_len, temperatures=temps, turns=turns,
                       ignore_eos=ignore_eos, concurrency=concurrency, seed=seed, disable_shuffle=disable_shuffle,

@@ -40,6 +40,7 @@ class RunOptions:
     categories: list[str] | None = None
     experiment: str = "demo"
     dataset_path: str | None = None
+    dataset_revision: str | None = None
     systems: list[str] | None = None
     backend: str | None = None
     num_prompts: int | None = None
@@ -80,7 +81,8 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     return {
         "experiment": exp.name, "experiment_sha256": exp.sha256, "target": exp.target, "backend": backend,
         "split": opts.split, "categories": opts.categories, "dataset_path": opts.dataset_path,
-        "dataset": "files" if opts.dataset_path else exp.dataset, "dataset_revision": exp.dataset_revision,
+        "dataset": "files" if opts.dataset_path else exp.dataset,
+        "dataset_revision": opts.dataset_revision or exp.dataset_revision,
         "systems": systems, "num_prompts": opts.num_prompts if opts.num_prompts is not None else exp.num_prompts,
         "output_len": output_len, "temperatures": [float(t) for t in temps], "turns": opts.turns or exp.turns,
         "ignore_eos": opts.ignore_eos, "seed": exp.seed if opts.seed is None else opts.seed,
@@ -139,7 +141,7 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
     if opts.resume:
         folder.check_resume(settings)
     data = datasets.load(opts.split, Path(opts.dataset_path) if opts.dataset_path else None, exp.dataset,
-                         exp.dataset_revision)
+                         settings["dataset_revision"])
     rows = datasets.select(data.rows, opts.split, settings["categories"], settings["num_prompts"], settings["seed"],
                            settings["shuffle"])
     backend = NativeBackend(exp.target, opts.device, opts.dtype)
