@@ -173,7 +173,9 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
     if opts.resume:
         console.print(f"resuming {folder.path}: {len(jobs) - len(pending)} of {len(jobs)} requests already done")
 
-    longest = max(len(_prompt_ids(tokenizer, turns_of[r.question_id], [])) for r in rows)
+    # the longest request: every user turn, and at most output_len tokens (plus template) per reply
+    longest = max(len(_prompt_ids(tokenizer, turns_of[r.question_id], [])) + len(turns_of[r.question_id])
+                  * (settings["output_len"] + 16) for r in rows)
     warmed: set[tuple] = set()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True)
@@ -188,9 +190,7 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
                 if (name, temp) not in warmed:
                     progress.update(task, description=f"{name} T={temp:g} (warm-up)")
                     reset_peak_memory(opts.device)
-                    multi = 4 if settings["turns"] == "all" else 1  # replies grow later turns' prompts
-                    backend.warmup(p, multi * longest + settings["output_len"] * multi + 16, cfg,
-                                   _prompt_ids(tokenizer, turns_of[rows[0].question_id][:1], []))
+                    backend.warmup(p, longest, cfg, _prompt_ids(tokenizer, turns_of[rows[0].question_id][:1], []))
                     warmed.add((name, temp))
                 progress.update(task, description=f"{name} T={temp:g} {row.category}")
                 previous = [replies[(name, row.question_id, temp, t)] for t in range(turn)]
