@@ -2,6 +2,8 @@
 
 Through the `nvtx` package when it is installed, else `torch.cuda.nvtx`; a no-op without CUDA.
 Range names: warmup, prefill, <method>_propose, target_verify, decode_sample, ar_decode.
+While `torch_ranges(True)` is on (profiling with the PyTorch profiler), the same names are also
+recorded as `record_function` ranges, on the CPU too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,18 @@ except ImportError:  # pragma: no cover
     _nvtx = None
 
 DOMAIN = None  # the default domain, where nsys stats and our trace parser look first
+_TORCH_RANGES = [False]
+
+
+def torch_ranges(on: bool) -> None:
+    """Also emit every range as a PyTorch profiler `record_function` (off by default: it costs time)."""
+    _TORCH_RANGES[0] = on
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
 
 
 class Ranges:
@@ -27,6 +41,11 @@ class Ranges:
         self._attrs: dict[str, object] = {}
 
     def __call__(self, name: str):
+        if _TORCH_RANGES[0]:
+            return _both(self._nvtx(name), torch.profiler.record_function(name))
+        return self._nvtx(name)
+
+    def _nvtx(self, name: str):
         if not self.enabled:
             return contextlib.nullcontext()
         if self._domain is not None:

@@ -327,6 +327,7 @@ def run(
     resume: Optional[str] = typer.Option(None, help="Finish the run in this folder (same arguments)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Resolve every system (format, fit, method); generate nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary (or the dry run) as JSON."),
+    profiled: Optional[str] = typer.Option(None, hidden=True, help="Set by `profile` for its child runs."),
 ):
     """Run SPEED-Bench prompts through every system of an experiment and compare them."""
     from harness.run import RunOptions, print_tables
@@ -344,7 +345,9 @@ def run(
                       systems=[s.strip() for s in systems.split(",")] if systems else None, backend=backend,
                       num_prompts=num_prompts, output_len=output_len, temperatures=temps, turns=turns,
                       ignore_eos=ignore_eos, concurrency=concurrency, seed=seed, disable_shuffle=disable_shuffle,
-                      device=_device(device), dtype=dtype, out=out_dir, resume=resume)
+                      device=_device(device), dtype=dtype, out=out_dir, resume=resume, profiled=profiled)
+    if profiled not in (None, "nsys", "torch"):
+        raise DSparkError(f"--profiled {profiled}: nsys or torch")
     if out_dir and resume:
         raise DSparkError("give --out for a new run or --resume for an unfinished one, not both")
     if dry_run:
@@ -384,6 +387,143 @@ def report(
         merged = {"rows": [dict(r, system=f"{Path(name).name}/{r['system']}") for name, s in summaries.items()
                            for r in s["rows"]]}
         out.print(table(merged, f"comparison ({category})", category))
+
+
+@app.command()
+def profile(
+    nsys: bool = typer.Option(False, "--nsys", help="Trace each system under Nsight Systems."),
+    torch_profiler: bool = typer.Option(False, "--torch", help="Use the PyTorch profiler instead (CPU or GPU)."),
+    preset: str = typer.Option("default", help="default: -t cuda,nvtx,osrt,cudnn,cublas, Python and CUDA "
+                               "backtraces, fork tracing, graph nodes; lean: -t cuda,nvtx, no CPU sampling."),
+    nsys_path: Optional[str] = typer.Option(None, help="The nsys to use (else $NSYS, the PATH, standard folders)."),
+    nsys_arg: list[str] = typer.Option([], "--nsys-arg", help="Extra flag for nsys profile (repeatable). "
+                                       "--trace-fork=... is read as --trace-fork-before-exec=..., the flag "
+                                       "that makes nsys follow a forked engine process."),
+    split: str = typer.Option("qualitative", help="As for run."),
+    category: Optional[str] = typer.Option(None, help="As for run."),
+    experiment: str = typer.Option("demo", help="As for run."),
+    dataset_path: Optional[str] = typer.Option(None, help="As for run."),
+    systems: Optional[str] = typer.Option(None, help="As for run."),
+    num_prompts: Optional[int] = typer.Option(None, help="As for run."),
+    output_len: Optional[int] = typer.Option(None, help="As for run."),
+    temperature: Optional[str] = typer.Option(None, help="As for run."),
+    turns: Optional[str] = typer.Option(None, help="As for run."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="As for run."),
+    disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="As for run."),
+    seed: Optional[int] = typer.Option(None, help="As for run."),
+    device: str = typer.Option("auto", help="As for run."),
+    dtype: str = typer.Option("auto", help="As for run."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Profile folder (default: results/<experiment>-<split>-"
+                                          "<time>-profile)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+):
+    """Profile every system of a run (one trace each, steady state only) and compare where the time goes."""
+    from harness.experiments import load_experiment
+    from harness.profile import profile_run
+    from harness.run import RunOptions, default_out, resolve_settings
+
+    if nsys == torch_profiler:
+        raise DSparkError("choose one of --nsys or --torch")
+    kind = "nsys" if nsys else "torch"
+    dev = _device(device)
+    if kind == "nsys" and not dev.startswith("cuda"):
+        raise DSparkError("profile --nsys needs a CUDA device; use --torch on the CPU")
+    exp = load_experiment(experiment)
+    opts = RunOptions(split=split, categories=[c.strip() for c in category.split(",")] if category else None,
+                      experiment=experiment, systems=[s.strip() for s in systems.split(",")] if systems else None,
+                      device=dev)
+    names = resolve_settings(opts, exp)["systems"]
+    run_args = ["--split", split, "--experiment", experiment, "--device", dev, "--dtype", dtype]
+    for flag, value in (("--category", category), ("--dataset-path", dataset_path), ("--num-prompts", num_prompts),
+                        ("--output-len", output_len), ("--temperature", temperature), ("--turns", turns),
+                        ("--seed", seed)):
+        if value is not None:
+            run_args += [flag, str(value)]
+    run_args += ["--ignore-eos"] * ignore_eos + ["--disable-shuffle"] * disable_shuffle
+    folder = Path(out_dir) if out_dir else default_out(resolve_settings(opts, exp)).with_name(
+        default_out(resolve_settings(opts, exp)).name + "-profile")
+    result = profile_run(run_args, [(n, exp.system(n).method) for n in names], kind, folder, err, preset, nsys_path,
+                         nsys_arg)
+    if as_json:
+        print(json.dumps({"profile_dir": str(folder), **result}))
+    else:
+        _print_comparison(result, f"profile ({kind}): {folder}")
+
+
+def _print_comparison(result: dict, title: str) -> None:
+    rows = result["rows"]
+    cats = sorted({c for r in rows for c in r["categories"]})
+    ranges = [n for n in dict.fromkeys(k for r in rows for k in r["ranges_ns"])]
+    t = Table(title=title)
+    t.add_column("")
+    for r in rows:
+        t.add_column(r["name"], justify="right")
+    for c in cats:
+        t.add_row(f"{c} share", *[f"{100 * r['categories'][c]['share']:.1f}%" if c in r["categories"] else "-"
+                                  for r in rows])
+        t.add_row(f"{c} kernels", *[str(r["categories"][c]["instances"]) if c in r["categories"] else "-"
+                                    for r in rows])
+    for name in ranges:
+        t.add_row(f"{name} ms", *[f"{r['ranges_ns'][name] / 1e6:.1f}" if r["ranges_ns"].get(name) is not None
+                                  else "absent" for r in rows])
+    for key, label in (("output_tokens", "output tokens"), ("kernels_per_token", "kernels / token"),
+                       ("graph_launches_per_token", "graph launches / token"), ("gpu_us_per_token", "GPU us / token")):
+        t.add_row(label, *["-" if r[key] is None else f"{r[key]:.1f}" if isinstance(r[key], float) else str(r[key])
+                           for r in rows])
+    out.print(t)
+    for r in rows:
+        for d in r["diagnosis"]:
+            out.print(f"{r['name']}: {d}", style="yellow", highlight=False)
+
+
+trace_app = typer.Typer(help="Read Nsight Systems exports (and PyTorch profiler traces) with our own parser.",
+                        no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("summarize")
+def trace_summarize(
+    file: Path = typer.Argument(..., help="A .sqlite export, a .nsys-rep (exported first) or a PyTorch .json trace."),
+    expect_method: Optional[str] = typer.Option(None, help="A speculative method whose <method>_propose range "
+                                                "must appear (dspark, dflash, ngram)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole summary as JSON."),
+):
+    """NVTX ranges, kernels, categories, API calls, GPU projection, launches, processes and a diagnosis."""
+    from harness.trace import summarize_any
+
+    s = summarize_any(file, expect_method)
+    if as_json:
+        print(json.dumps(s))
+        return
+    for key, cols in (("nvtx", ("range", "instances", "total_ns", "med_ns")),
+                      ("kernels", ("name", "category", "instances", "total_ns", "med_ns")),
+                      ("categories", ("category", "instances", "total_ns", "share")),
+                      ("projection", ("range", "range_instances", "proj_total_ns", "gpu_ops"))):
+        t = Table(title=f"{key} ({file.name})")
+        for c in cols:
+            t.add_column(c, justify="left" if c in ("range", "name", "category") else "right",
+                         overflow="ellipsis", max_width=60 if c == "name" else None)
+        for row in s[key][:25]:
+            t.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols])
+        out.print(t)
+    out.print(f"launches: {s['launches']}", highlight=False)
+    for d in s["diagnosis"]:
+        out.print(f"diagnosis: {d}", style="yellow", highlight=False)
+
+
+@trace_app.command("compare")
+def trace_compare(
+    inputs: list[Path] = typer.Argument(..., help="Trace files, or folders written by dspark-bench profile."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+):
+    """Kernel-category shares and counts, step ranges and, for profile folders, launches and GPU time per token."""
+    from harness.trace import compare, load_inputs
+
+    result = compare(load_inputs(inputs))
+    if as_json:
+        print(json.dumps(result))
+    else:
+        _print_comparison(result, "comparison")
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from harness import datasets
 from harness.backends import NativeBackend, model_record, peak_memory, reset_peak_memory, resolve_system, tokenizer_record
 from harness.experiments import Experiment, load_experiment
 from harness.metrics import first_difference
+from harness.profile import capture_window
 from harness.provenance import provenance
 from harness.report import markdown, summarize, table, to_csv
 from harness.results import RunFolder, read_requests, request_key
@@ -55,6 +56,7 @@ class RunOptions:
     dtype: str = "auto"
     out: str | None = None
     resume: str | None = None
+    profiled: str | None = None  # "nsys" or "torch": warm every system first, capture only the timed requests
 
 
 def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
@@ -161,7 +163,7 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
                                                              "systems": [asdict(s) for s in exp.systems]},
                        "dataset": data.origin | {"selected": [r.question_id for r in rows]},
                        "models": models, "tokenizer": tokenizer_record(backend.loaded.path, tokenizer),
-                       "methods": {n: p.method for n, p in prepared.items()}, "profiled": False,
+                       "methods": {n: p.method for n, p in prepared.items()}, "profiled": opts.profiled or False,
                        "provenance": provenance(opts.device)})
     records = read_requests(folder.path)
     done = {request_key(r) for r in records}
@@ -177,10 +179,24 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
     longest = max(len(_prompt_ids(tokenizer, turns_of[r.question_id], [])) + len(turns_of[r.question_id])
                   * (settings["output_len"] + 16) for r in rows)
     warmed: set[tuple] = set()
+
+    def warm(name: str, temp: float) -> None:
+        if (name, temp) in warmed:
+            return
+        p = prepared[name]
+        cfg = GenerationConfig(max_new_tokens=settings["output_len"], temperature=temp, stop_token_ids=stop,
+                               confidence_threshold=p.system.confidence_threshold)
+        reset_peak_memory(opts.device)
+        backend.warmup(p, longest, cfg, _prompt_ids(tokenizer, turns_of[rows[0].question_id][:1], []))
+        warmed.add((name, temp))
+
+    if opts.profiled:  # everything untimed happens before the capture window opens
+        for name, temp, _, _ in pending:
+            warm(name, temp)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True)
     try:
-        with progress:
+        with progress, capture_window(opts.profiled, folder.path, opts.device):
             task = progress.add_task("run", total=len(pending))
             for name, temp, row, turn in pending:
                 p = prepared[name]
@@ -189,9 +205,7 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
                                        stop_token_ids=stop, confidence_threshold=p.system.confidence_threshold)
                 if (name, temp) not in warmed:
                     progress.update(task, description=f"{name} T={temp:g} (warm-up)")
-                    reset_peak_memory(opts.device)
-                    backend.warmup(p, longest, cfg, _prompt_ids(tokenizer, turns_of[rows[0].question_id][:1], []))
-                    warmed.add((name, temp))
+                    warm(name, temp)
                 progress.update(task, description=f"{name} T={temp:g} {row.category}")
                 previous = [replies[(name, row.question_id, temp, t)] for t in range(turn)]
                 ids = _prompt_ids(tokenizer, turns_of[row.question_id][: turn + 1], previous)

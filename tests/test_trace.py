@@ -4,6 +4,7 @@ from the same schema."""
 from __future__ import annotations
 
 import csv
+import json
 import sqlite3
 from pathlib import Path
 
@@ -188,3 +189,19 @@ def test_diagnoses(tmp_path):
     notes = summarize(tmp_path / "graph.sqlite", expect_method="dspark")["diagnosis"]
     assert any("dspark_propose range never appears" in d and "ngram_propose" in d for d in notes)
     assert any("traced whole" in d and "--cuda-graph-trace=node" in d for d in notes)
+
+
+@needs_fixture
+def test_trace_summarize_command(monkeypatch, capfd, tmp_path):
+    from cli_runner import run_cli
+
+    code, out, err = run_cli(monkeypatch, capfd, "trace", "summarize", FIXTURE / "nsys_fuser_report1.sqlite", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert set(s) >= {"nvtx", "kernels", "categories", "api", "projection", "launches", "busy", "processes", "schema",
+                      "diagnosis"}
+    code, out, _ = run_cli(monkeypatch, capfd, "trace", "summarize", FIXTURE / "nsys_fuser_report1.sqlite")
+    assert code == 0 and "nvtx (nsys_fuser_report1.sqlite)" in out and "launches:" in out
+    (tmp_path / "x.sqlite").write_text("not a database")
+    code, _, err = run_cli(monkeypatch, capfd, "trace", "summarize", tmp_path / "x.sqlite")
+    assert code == 2 and "not an SQLite export" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,97 @@
+"""`profile`: the PyTorch-profiler path end to end on the CPU (the one CI can run), the steady-state
+window, and how the nsys path finds nsys and builds its command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+
+from dspark.checkpoint import DEMO_DIR
+from dspark.errors import DSparkError
+from harness.profile import PRESETS, child_run_args, find_nsys, nsys_command, plan_flags
+from harness.results import read_requests
+
+needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
+                                reason="the demo models are not built")
+
+
+@needs_demo
+def test_profile_torch_captures_only_the_timed_requests(tmp_path, monkeypatch, capfd):
+    out = tmp_path / "prof"
+    code, stdout, err = run_cli(monkeypatch, capfd, "profile", "--torch", "--category", "coding", "--systems",
+                                "plain,dspark", "--num-prompts", "2", "--output-len", "24", "--temperature", "0",
+                                "--device", "cpu", "--out", out, "--json")
+    assert code == 0, err
+    result = json.loads(stdout)
+    assert [r["name"] for r in result["rows"]] == ["plain", "dspark"]
+    for system, step in (("plain", "ar_decode"), ("dspark", "dspark_propose")):
+        records = read_requests(out / system)
+        assert json.loads((out / system / "manifest.json").read_text())["profiled"] == "torch"
+        summary = json.loads((out / f"{system}.summary.json").read_text())
+        ranges = {r["range"]: r for r in summary["nvtx"]}
+        # one prefill per timed request: the warm-up request and graph captures stayed outside the window
+        assert ranges["prefill"]["instances"] == len(records) == 2 and "warmup" not in ranges
+        rounds = sum(r["num_rounds"] or r["output_tokens"] - 1 for r in records)
+        assert ranges[step]["instances"] == rounds
+        assert "kernels" in summary["unavailable"] and summary["diagnosis"] == []
+    dspark = result["rows"][1]
+    assert dspark["ranges_ns"]["target_verify"] > 0 and dspark["kernels_per_token"] is None  # no GPU on a CPU
+    code, stdout, _ = run_cli(monkeypatch, capfd, "trace", "compare", out, "--json")
+    assert code == 0 and [r["name"] for r in json.loads(stdout)["rows"]] == ["plain", "dspark"]
+    code, _, err = run_cli(monkeypatch, capfd, "profile", "--torch", "--device", "cpu", "--out", out)
+    assert code == 2 and "never overwrite" in err
+
+
+def test_profile_refuses_bad_choices(monkeypatch, capfd):
+    assert "one of --nsys or --torch" in run_cli(monkeypatch, capfd, "profile")[2]
+    code, _, err = run_cli(monkeypatch, capfd, "profile", "--nsys", "--device", "cpu")
+    assert code == 2 and "needs a CUDA device" in err
+
+
+HELP = """usage: nsys profile [<args>] [application] [<application args>]
+ -t, --trace=  Possible values are 'cuda', 'nvtx', 'osrt', 'cublas', 'cudnn' or 'none'.
+ --python-backtrace=  --cudabacktrace=  --trace-fork-before-exec=  --cuda-graph-trace=
+ --capture-range=  --capture-range-end=  --sample=  --cpuctxsw=  --force-overwrite=  -o, --output="""
+
+
+def test_nsys_flags_follow_what_this_nsys_supports(tmp_path):
+    plan = plan_flags(Path("/x/nsys"), "default", [], help_text=HELP, version="2025.3.1", paranoid=1)
+    assert plan.flags == PRESETS["default"] and plan.dropped == []
+    old = HELP.replace("'cublas', 'cudnn'", "").replace("--python-backtrace=", "")
+    plan = plan_flags(Path("/x/nsys"), "default", ["--trace-fork=true", "--stats=false"], help_text=old,
+                      version="2023.4", paranoid=4)
+    assert plan.flags[:2] == ["-t", "cuda,nvtx,osrt"]
+    assert "--python-backtrace=cuda" not in plan.flags and "--trace-fork-before-exec=true" in plan.flags
+    assert plan.flags[-2:] == ["--sample=none", "--cpuctxsw=none"]  # CPU sampling is forbidden there
+    assert any("cublas" in d for d in plan.dropped) and any("--python-backtrace" in d for d in plan.dropped)
+    assert any("--stats" in d for d in plan.dropped) and any("perf_event_paranoid = 4" in d for d in plan.dropped)
+    lean = plan_flags(Path("/x/nsys"), "lean", [], help_text=HELP, version="v", paranoid=4)
+    assert lean.flags == PRESETS["lean"]  # lean already samples nothing
+    with pytest.raises(DSparkError, match="unknown --preset"):
+        plan_flags(Path("/x/nsys"), "fat", [], help_text=HELP, version="v", paranoid=1)
+
+    child = child_run_args(["--split", "qualitative"], "dspark", tmp_path / "dspark", "nsys")
+    assert child[1:4] == ["-m", "harness.cli", "run"] and child[-2:] == ["--profiled", "nsys"]
+    cmd = nsys_command(plan, tmp_path / "dspark", child)
+    assert cmd[:2] == ["/x/nsys", "profile"] and "--capture-range=cudaProfilerApi" in cmd
+    assert "--capture-range-end=stop" in cmd and cmd[cmd.index("--") + 1:] == child
+    (tmp_path / "dspark.nsys-rep").write_bytes(b"")
+    with pytest.raises(DSparkError, match="never overwrite"):
+        nsys_command(plan, tmp_path / "dspark", child)
+
+
+def test_finding_nsys(tmp_path, monkeypatch):
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("harness.profile.STANDARD_PLACES", (str(tmp_path / "none" / "*" / "nsys"),))
+    with pytest.raises(DSparkError, match=r"no working nsys found .*--nsys-path.*profile --torch"):
+        find_nsys()
+    with pytest.raises(DSparkError, match="--nsys-path /no/nsys: does not run"):
+        find_nsys("/no/nsys")
+    fake = tmp_path / "nsys"  # a real executable that answers --version, found on the PATH
+    fake.write_text("#!/bin/sh\necho 'NVIDIA Nsight Systems version 2025.3.1'\n")
+    fake.chmod(0o755)
+    assert find_nsys() == fake
