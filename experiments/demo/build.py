@@ -51,13 +51,13 @@ from harness.datasets import load as load_suite
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
             pretrain_steps=3000, target_steps=1500, draft_steps=4500, batch=16, max_answer=256, draft_layers=2,
-            samples=1, draft_source=True)
+            samples=1, draft_source=True, anchors=32)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
-              samples=1, files=60, pairs=400, draft_source=True)
+              samples=1, files=60, pairs=400, draft_source=True, anchors=32)
 SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64, window=64,
              pretrain_steps=10, target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, samples=1,
-             files=3, pairs=12, prompts=2, draft_source=True)
+             files=3, pairs=12, prompts=2, draft_source=True, anchors=8)
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,10 +180,11 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
         draft, start, opt_state = resumed
     log = _progress(name, size["draft_steps"], lambda parts: f"tau {parts[0].tau:.2f} ce {parts[0].ce:.3f}")
     train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=size["batch"], lr=1e-3, seed=seed,
-                                             checkpoint_every=500, loss=LossConfig(num_anchors=32)),
+                                             checkpoint_every=500, loss=LossConfig(num_anchors=size["anchors"])),
           out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
     _record(out, name, {"layers": size["draft_layers"], "markov_rank": rank, "block_size": 7,
-                        "taps": list(dcfg.target_layer_ids), "steps": size["draft_steps"], "batch": size["batch"], "anchors": 32, "lr": 1e-3,
+                        "taps": list(dcfg.target_layer_ids), "steps": size["draft_steps"], "batch": size["batch"],
+                        "anchors": size["anchors"], "lr": 1e-3,
                         "distilled_sequences": len(distilled), "source_windows": len(source), "seed": seed,
                         "device": device})
     save_draft(draft.to(torch.bfloat16), out / name, "deepspec", tcfg, with_embeddings=False)
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-steps", type=int, help="override the size's target instruction-tuning steps")
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
     ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
+    ap.add_argument("--anchors", type=int, help="override the anchors (blocks) drawn per training sequence")
     ap.add_argument("--corpus", type=Path, help="the corpus written by corpus.py on the pinned Python (default: build it)")
     ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes")
     ap.add_argument("--install", action="store_true", help="copy the models into the package, the figures here")
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.size = "smoke"
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
-    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers"):
+    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "anchors"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
