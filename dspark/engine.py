@@ -37,6 +37,7 @@ class GenerationResult:
     prompt_len: int
     tokens: list[int] = field(default_factory=list)  # all generated ids, the prefill token first
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens emitted per round
+    accepted_counts: list[int] = field(default_factory=list)  # drafts accepted per round (a stop token included)
     proposal_lengths: list[int] = field(default_factory=list)  # tokens verified per round
     stop_reason: str = "max_new_tokens"  # or "stop_token"
     prefill_s: float = 0.0
@@ -60,6 +61,7 @@ class GenerationResult:
             "num_tokens": len(self.tokens),
             "acceptance_lengths": self.acceptance_lengths,
             "proposal_lengths": self.proposal_lengths,
+            "accepted_counts": self.accepted_counts,
             "num_rounds": self.num_rounds,
             "acceptance_length": self.acceptance_length,
             "stop_reason": self.stop_reason,
@@ -206,6 +208,14 @@ class Engine:
         self.runner.reset()
         self.max_len = max_len
 
+    def release(self) -> None:
+        """Free the caches, state and graphs (the next request allocates and captures again)."""
+        self.runner.reset()
+        self.cache = self.state = self.steps = None
+        self.max_len = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _step_fns(self, cfg: GenerationConfig) -> dict[str, tuple[tuple, Callable[[], None], bool]]:
         """name -> (graph key, step, graphable)."""
         t, c = cfg.temperature, cfg.confidence_threshold
@@ -295,10 +305,12 @@ class Engine:
                 self._step(name, step)
             out = state.round_out.tolist()  # the round's one host-device synchronisation
             proposed, emitted = out[1], out[2 : 3 + out[0]]  # out[0] drafts accepted, then the next token
+            accepted = out[0]
             for i, tok in enumerate(emitted[:-1]):
-                if tok in stop:
-                    emitted = emitted[: i + 1]
+                if tok in stop:  # an accepted draft is a stop token: it is the last token, and no bonus follows
+                    emitted, accepted = emitted[: i + 1], i + 1
                     break
+            result.accepted_counts.append(accepted)
             result.proposal_lengths.append(proposed)
             result.acceptance_lengths.append(len(emitted))
             result.tokens.extend(emitted)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -72,13 +72,16 @@ class NativeBackend:
             if method != system.method:
                 raise DSparkError(f"system '{system.name}': {system.draft} is a {method} draft, but the experiment "
                                   f"says {system.method}; fix the experiment's method")
+            k = draft.config.num_drafts
+            if system.num_speculative_tokens not in (None, k):
+                raise DSparkError(f"system '{system.name}': {system.draft} proposes {k} tokens per round, but the "
+                                  f"experiment says {system.num_speculative_tokens}; fix num_speculative_tokens")
         return Prepared(system, Engine(self.model, drafter, timing=True), method)
 
     def warmup(self, prepared: Prepared, max_len: int, cfg: GenerationConfig, prompt: list[int]) -> None:
         """Caches for the longest request and graph capture, then one short request, all untimed."""
         prepared.engine.warmup(max_len, cfg)
-        prepared.engine.generate(prompt, GenerationConfig(max_new_tokens=min(16, cfg.max_new_tokens),
-                                                          temperature=cfg.temperature, seed=cfg.seed))
+        prepared.engine.generate(prompt, replace(cfg, max_new_tokens=min(16, cfg.max_new_tokens)))
 
     def generate(self, prepared: Prepared, prompt: list[int], cfg: GenerationConfig) -> GenerationResult:
         return prepared.engine.generate(prompt, cfg)

@@ -12,7 +12,8 @@ import random
 from collections.abc import Sequence
 
 
-def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int]) -> dict:
+def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int],
+               accepted_counts: Sequence[int] | None = None) -> dict:
     """Pooled over all rounds given (of any number of requests).
 
     - `spec_decode_acceptance_length`: tokens per round (1 + accepted / rounds), as vLLM;
@@ -20,7 +21,8 @@ def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int
     - `spec_decode_per_position_acceptance_rates`: joint, P(position k accepted | k proposed);
     - `spec_decode_conditional_acceptance_rates`: P(k accepted | k - 1 accepted and k proposed);
     - `spec_decode_acceptance_histogram`: rounds by accepted draft count (index 0..max proposed).
-    Positions no round proposed are None.
+    Positions no round proposed are None. `accepted_counts` (drafts accepted per round) default to
+    acceptance length - 1; they differ in a round whose accepted draft was a stop token (no bonus).
     """
     rounds = len(acceptance_lengths)
     if rounds == 0:
@@ -28,7 +30,7 @@ def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int
                 "spec_decode_num_draft_tokens": 0, "spec_decode_num_accepted_tokens": 0,
                 "spec_decode_per_position_acceptance_rates": [], "spec_decode_conditional_acceptance_rates": [],
                 "spec_decode_acceptance_histogram": []}
-    accepted = [n - 1 for n in acceptance_lengths]
+    accepted = list(accepted_counts) if accepted_counts is not None else [n - 1 for n in acceptance_lengths]
     k_max = max(proposal_lengths)
     proposed_at = [sum(d >= k for d in proposal_lengths) for k in range(1, k_max + 1)]
     accepted_at = [sum(a >= k for a in accepted) for k in range(1, k_max + 1)]
@@ -72,6 +74,21 @@ def latency_stats(name: str, values: Sequence[float]) -> dict:
 
 def geometric_mean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def speedup_macro(groups: Sequence[tuple[Sequence[float], Sequence[float]]], resamples: int = 2000,
+                  seed: int = 0) -> dict | None:
+    """The geometric mean over groups (categories) of each group's paired speedup, with a 95 %
+    bootstrap interval that resamples prompts within each group (a stratified bootstrap)."""
+    per = [[b / s for b, s in zip(base, mine) if b and s] for base, mine in groups]
+    per = [r for r in per if r]
+    if not per:
+        return None
+    rng = random.Random(seed)
+    boot = sorted(geometric_mean([geometric_mean([r[rng.randrange(len(r))] for _ in r]) for r in per])
+                  for _ in range(resamples))
+    return {"speedup": geometric_mean([geometric_mean(r) for r in per]),
+            "speedup_ci95": [percentile(boot, 2.5), percentile(boot, 97.5)], "speedup_pairs": sum(map(len, per))}
 
 
 def speedup(baseline_tpot: Sequence[float], system_tpot: Sequence[float], resamples: int = 2000,

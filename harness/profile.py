@@ -143,20 +143,22 @@ def plan_flags(nsys: Path, preset: str, extra: list[str], help_text: str | None 
                 flags.append(arg)
         i += 1
     if paranoid is not None and paranoid > 2 and not any(f.startswith(("--sample", "-s")) for f in flags):
-        flags += ["--sample=none", "--cpuctxsw=none"]
-        dropped.append(f"CPU sampling is unavailable here (perf_event_paranoid = {paranoid}): --sample=none")
+        backtraces = [f for f in flags if f.startswith(("--cudabacktrace", "--python-backtrace"))]
+        flags = [f for f in flags if f not in backtraces] + ["--sample=none", "--cpuctxsw=none"]
+        dropped.append(f"CPU sampling is unavailable here (perf_event_paranoid = {paranoid}): --sample=none"
+                       + (f", and without it {', '.join(backtraces)} (backtraces need sampling)" if backtraces else ""))
     return NsysPlan(nsys, version, flags, dropped)
 
 
 def nsys_command(plan: NsysPlan, output: Path, child: list[str]) -> list[str]:
     """`nsys profile` of `child`, writing `output`.nsys-rep (never over an existing file)."""
-    if output.with_suffix(".nsys-rep").exists():
+    if output.parent.joinpath(output.name + ".nsys-rep").exists():
         raise DSparkError(f"{output}.nsys-rep exists; profiles never overwrite earlier traces")
     return [str(plan.nsys), "profile", *plan.flags, *WINDOW, "--force-overwrite=false", "-o", str(output), "--", *child]
 
 
 def export_sqlite(nsys: Path, report: Path) -> Path:
-    out = report.with_suffix(".sqlite")
+    out = report.parent / (report.name.removesuffix(".nsys-rep") + ".sqlite")
     proc = subprocess.run([str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out),
                            str(report)], capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0 or not out.is_file():

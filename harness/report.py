@@ -11,17 +11,19 @@ from pathlib import Path
 
 from rich.table import Table
 
-from harness.metrics import acceptance, geometric_mean, latency_stats, speedup
+from harness.metrics import acceptance, latency_stats, speedup, speedup_macro
 from harness.results import read_requests
 
-BASELINE = "plain"
+BASELINE = "plain"  # the method of the baseline system
 
 
 def _pairs(records: list[dict], baseline: dict[tuple, dict]) -> tuple[list[float], list[float]]:
+    """TPOTs of the requests whose prompt equals the baseline's (a later turn's differs once an earlier
+    reply did)."""
     base, mine = [], []
     for r in records:
         b = baseline.get((r["question_id"], r["turn"], r["temperature"]))
-        if b is not None and b["tpot_ms"] and r["tpot_ms"]:
+        if b is not None and b["tpot_ms"] and r["tpot_ms"] and b.get("prompt_sha256") == r.get("prompt_sha256"):
             base.append(b["tpot_ms"])
             mine.append(r["tpot_ms"])
     return base, mine
@@ -30,10 +32,12 @@ def _pairs(records: list[dict], baseline: dict[tuple, dict]) -> tuple[list[float
 def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseline: bool) -> dict:
     lengths = [n for r in records for n in r["acceptance_lengths"]]
     proposals = [n for r in records for n in r["proposal_lengths"]]
+    accepted = [n for r in records for n in r.get("accepted_counts", [a - 1 for a in r["acceptance_lengths"]])]
     wall_s = sum(r["e2el_ms"] for r in records) / 1e3
     out_tokens = sum(r["output_tokens"] for r in records)
     row = {"requests": len(records), "output_tokens": out_tokens, "wall_s": wall_s,
-           "output_throughput": out_tokens / wall_s if wall_s else None, **acceptance(lengths, proposals)}
+           "output_throughput": out_tokens / wall_s if wall_s else None,
+           **acceptance(lengths, proposals, accepted)}
     for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
         row |= latency_stats(name, [r[name] for r in records])
     for kind in ("propose", "verify", "accept", "decode", "host"):
@@ -55,9 +59,11 @@ MACRO = ("spec_decode_acceptance_length", "spec_decode_acceptance_rate", "mean_t
 
 def summarize(records: list[dict]) -> dict:
     """{"rows": [...]}: one row per system x temperature x category, then each system x temperature's
-    `overall`: the macro average over categories (speedup: their geometric mean), with pooled counts."""
-    has_baseline = any(r["system"] == BASELINE for r in records)
-    baseline = {(r["question_id"], r["turn"], r["temperature"]): r for r in records if r["system"] == BASELINE}
+    `overall`: the macro average over categories (speedup: their geometric mean, with a bootstrap
+    interval stratified by category), with pooled counts."""
+    base_system = next((r["system"] for r in records if r["method"] == BASELINE), None)
+    has_baseline = base_system is not None
+    baseline = {(r["question_id"], r["turn"], r["temperature"]): r for r in records if r["system"] == base_system}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     order: list[str] = []
     for r in records:
@@ -79,13 +85,15 @@ def summarize(records: list[dict]) -> dict:
             for key in MACRO:
                 vals = [row[key] for row in per_cat if row[key] is not None]
                 overall[key] = sum(vals) / len(vals) if vals else None
-            speedups = [row["speedup"] for row in per_cat if row["speedup"]]
-            overall["speedup"] = geometric_mean(speedups) if speedups else None
+            macro = speedup_macro([_pairs(groups[(system, temp, c)], baseline) for c in cats]) if has_baseline \
+                else None
+            overall |= macro or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
             overall["pooled_acceptance_length"] = summarize_group(everything, {}, False)["spec_decode_acceptance_length"]
             rows += per_cat + [overall]
-    return {"rows": rows, "baseline": BASELINE if has_baseline else None,
-            "notes": "overall = macro average over categories (speedup: geometric mean); pooled_acceptance_length "
-                     "pools every round of every category"}
+    return {"rows": rows, "baseline": base_system,
+            "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
+                     "speedups, its interval a bootstrap stratified by category); counts, tokens, time and "
+                     "percentiles pool every request; pooled_acceptance_length pools every round"}
 
 
 def _fmt(v, digits: int = 2) -> str:
@@ -152,4 +160,4 @@ def to_csv(summary: dict) -> str:
 
 
 def summarize_folder(run_dir: Path) -> dict:
-    return summarize(read_requests(run_dir))
+    return summarize(read_requests(run_dir))  # read only: a torn last line is skipped, not cut

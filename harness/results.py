@@ -20,22 +20,23 @@ def request_key(record: dict) -> tuple:
     return (record["system"], record["question_id"], record["turn"], float(record["temperature"]))
 
 
-def read_requests(run_dir: Path) -> list[dict]:
-    """Finished requests; a torn last line (the process died while writing it) is dropped from the file."""
+def read_requests(run_dir: Path, repair: bool = False) -> list[dict]:
+    """Finished requests. A last line without its newline was torn (the process died while writing
+    it): it is skipped, and cut from the file when `repair` (only a resuming run writes)."""
     path = Path(run_dir) / REQUESTS
     if not path.is_file():
         return []
     data = path.read_bytes()
     records, good = [], 0
     for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if line.endswith(b"\n"):  # a bad line in the middle is not an interruption: refuse
-                raise DSparkError(f"{path}: a line is not JSON; the file was edited or is not a run") from None
-            break
+        except json.JSONDecodeError:  # a bad complete line is not an interruption: refuse
+            raise DSparkError(f"{path}: a line is not JSON; the file was edited or is not a run") from None
         good += len(line)
-    if good < len(data):
+    if repair and good < len(data):
         with path.open("r+b") as f:
             f.truncate(good)
     return records
@@ -65,6 +66,15 @@ class RunFolder:
             if before.get(key) != settings.get(key):
                 raise DSparkError(f"--resume {self.path}: '{key}' was {json.dumps(before.get(key))}, now "
                                   f"{json.dumps(settings.get(key))}; resume with the run's own arguments")
+
+    def check_inputs(self, inputs: dict) -> None:
+        """Exit unless the prompts, data files and models are those the run started with: a resumed run
+        must not mix other prompts or weights into its requests."""
+        manifest = self.manifest() or {}
+        for key, now in inputs.items():
+            if manifest.get(key) != now:
+                raise DSparkError(f"--resume {self.path}: the {key} differ from the run's (changed files, "
+                                  "another hub revision or other weights); start a new run")
 
     def append(self, record: dict) -> None:
         with (self.path / REQUESTS).open("a", encoding="utf-8") as f:

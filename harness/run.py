@@ -154,21 +154,24 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
     turns_of = {r.question_id: (list(r.turns) if settings["turns"] == "all" else [r.turns[0]]) for r in rows}
 
     prepared = {name: backend.prepare(exp.system(name)) for name in settings["systems"]}
-    if not opts.resume:
-        models = backend.models()
-        for p in prepared.values():
-            if p.system.draft:
-                models[p.system.name] = model_record(resolve_path(p.system.draft))
+    models = backend.models()
+    for p in prepared.values():
+        if p.system.draft:
+            models[p.system.name] = model_record(resolve_path(p.system.draft))
+    inputs = {"dataset": data.origin | {"selected": [r.question_id for r in rows]}, "models": models,
+              "tokenizer": tokenizer_record(backend.loaded.path, tokenizer)}
+    if opts.resume:
+        folder.check_inputs(inputs)
+    else:
         folder.create({"settings": settings, "experiment": {"path": exp.path, "sha256": exp.sha256,
                                                              "systems": [asdict(s) for s in exp.systems]},
-                       "dataset": data.origin | {"selected": [r.question_id for r in rows]},
-                       "models": models, "tokenizer": tokenizer_record(backend.loaded.path, tokenizer),
-                       "methods": {n: p.method for n, p in prepared.items()}, "profiled": opts.profiled or False,
-                       "provenance": provenance(opts.device)})
-    records = read_requests(folder.path)
+                       **inputs, "methods": {n: p.method for n, p in prepared.items()},
+                       "profiled": opts.profiled or False, "provenance": provenance(opts.device)})
+    records = read_requests(folder.path, repair=True)
     done = {request_key(r) for r in records}
     replies = {(r["system"], r["question_id"], r["temperature"], r["turn"]): r["output_text"] for r in records}
-    baseline = {(r["question_id"], r["turn"], r["temperature"]): r for r in records if r["system"] == "plain"}
+    base_name = next((n for n in settings["systems"] if prepared[n].method == "plain"), None)  # sorted first
+    baseline = {(r["question_id"], r["turn"], r["temperature"]): r for r in records if r["system"] == base_name}
     jobs = [(name, temp, row, turn) for name in settings["systems"] for temp in settings["temperatures"]
             for row in rows for turn in range(len(turns_of[row.question_id]))]
     pending = [j for j in jobs if (j[0], j[2].question_id, j[3], j[1]) not in done]
@@ -205,19 +208,22 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
                                        stop_token_ids=stop, confidence_threshold=p.system.confidence_threshold)
                 if (name, temp) not in warmed:
                     progress.update(task, description=f"{name} T={temp:g} (warm-up)")
+                    for other, q in prepared.items():  # one system's caches and graphs on the device at a time
+                        if other != name and not opts.profiled:
+                            q.engine.release()
                     warm(name, temp)
                 progress.update(task, description=f"{name} T={temp:g} {row.category}")
                 previous = [replies[(name, row.question_id, temp, t)] for t in range(turn)]
                 ids = _prompt_ids(tokenizer, turns_of[row.question_id][: turn + 1], previous)
                 result = backend.generate(p, ids, cfg)
                 record = _record(name, p.method, row, turn, temp, cfg.seed, ids, result, tokenizer, opts.device)
-                if temp == 0 and name != "plain" and "plain" in settings["systems"]:
+                if temp == 0 and base_name is not None and name != base_name:
                     base = baseline.get((row.question_id, turn, temp))
                     if base is not None and base["prompt_sha256"] == record["prompt_sha256"]:
                         record["matches_baseline"] = first_difference(result.tokens, base["output_ids"])
                 folder.append(record)
                 replies[(name, row.question_id, temp, turn)] = record["output_text"]
-                if name == "plain":
+                if name == base_name:
                     baseline[(row.question_id, turn, temp)] = record
                 progress.advance(task)
     except KeyboardInterrupt:
@@ -238,7 +244,8 @@ def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float,
         "prompt_sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest(), "output_tokens": n,
         "output_ids": result.tokens, "output_text": tokenizer.decode(result.tokens, skip_special_tokens=True),
         "stop_reason": result.stop_reason, "acceptance_lengths": result.acceptance_lengths,
-        "proposal_lengths": result.proposal_lengths, "num_rounds": result.num_rounds, "ttft_ms": ttft,
+        "proposal_lengths": result.proposal_lengths,
+        "accepted_counts": result.accepted_counts, "num_rounds": result.num_rounds, "ttft_ms": ttft,
         "tpot_ms": (e2el - ttft) / (n - 1) if n > 1 else None, "e2el_ms": e2el, "round_ms": result.round_ms,
         "matches_baseline": None, "peak_memory_bytes": peak_memory(device), "time_utc": time.time(),
     }

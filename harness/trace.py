@@ -21,6 +21,7 @@ import sqlite3
 from pathlib import Path
 
 from dspark.errors import DSparkError
+from harness.results import read_requests
 
 PROCESS_MASK = -(1 << 24)  # clears the thread bits of a globalTid (0xFFFFFFFFFF000000 as a signed 64-bit integer)
 RANGE_TYPES = "(59, 60, 70, 71)"
@@ -60,7 +61,7 @@ def connect(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise DSparkError(f"{path}: no such trace file")
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
         conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as exc:
         raise DSparkError(f"{path}: not an SQLite export ({exc}); export it with "
@@ -274,7 +275,8 @@ def diagnose(summary: dict, capture: dict, expect_method: str | None) -> list[st
     elif not expect_method and "target_verify" in ranges and not proposes:
         notes.append("Verify rounds ran but no <method>_propose range appears: the draft did not run its path; "
                      "check its format and method.")
-    if launches["graph_trace_rows"] or (launches["graph_launches"] and not launches["kernels_from_graphs_share"]):
+    # (the share is None where the trace cannot tell, as in a PyTorch profiler trace)
+    if launches["graph_trace_rows"] or (launches["graph_launches"] and launches["kernels_from_graphs_share"] == 0):
         notes.append(f"CUDA graphs were traced whole ({launches['graph_launches']} graph launches, their kernels "
                      "not listed): kernel tables under-count. Profile with --cuda-graph-trace=node.")
     return notes
@@ -362,7 +364,7 @@ def summarize_any(path: Path, expect_method: str | None = None) -> dict:
     if path.suffix == ".nsys-rep":
         from harness.profile import export_sqlite, find_nsys
 
-        sqlite_path = path.with_suffix(".sqlite")
+        sqlite_path = path.parent / (path.name.removesuffix(".nsys-rep") + ".sqlite")
         if not sqlite_path.is_file() or sqlite_path.stat().st_mtime < path.stat().st_mtime:
             export_sqlite(find_nsys(), path)
         path = sqlite_path
@@ -391,11 +393,8 @@ def load_inputs(paths: list[Path]) -> list[dict]:
                                   "dspark-bench profile")
             for f in summaries:
                 system = f.name.removesuffix(".summary.json")
-                tokens = None
-                requests = path / system / "requests.jsonl"
-                if requests.is_file():
-                    tokens = sum(json.loads(line)["output_tokens"] for line in requests.read_text().splitlines()
-                                 if line.strip())
+                records = read_requests(path / system)
+                tokens = sum(r["output_tokens"] for r in records) if records else None
                 items.append({"name": system, "summary": json.loads(f.read_text()), "output_tokens": tokens})
         else:
             items.append({"name": path.stem, "summary": summarize_any(path), "output_tokens": None})

@@ -97,3 +97,15 @@ def test_the_demo_suite_and_the_hub_message(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DSparkError, match="could not load nvidia/SPEED-Bench config 'qualitative'.*--dataset-path"):
         load("qualitative", source="hub")
+
+
+def test_a_torn_last_line_is_skipped_and_cut_only_on_resume(tmp_path):
+    from harness.results import read_requests
+
+    path = tmp_path / "requests.jsonl"
+    path.write_text('{"a": 1}\n{"b": 2}')  # killed before the newline: the record is not trusted
+    assert read_requests(tmp_path) == [{"a": 1}] and path.read_text().endswith('{"b": 2}')  # reading writes nothing
+    assert read_requests(tmp_path, repair=True) == [{"a": 1}] and path.read_text() == '{"a": 1}\n'
+    path.write_text('{"a": 1}\n{oops\n{"c": 3}\n')
+    with pytest.raises(DSparkError, match="a line is not JSON"):
+        read_requests(tmp_path)

@@ -164,3 +164,27 @@ def test_timed_generation_reports_each_round_and_changes_nothing():
     assert set(spec.round_ms) == {"propose", "verify", "accept", "host"}
     assert all(len(v) == spec.num_rounds and min(v) >= 0 for v in spec.round_ms.values())
     assert sum(map(sum, spec.round_ms.values())) <= spec.decode_s * 1e3 + 1.0  # rounds fit in the decode time
+
+
+def test_a_stop_token_among_the_accepted_drafts_ends_the_round_without_a_bonus():
+    """accepted_counts holds the drafts a round accepted, the stop token included; the round emits
+    exactly those (acceptance length = accepted, not accepted + 1)."""
+    from pairs import bigram_pair
+
+    target, draft = bigram_pair(dtype=torch.float32)
+    prompt = list(range(1, 20))
+    free = Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(max_new_tokens=60))
+    assert free.accepted_counts == [n - 1 for n in free.acceptance_lengths]
+    # a token that first appears inside a round, as an accepted draft that is not the round's last token
+    start = 1
+    for n, a in zip(free.acceptance_lengths, free.accepted_counts):
+        for j in range(min(a, n - 1)):
+            tok = free.tokens[start + j]
+            if tok not in free.tokens[:start + j]:
+                stopped = Engine(target, BlockDrafter(draft)).generate(
+                    prompt, GenerationConfig(max_new_tokens=60, stop_token_ids=(tok,)))
+                assert stopped.tokens == free.tokens[: start + j + 1] and stopped.stop_reason == "stop_token"
+                assert stopped.accepted_counts[-1] == stopped.acceptance_lengths[-1] == j + 1
+                return
+        start += n
+    pytest.fail("no accepted draft token to stop on")

@@ -53,3 +53,19 @@ def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is True
     assert first_difference([1, 9, 3], [1, 2, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_a_stop_token_accepted_as_a_draft_counts_as_accepted():
+    # the last round accepted 2 drafts, the second a stop token: 2 tokens emitted and no bonus
+    m = acceptance([3, 2], [3, 3], accepted_counts=[2, 2])
+    assert m["spec_decode_num_accepted_tokens"] == 4 and m["spec_decode_acceptance_histogram"] == [0, 0, 2, 0]
+
+
+def test_macro_speedup_and_its_interval_describe_the_same_number():
+    from harness.metrics import speedup_macro
+
+    # one category of one prompt at 3x, one of 99 prompts at 1x: the macro speedup is sqrt(3)
+    s = speedup_macro([([3.0], [1.0]), ([1.0] * 99, [1.0] * 99)])
+    assert s["speedup"] == pytest.approx(math.sqrt(3)) and s["speedup_pairs"] == 100
+    lo, hi = s["speedup_ci95"]
+    assert lo <= s["speedup"] <= hi

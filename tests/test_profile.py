@@ -65,7 +65,9 @@ def test_nsys_flags_follow_what_this_nsys_supports(tmp_path):
                       version="2023.4", paranoid=4)
     assert plan.flags[:2] == ["-t", "cuda,nvtx,osrt"]
     assert "--python-backtrace=cuda" not in plan.flags and "--trace-fork-before-exec=true" in plan.flags
-    assert plan.flags[-2:] == ["--sample=none", "--cpuctxsw=none"]  # CPU sampling is forbidden there
+    assert plan.flags[-2:] == ["--sample=none", "--cpuctxsw=none"]  # CPU sampling is forbidden there,
+    assert "--cudabacktrace=all" not in plan.flags  # and backtraces need it
+    assert any("--cudabacktrace=all" in d for d in plan.dropped)
     assert any("cublas" in d for d in plan.dropped) and any("--python-backtrace" in d for d in plan.dropped)
     assert any("--stats" in d for d in plan.dropped) and any("perf_event_paranoid = 4" in d for d in plan.dropped)
     lean = plan_flags(Path("/x/nsys"), "lean", [], help_text=HELP, version="v", paranoid=4)

@@ -175,3 +175,25 @@ def test_dry_run_of_the_qwen3_8b_experiment_against_stand_ins(tmp_path):
     save_draft(random_draft(bad, other), next(path.iterdir()), "deepspec", tcfg)
     proc = _process(["run", "--experiment", "qwen3-8b", "--dry-run"], tmp_path, env)
     assert proc.returncode == 1 and "NO" in proc.stdout
+
+
+@needs_demo
+def test_custom_experiment_baseline_by_method_and_input_checks(tmp_path, monkeypatch, capfd):
+    exp = tmp_path / "mine.toml"
+    exp.write_text('name = "mine"\ntarget = "demo"\ndataset = "demo"\n[sampling]\ntemperatures = [0.0]\n'
+                   'output_len = 10\n[[systems]]\nname = "baseline"\nmethod = "plain"\n'
+                   '[[systems]]\nname = "spark"\ndraft = "demo-dspark"\nmethod = "dspark"\n')
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"question_id": f"q{i}", "category": "coding", "turns": [t]}) + "\n"
+                            for i, t in enumerate(["Write a function `add(a, b)`.", "Write `is_even(n)`."])))
+    args = ["run", "--experiment", exp, "--dataset-path", data, "--device", "cpu"]
+    code, out, err = run_cli(monkeypatch, capfd, *args, "--out", tmp_path / "r", "--json")
+    assert code == 0, err
+    spark = next(r for r in json.loads(out)["rows"] if r["system"] == "spark" and r["category"] == "overall")
+    assert spark["speedup"] is not None and spark["matches_baseline"] == 2  # the plain system, whatever its name
+    data.write_text(data.read_text().replace("add(a, b)", "sub(a, b)"))  # the prompts changed under the run
+    code, _, err = run_cli(monkeypatch, capfd, *args, "--resume", tmp_path / "r")
+    assert code == 2 and "the dataset differ from the run's" in err
+    exp.write_text(exp.read_text().replace('method = "dspark"\n', 'method = "dspark"\nnum_speculative_tokens = 5\n'))
+    code, _, err = run_cli(monkeypatch, capfd, *args, "--out", tmp_path / "r2")
+    assert code == 2 and "proposes 7 tokens per round, but the experiment says 5" in err
