@@ -31,7 +31,7 @@ from harness.experiments import Experiment, load_experiment
 from harness.metrics import first_difference
 from harness.profile import capture_window
 from harness.provenance import provenance
-from harness.report import markdown, summarize, table, to_csv
+from harness.report import markdown, plot, summarize, table, to_csv
 from harness.results import RunFolder, read_requests, request_key
 
 
@@ -257,6 +257,8 @@ def write_summaries(folder: RunFolder) -> dict:
     folder.write_json("summary.json", {"settings": manifest.get("settings"), **summary})
     folder.write_text("summary.csv", to_csv(summary))
     folder.write_text("summary.md", markdown(summary, f"run {folder.path.name}"))
+    if summary["rows"]:
+        plot(summary, folder.path / "summary.png", f"run {folder.path.name}")
     return summary
 
 

@@ -44,7 +44,8 @@ def test_readme_main_command(tmp_path):
         assert f"│ {system}" in proc.stdout
     (run_dir,) = (tmp_path / "results").iterdir()
     assert {p.name for p in run_dir.iterdir()} >= {"manifest.json", "requests.jsonl", "summary.json", "summary.csv",
-                                                   "summary.md"}
+                                                   "summary.md", "summary.png"}
+    assert (run_dir / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     records = read_requests(run_dir)
     assert len(records) == 4 * 2 * 8  # systems x temperatures x prompts
     assert {r["category"] for r in records} == {"coding"}
