@@ -503,6 +503,9 @@ def trace_summarize(
         for c in cols:
             t.add_column(c, justify="left" if c in ("range", "name", "category") else "right",
                          overflow="ellipsis", max_width=60 if c == "name" else None)
+        if s[key] is None:
+            out.print(f"{key}: not in this trace", style="dim")
+            continue
         for row in s[key][:25]:
             t.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols])
         out.print(t)

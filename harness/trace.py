@@ -255,7 +255,7 @@ def diagnose(summary: dict, capture: dict, expect_method: str | None) -> list[st
     notes = []
     launches, processes = summary["launches"], summary["processes"]
     forked = capture.get("TRACE_AFTER_FORK_BEFORE_EXEC")
-    gpu_ops = launches["kernels"] + launches["graph_trace_rows"] + sum(m["count"] for m in summary["memory_ops"])
+    gpu_ops = launches["kernels"] + launches["graph_trace_rows"] + sum(m["count"] for m in summary["memory_ops"] or [])
     if gpu_ops == 0 and not any(p["api_rows"] for p in processes):
         notes.append("No process in the trace did GPU work: the process that did was not traced. If it was forked "
                      "(a multiprocessing or engine worker), profile with --trace-fork-before-exec=true, or start "
@@ -349,6 +349,9 @@ def summarize_torch(path: Path, expect_method: str | None = None) -> dict:
     if not kernels:
         unavailable += ["kernels", "categories", "memory_ops", "api", "projection", "launches.graph_launches"]
     out["unavailable"] = unavailable
+    for key in unavailable:  # what the profiler cannot provide is null, not empty
+        if "." not in key:
+            out[key] = None
     # a CPU-only trace has no GPU work by design: keep only the notes that do not depend on it
     out["diagnosis"] = [d for d in diagnose(out, {}, expect_method)
                         if kernels or not ("kernel rows" in d or "GPU work" in d)]
@@ -410,11 +413,12 @@ def compare(items: list[dict]) -> dict:
         ranges = {r["range"]: r for r in s["nvtx"]}
         steps = {name: ranges[name]["total_ns"] if name in ranges else None for name in STEP_RANGES}
         propose = {r: v["total_ns"] for r, v in ranges.items() if r and r.endswith("_propose")}
-        gpu_ns = sum(c["total_ns"] for c in s["categories"])
+        gpu_ns = sum(c["total_ns"] for c in s["categories"] or [])
         tokens = it["output_tokens"] if "kernels" not in s.get("unavailable", []) else None  # a CPU-only trace
         rows.append({
             "name": it["name"],
-            "categories": {c["category"]: {"share": c["share"], "instances": c["instances"]} for c in s["categories"]},
+            "categories": {c["category"]: {"share": c["share"], "instances": c["instances"]}
+                           for c in s["categories"] or []},
             "ranges_ns": steps | propose,
             "kernels": s["launches"]["kernels"], "graph_launches": s["launches"]["graph_launches"],
             "gpu_ns": gpu_ns, "output_tokens": tokens,

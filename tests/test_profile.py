@@ -36,7 +36,7 @@ def test_profile_torch_captures_only_the_timed_requests(tmp_path, monkeypatch, c
         assert ranges["prefill"]["instances"] == len(records) == 2 and "warmup" not in ranges
         rounds = sum(r["num_rounds"] or r["output_tokens"] - 1 for r in records)
         assert ranges[step]["instances"] == rounds
-        assert "kernels" in summary["unavailable"] and summary["diagnosis"] == []
+        assert "kernels" in summary["unavailable"] and summary["kernels"] is None and summary["diagnosis"] == []
     dspark = result["rows"][1]
     assert dspark["ranges_ns"]["target_verify"] > 0 and dspark["kernels_per_token"] is None  # no GPU on a CPU
     code, stdout, _ = run_cli(monkeypatch, capfd, "trace", "compare", out, "--json")
