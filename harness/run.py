@@ -179,8 +179,9 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
         console.print(f"resuming {folder.path}: {len(jobs) - len(pending)} of {len(jobs)} requests already done")
 
     # the longest request: every user turn, and at most output_len tokens (plus template) per reply
-    longest = max(len(_prompt_ids(tokenizer, turns_of[r.question_id], [])) + len(turns_of[r.question_id])
-                  * (settings["output_len"] + 16) for r in rows)
+    longest = min(max(len(_prompt_ids(tokenizer, turns_of[r.question_id], [])) + len(turns_of[r.question_id])
+                      * (settings["output_len"] + 16) for r in rows),
+                  backend.model.config.max_position_embeddings + 16)  # no request may exceed the target's limit
     warmed: set[tuple] = set()
 
     def warm(name: str, temp: float) -> None:
