@@ -88,8 +88,11 @@ def _fused(module: nn.Module, attr: str, parts: list[nn.Linear]) -> tuple[Tensor
     cached = getattr(module, attr, None)
     first = parts[0].weight
     if cached is None or cached[0].data_ptr() != first.data_ptr() or cached[0].dtype != first.dtype:
-        weight = torch.cat([p.weight.detach() for p in parts])
-        bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+        # built as a normal tensor even inside inference mode: the parameters become views of it, and
+        # a model that generated must still train afterwards
+        with torch.inference_mode(False), torch.no_grad():
+            weight = torch.cat([p.weight.detach() for p in parts])
+            bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
         offset = 0
         for p in parts:
             rows = p.weight.shape[0]

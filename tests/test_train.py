@@ -207,3 +207,14 @@ def test_a_padded_batch_of_sequences_trains_each_block_as_alone():
     assert batched.slots == sum(p.slots for p in alone)
     twice = draft_loss(draft, *(torch.stack([t, t]) for t in (f, lg, i, m)), torch.stack([a, a]), LossConfig())
     assert abs(twice.loss.item() - alone[-1].loss.item()) < 1e-9  # the batch mean of equal rows is the row's
+
+
+def test_a_model_that_generated_can_still_train():
+    """Generation fuses projection weights inside inference mode; the parameters must stay trainable."""
+    from dspark.train import TrainArgs, train
+
+    target, draft = random_pair(dtype=torch.float32)
+    Engine(target, BlockDrafter(draft)).generate(list(range(1, 12)), GenerationConfig(max_new_tokens=12))
+    before = [p.detach().clone() for p in trainable_parameters(draft)]
+    train(target, draft, _examples(n=2), TrainArgs(steps=2, batch=2, lr=1e-2))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainable_parameters(draft)))
