@@ -51,13 +51,13 @@ from harness.datasets import load as load_suite
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
             pretrain_steps=3000, target_steps=1500, draft_steps=4500, batch=16, max_answer=256, draft_layers=2,
-            samples=1, draft_source=True, anchors=32)
+            samples=1, draft_source=True, anchors=32, continuations=0)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
-              samples=1, files=60, pairs=400, draft_source=True, anchors=32)
+              samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0)
 SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64, window=64,
              pretrain_steps=10, target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, samples=1,
-             files=3, pairs=12, prompts=2, draft_source=True, anchors=8)
+             files=3, pairs=12, prompts=2, draft_source=True, anchors=8, continuations=4)
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,8 +143,10 @@ def _progress(stage: str, total: int, describe):
     return on_step
 
 
-def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], size: dict, seed: int) -> list:
-    """The target's own answers to the training instructions: greedy, plus `samples` at temperature 1."""
+def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], texts: list[str], size: dict,
+            seed: int) -> list:
+    """The target's own answers to the training instructions (greedy, plus `samples` at temperature 1),
+    and its sampled continuations of `continuations` source windows (contexts it has not memorised)."""
     path = out / "distilled.pt"
     if path.is_file():
         return torch.load(path, weights_only=True)
@@ -154,9 +156,19 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], size: 
         outputs = distill_mod.answers(target, prompts, size["max_answer"], 0.0 if s == 0 else 1.0,
                                       target.config.eos_token_ids, seed * 1000 + s)
         rows += distill_mod.examples(prompts, outputs)
+    starts = []
+    if size["continuations"]:
+        gen = torch.Generator().manual_seed(seed + 17)
+        source = windows(tokenizer, texts, size["window"])
+        picks = torch.randperm(len(source), generator=gen)[: size["continuations"]].tolist()
+        starts = [source[i][0][: size["window"] // 4].tolist() for i in picks]
+        outputs = distill_mod.answers(target, starts, size["max_answer"], 1.0, target.config.eos_token_ids,
+                                      seed * 1000 + 999)
+        rows += distill_mod.examples(starts, outputs)
     torch.save(rows, path)
     _record(out, "distill", {"instructions": len(prompts), "greedy": 1, "samples_t1": size["samples"],
-                             "max_answer": size["max_answer"], "sequences": len(rows), "seed": seed})
+                             "continuations_t1": len(starts), "max_answer": size["max_answer"],
+                             "sequences": len(rows), "seed": seed})
     return rows
 
 
@@ -240,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
     ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
     ap.add_argument("--anchors", type=int, help="override the anchors (blocks) drawn per training sequence")
+    ap.add_argument("--samples", type=int, help="override the temperature-1 answers distilled per instruction")
+    ap.add_argument("--continuations", type=int, help="override the source windows the target continues (T = 1)")
     ap.add_argument("--corpus", type=Path, help="the corpus written by corpus.py on the pinned Python (default: build it)")
     ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes")
     ap.add_argument("--install", action="store_true", help="copy the models into the package, the figures here")
@@ -247,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.size = "smoke"
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
-    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "anchors"):
+    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "anchors", "samples", "continuations"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
@@ -265,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = corpus["pairs"]
     tokenizer, target = build_target(out, corpus, size, args.seed, device)
     print(f"[target] ready {time.perf_counter() - t0:.0f}s", flush=True)
-    distill(out, tokenizer, target, pairs, size, args.seed)
+    distill(out, tokenizer, target, pairs, list(corpus["files"].values()), size, args.seed)
     if size["draft_source"] and not (out / "windows.pt").is_file():
         torch.save(windows(tokenizer, list(corpus["files"].values()), size["window"]), out / "windows.pt")
     print(f"[distill] ready {time.perf_counter() - t0:.0f}s", flush=True)
