@@ -90,11 +90,12 @@ class StepTimer:
         self.current: dict[str, tuple] = {}
         self.t0 = 0.0
 
-    def start_round(self) -> None:
-        self.current, self.t0 = {}, time.perf_counter()
-
-    def end_round(self) -> None:
-        self.rounds.append(((time.perf_counter() - self.t0) * 1e3, self.current))
+    def next_round(self) -> None:
+        """Close the open round (if any) and open the next; called once more after the last round."""
+        now = time.perf_counter()
+        if self.t0:
+            self.rounds.append(((now - self.t0) * 1e3, self.current))
+        self.current, self.t0 = {}, now
 
     def begin(self):
         if self.cuda:
@@ -294,9 +295,7 @@ class Engine:
         timer = self.timer = StepTimer(self.device) if self.timing else None
         while len(result.tokens) < cfg.max_new_tokens and result.tokens[-1] not in stop:
             if timer is not None:
-                if timer.t0:
-                    timer.end_round()
-                timer.start_round()
+                timer.next_round()
             if self.drafter is None:
                 self._step("ar_decode", steps["ar_decode"])
                 result.tokens.append(int(state.anchor))
@@ -315,8 +314,8 @@ class Engine:
             result.acceptance_lengths.append(len(emitted))
             result.tokens.extend(emitted)
             self._history.extend(emitted)
-        if timer is not None and timer.t0:
-            timer.end_round()
+        if timer is not None:
+            timer.next_round()
         _sync(self.device)
         result.decode_s = time.perf_counter() - t1
         if timer is not None:

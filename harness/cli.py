@@ -432,7 +432,7 @@ def profile(
     opts = RunOptions(split=split, categories=[c.strip() for c in category.split(",")] if category else None,
                       experiment=experiment, systems=[s.strip() for s in systems.split(",")] if systems else None,
                       device=dev)
-    names = resolve_settings(opts, exp)["systems"]
+    settings = resolve_settings(opts, exp)
     run_args = ["--split", split, "--experiment", experiment, "--device", dev, "--dtype", dtype]
     for flag, value in (("--category", category), ("--dataset-path", dataset_path), ("--num-prompts", num_prompts),
                         ("--output-len", output_len), ("--temperature", temperature), ("--turns", turns),
@@ -440,10 +440,13 @@ def profile(
         if value is not None:
             run_args += [flag, str(value)]
     run_args += ["--ignore-eos"] * ignore_eos + ["--disable-shuffle"] * disable_shuffle
-    folder = Path(out_dir) if out_dir else default_out(resolve_settings(opts, exp)).with_name(
-        default_out(resolve_settings(opts, exp)).name + "-profile")
-    result = profile_run(run_args, [(n, exp.system(n).method) for n in names], kind, folder, err, preset, nsys_path,
-                         nsys_arg)
+    if out_dir:
+        folder = Path(out_dir)
+    else:
+        default = default_out(settings)
+        folder = default.with_name(default.name + "-profile")
+    result = profile_run(run_args, [(n, exp.system(n).method) for n in settings["systems"]], kind, folder, err,
+                         preset, nsys_path, nsys_arg)
     if as_json:
         print(json.dumps({"profile_dir": str(folder), **result}))
     else:
@@ -453,7 +456,7 @@ def profile(
 def _print_comparison(result: dict, title: str) -> None:
     rows = result["rows"]
     cats = sorted({c for r in rows for c in r["categories"]})
-    ranges = [n for n in dict.fromkeys(k for r in rows for k in r["ranges_ns"])]
+    ranges = list(dict.fromkeys(k for r in rows for k in r["ranges_ns"]))
     t = Table(title=title)
     t.add_column("")
     for r in rows:

@@ -95,14 +95,7 @@ def speedup(baseline_tpot: Sequence[float], system_tpot: Sequence[float], resamp
             seed: int = 0) -> dict | None:
     """Geometric mean over prompts of baseline TPOT / system TPOT (paired: index i is one prompt in
     both), with a 95 % percentile-bootstrap interval over prompts. None without pairs."""
-    ratios = [b / s for b, s in zip(baseline_tpot, system_tpot) if b and s]
-    if not ratios:
-        return None
-    rng = random.Random(seed)
-    n = len(ratios)
-    boot = sorted(geometric_mean([ratios[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
-    return {"speedup": geometric_mean(ratios), "speedup_ci95": [percentile(boot, 2.5), percentile(boot, 97.5)],
-            "speedup_pairs": n}
+    return speedup_macro([(baseline_tpot, system_tpot)], resamples, seed)
 
 
 def first_difference(tokens: Sequence[int], baseline: Sequence[int]) -> bool | int:

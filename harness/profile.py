@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark.errors import DSparkError
+from harness.results import RunFolder
+from harness.trace import compare, load_inputs, summarize_any
 
 # The published DSpark traces' options; `lean` keeps files small.
 PRESETS = {
@@ -173,10 +174,6 @@ def child_run_args(run_args: list[str], system: str, out: Path, kind: str) -> li
             "--profiled", kind]
 
 
-def write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=1, default=str))
-
-
 def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, out_dir: Path, console,
                 preset: str = "default", nsys_path: str | None = None, nsys_args: list[str] | None = None) -> dict:
     """Profile each (system, method) in its own child `run`; returns the comparison of their summaries.
@@ -184,11 +181,10 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
     `out_dir` gets, per system: the child's run folder `<system>/`, its trace (`<system>.nsys-rep` and
     `<system>.sqlite`, or `<system>/trace.torch.json`), `<system>.summary.json` and `<system>.log`;
     and `profile.json`: what was run, with which nsys and flags, and what was dropped."""
-    from harness.trace import compare, load_inputs, summarize_any
-
     if out_dir.exists():
         raise DSparkError(f"{out_dir} exists; profiles never overwrite earlier traces (give another --out)")
     out_dir.mkdir(parents=True)
+    folder = RunFolder(out_dir)
     plan = None
     if kind == "nsys":
         plan = plan_flags(find_nsys(nsys_path), preset, nsys_args or [])
@@ -202,7 +198,7 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
         child = child_run_args(run_args, system, out_dir / system, kind)
         cmd = nsys_command(plan, out_dir / system, child) if plan else child
         record["commands"][system] = cmd
-        write_json(out_dir / "profile.json", record)
+        folder.write_json("profile.json", record)
         console.print(f"profiling {system} ({kind})", highlight=False)
         with (out_dir / f"{system}.log").open("w") as log:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="160")).returncode
@@ -211,5 +207,5 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
             raise DSparkError(f"profiling {system} failed (exit {rc}: {tail[0]}); see {out_dir / (system + '.log')}")
         trace = export_sqlite(plan.nsys, out_dir / f"{system}.nsys-rep") if plan else out_dir / system / "trace.torch.json"
         summary = summarize_any(trace, expect_method=method if method not in ("plain", "ngram") else None)
-        write_json(out_dir / f"{system}.summary.json", summary)
+        folder.write_json(f"{system}.summary.json", summary)
     return compare(load_inputs([out_dir]))

@@ -81,14 +81,14 @@ def summarize(records: list[dict]) -> dict:
                 per_cat.append(row)
             everything = [r for c in cats for r in groups[(system, temp, c)]]
             overall = {"system": system, "method": per_cat[0]["method"], "temperature": temp, "category": "overall",
-                       **summarize_group(everything, baseline, has_baseline)}
+                       **summarize_group(everything, baseline, False)}  # pooled; its speedup is the macro one below
+            overall["pooled_acceptance_length"] = overall["spec_decode_acceptance_length"]
             for key in MACRO:
                 vals = [row[key] for row in per_cat if row[key] is not None]
                 overall[key] = sum(vals) / len(vals) if vals else None
             macro = speedup_macro([_pairs(groups[(system, temp, c)], baseline) for c in cats]) if has_baseline \
                 else None
             overall |= macro or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
-            overall["pooled_acceptance_length"] = summarize_group(everything, {}, False)["spec_decode_acceptance_length"]
             rows += per_cat + [overall]
     return {"rows": rows, "baseline": base_system,
             "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "

@@ -98,6 +98,15 @@ def _stats(source: str, keys: list[str], count_name: str = "instances") -> str:
     ORDER BY total_ns DESC"""
 
 
+def _categories_sql(ops: str) -> str:
+    """Per category: instances, total time and share of all of `ops` (a SELECT of category, dur)."""
+    return f"""
+        WITH ops AS ({ops})
+        SELECT category, COUNT(*) AS instances, SUM(dur) AS total_ns,
+               1.0 * SUM(dur) / (SELECT SUM(dur) FROM ops) AS share
+        FROM ops GROUP BY category ORDER BY total_ns DESC"""
+
+
 def _rows(conn, sql: str, params: tuple = ()) -> list[dict]:
     cur = conn.execute(sql, params)
     names = [d[0] for d in cur.description]
@@ -119,7 +128,7 @@ def _ranges_sql(tables: set[str]) -> str:
     WHERE e.eventType IN {RANGE_TYPES}"""
 
 
-def _gpu_ops_sql(conn, tables: set[str]) -> str:
+def _gpu_ops_sql(tables: set[str]) -> str:
     """Kernels, memcpys and memsets: start, end, correlationId, globalPid, kind."""
     parts = []
     for table, kind in (("CUPTI_ACTIVITY_KIND_KERNEL", "kernel"), ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
@@ -173,22 +182,18 @@ def summarize(path: Path, expect_method: str | None = None) -> dict:
         parts.append(f"SELECT kernel_category(name) AS category, dur FROM ({kernels_sql})")
     if memops:
         parts.append(f"SELECT '{MEMORY_CATEGORY}' AS category, dur FROM ({' UNION ALL '.join(memops)})")
-    out["categories"] = _rows(conn, f"""
-        WITH ops AS ({' UNION ALL '.join(parts)})
-        SELECT category, COUNT(*) AS instances, SUM(dur) AS total_ns,
-               1.0 * SUM(dur) / (SELECT SUM(dur) FROM ops) AS share
-        FROM ops GROUP BY category ORDER BY total_ns DESC""") if parts else []
+    out["categories"] = _rows(conn, _categories_sql(" UNION ALL ".join(parts))) if parts else []
 
     has_api = "CUPTI_ACTIVITY_KIND_RUNTIME" in tables
-    out["api"] = [dict(r, calls=r.pop("instances")) for r in _rows(conn, _stats(
-        "SELECT api_name(s.value) AS name, r.end - r.start AS dur FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
-        "JOIN StringIds s ON s.id = r.nameId", ["name"]))] if has_api else []
+    out["api"] = _rows(conn, _stats("SELECT api_name(s.value) AS name, r.end - r.start AS dur "
+                                    "FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId",
+                                    ["name"], "calls")) if has_api else []
 
     out["projection"], out["busy"] = [], []
     if has_nvtx and has_api:
         conn.execute(f"""CREATE TEMP TABLE launched AS
             SELECT r.globalTid AS globalTid, r.start AS astart, r.end AS aend, g.start AS gstart, g.end AS gend
-            FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN ({_gpu_ops_sql(conn, tables)}) g
+            FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN ({_gpu_ops_sql(tables)}) g
               ON g.correlationId = r.correlationId AND g.globalPid = (r.globalTid & {PROCESS_MASK})""")
         conn.execute("CREATE INDEX temp.launched_tid ON launched(globalTid, astart)")
         out["projection"] = _rows(conn, """
@@ -302,31 +307,21 @@ def summarize_torch(path: Path, expect_method: str | None = None) -> dict:
                      [(e.get("cat"), e.get("name"), e.get("pid") if isinstance(e.get("pid"), int) else -1,
                        round(float(e.get("dur", 0)) * 1000)) for e in events])
 
-    def cat_rows(cats: str, keys: list[str], extra: str = "") -> list[dict]:
+    def cat_rows(cats: str, keys: list[str], count_name: str = "instances") -> list[dict]:
         return _rows(conn, _stats(f"SELECT NULL AS domain, name AS range, 'PushPop' AS style, name, dur FROM ev "
-                                  f"WHERE cat IN ({cats}) {extra}", keys))
+                                  f"WHERE cat IN ({cats})", keys, count_name))
 
     out: dict = {"file": str(path), "schema": {"format": "pytorch-chrome-trace",
                                                 "schemaVersion": trace.get("schemaVersion")}, "capture": {}}
     out["nvtx"] = cat_rows("'user_annotation'", ["domain", "range", "style"])
-    for r in out["nvtx"]:
-        r.pop("name", None)
-    out["kernels"] = [{k: v for k, v in r.items() if k in ("name", "instances", "total_ns", "avg_ns", "med_ns",
-                                                           "min_ns", "max_ns", "stddev_ns")}
-                      for r in cat_rows("'kernel'", ["name"])]
+    out["kernels"] = cat_rows("'kernel'", ["name"])
     for row in out["kernels"]:
         row["category"] = kernel_category(row["name"])
-    out["memory_ops"] = [{"name": r["name"], "count": r["instances"], **{k: r[k] for k in (
-        "total_ns", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns")}}
-        for r in cat_rows("'gpu_memcpy', 'gpu_memset'", ["name"])]
-    out["categories"] = _rows(conn, f"""
-        WITH ops AS (SELECT CASE WHEN cat = 'kernel' THEN kernel_category(name) ELSE '{MEMORY_CATEGORY}' END
-                            AS category, dur FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset'))
-        SELECT category, COUNT(*) AS instances, SUM(dur) AS total_ns, 1.0 * SUM(dur) / (SELECT SUM(dur) FROM ops)
-               AS share FROM ops GROUP BY category ORDER BY total_ns DESC""")
-    out["api"] = [{"name": r["name"], "calls": r["instances"], **{k: r[k] for k in (
-        "total_ns", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns")}}
-        for r in cat_rows("'cuda_runtime', 'cuda_driver'", ["name"])]
+    out["memory_ops"] = cat_rows("'gpu_memcpy', 'gpu_memset'", ["name"], "count")
+    out["categories"] = _rows(conn, _categories_sql(
+        f"SELECT CASE WHEN cat = 'kernel' THEN kernel_category(name) ELSE '{MEMORY_CATEGORY}' END AS category, dur "
+        "FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"))
+    out["api"] = cat_rows("'cuda_runtime', 'cuda_driver'", ["name"], "calls")
     ranges = {r["range"]: r for r in out["nvtx"]}
     out["projection"] = [{"domain": None, "range": r["name"], "style": "PushPop",
                           "range_instances": ranges.get(r["name"], {}).get("instances"),

@@ -72,11 +72,6 @@ def distinct_4gram_ratio(tokens: list[int]) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
-def _stored(model: torch.nn.Module) -> torch.nn.Module:
-    """The model as it ships: weights rounded to bfloat16 (kept in float32 for the next stages)."""
-    return model.to(torch.bfloat16).to(torch.float32)
-
-
 def _load_target(out: Path, device: str) -> Qwen3Target:
     return load_target(out / "target", device=device, dtype="float32").model
 
@@ -97,6 +92,16 @@ def windows(tokenizer, texts: list[str], size: int) -> list[tuple[torch.Tensor, 
     return out
 
 
+def source_windows(out: Path, tokenizer, texts: list[str], size: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`windows` of the library's source, tokenized once per build and kept in out/windows.pt."""
+    path = out / "windows.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    source = windows(tokenizer, texts, size["window"])
+    torch.save(source, path)
+    return source
+
+
 def build_target(out: Path, corpus: dict, size: dict, seed: int, device: str):
     """Tokenizer and target; returns (tokenizer, target). Reuses out/target when it is complete.
     The target is pretrained on the library's source, then instruction-tuned on the pairs."""
@@ -115,7 +120,7 @@ def build_target(out: Path, corpus: dict, size: dict, seed: int, device: str):
         tcfg = TargetConfig(backbone=backbone, tie_word_embeddings=True, max_position_embeddings=2048,
                             eos_token_ids=eos)
         target = random_target(tcfg, seed).to(device)
-        source = windows(tokenizer, texts, size["window"])
+        source = source_windows(out, tokenizer, texts, size)
         print(f"[target] {len(source)} pretraining windows, {len(pairs)} instruction pairs", flush=True)
         log = _progress("pretrain", size["pretrain_steps"], lambda loss: f"loss {float(loss):.3f}")
         train_target(target, source, TrainArgs(steps=size["pretrain_steps"], batch=size["batch"], lr=1e-3, seed=seed),
@@ -159,7 +164,7 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], texts:
     starts = []
     if size["continuations"]:
         gen = torch.Generator().manual_seed(seed + 17)
-        source = windows(tokenizer, texts, size["window"])
+        source = source_windows(out, tokenizer, texts, size)
         picks = torch.randperm(len(source), generator=gen)[: size["continuations"]].tolist()
         starts = [source[i][0][: size["window"] // 4].tolist() for i in picks]
         outputs = distill_mod.answers(target, starts, size["max_answer"], 1.0, target.config.eos_token_ids,
@@ -280,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer, target = build_target(out, corpus, size, args.seed, device)
     print(f"[target] ready {time.perf_counter() - t0:.0f}s", flush=True)
     distill(out, tokenizer, target, pairs, list(corpus["files"].values()), size, args.seed)
-    if size["draft_source"] and not (out / "windows.pt").is_file():
-        torch.save(windows(tokenizer, list(corpus["files"].values()), size["window"]), out / "windows.pt")
+    if size["draft_source"]:
+        source_windows(out, tokenizer, list(corpus["files"].values()), size)  # the drafts read out/windows.pt
     print(f"[distill] ready {time.perf_counter() - t0:.0f}s", flush=True)
     del target
     jobs = [(str(out), name, rank, size, args.seed, device)
