@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import multiprocessing
+import re
 import shutil
 import sys
 import time
@@ -51,13 +52,13 @@ from harness.datasets import load as load_suite
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
             pretrain_steps=3000, target_steps=1500, draft_steps=4500, batch=16, max_answer=256, draft_layers=2,
-            samples=1, draft_source=True, anchors=32, continuations=0)
+            samples=1, draft_source=True, anchors=32, continuations=0, rephrasings=0)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
-              samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0)
+              samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0, rephrasings=0)
 SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64, window=64,
              pretrain_steps=10, target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, samples=1,
-             files=3, pairs=12, prompts=2, draft_source=True, anchors=8, continuations=4)
+             files=3, pairs=12, prompts=2, draft_source=True, anchors=8, continuations=4, rephrasings=1)
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,6 +66,27 @@ def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[to
                                            enable_thinking=False, tokenize=True, return_dict=False)
     ids = list(prompt) + answer_ids
     return torch.tensor(ids), torch.tensor([False] * len(prompt) + [True] * len(answer_ids))
+
+
+INSTRUCTION = re.compile(r"Write (?:the method `(?P<msig>[^`]+)` of class `(?P<owner>[^`]+)`"
+                         r"|a Python function `(?P<fsig>[^`]+)`)\. (?P<summary>.*)", re.S)
+# Other ways people ask for code (the held-out prompts' style, none taken from them): the corpus'
+# instructions reworded, so the drafts also see the target answer requests it was not tuned on.
+REPHRASINGS = ("Write a Python function `{sig}` that {summary}",
+               "Implement `{sig}` in Python. It should {summary}",
+               "Write a function `{sig}`: {summary} Keep it short.",
+               "Implement a class `{owner}` in Python with a method `{sig}` that {summary}")
+
+
+def rephrase(instruction: str, k: int) -> str:
+    """The `k`-th rewording of a corpus instruction (methods get the class template too)."""
+    m = INSTRUCTION.match(instruction)
+    if not m:
+        return instruction
+    sig, owner, summary = m["msig"] or m["fsig"], m["owner"], m["summary"].strip()
+    templates = REPHRASINGS if owner else REPHRASINGS[:-1]
+    summary = summary[:1].lower() + summary[1:] if summary[1:2].islower() else summary
+    return templates[k % len(templates)].format(sig=sig, owner=owner, summary=summary)
 
 
 def distinct_4gram_ratio(tokens: list[int]) -> float:
@@ -154,13 +176,19 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], texts:
     and its sampled continuations of `continuations` source windows (contexts it has not memorised)."""
     path = out / "distilled.pt"
     if path.is_file():
-        return torch.load(path, weights_only=True)
+        return load_rows(path)
     prompts = [chat_example(tokenizer, p["instruction"], [])[0].tolist() for p in pairs]
     rows = []
     for s in range(1 + size["samples"]):
         outputs = distill_mod.answers(target, prompts, size["max_answer"], 0.0 if s == 0 else 1.0,
                                       target.config.eos_token_ids, seed * 1000 + s)
         rows += distill_mod.examples(prompts, outputs)
+    reworded = [chat_example(tokenizer, rephrase(p["instruction"], i * size["rephrasings"] + r), [])[0].tolist()
+                for r in range(size["rephrasings"]) for i, p in enumerate(pairs)]
+    for s, temperature in enumerate((0.0, 1.0) if reworded else ()):  # greedy and one sample each
+        outputs = distill_mod.answers(target, reworded, size["max_answer"], temperature,
+                                      target.config.eos_token_ids, seed * 1000 + 500 + s)
+        rows += distill_mod.examples(reworded, outputs)
     starts = []
     if size["continuations"]:
         gen = torch.Generator().manual_seed(seed + 17)
@@ -170,11 +198,25 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], texts:
         outputs = distill_mod.answers(target, starts, size["max_answer"], 1.0, target.config.eos_token_ids,
                                       seed * 1000 + 999)
         rows += distill_mod.examples(starts, outputs)
-    torch.save(rows, path)
+    save_rows(rows, path)
     _record(out, "distill", {"instructions": len(prompts), "greedy": 1, "samples_t1": size["samples"],
-                             "continuations_t1": len(starts), "max_answer": size["max_answer"],
+                             "reworded_instructions": len(reworded), "continuations_t1": len(starts),
+                             "max_answer": size["max_answer"],
                              "sequences": len(rows), "seed": seed})
     return rows
+
+
+def save_rows(rows: list[tuple[torch.Tensor, torch.Tensor]], path: Path) -> None:
+    """Training rows as one flat int16 tensor of ids, one of loss-mask flags and the row lengths
+    (a quarter of the size of a list of int64 tensors; the demo vocabulary fits in int16)."""
+    torch.save({"ids": torch.cat([r[0] for r in rows]).to(torch.int16), "mask": torch.cat([r[1] for r in rows]),
+                "lengths": torch.tensor([len(r[0]) for r in rows])}, path)
+
+
+def load_rows(path: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    flat = torch.load(path, weights_only=True)
+    lengths = flat["lengths"].tolist()
+    return list(zip(flat["ids"].long().split(lengths), flat["mask"].split(lengths)))
 
 
 def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: str) -> str:
@@ -184,7 +226,7 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     if (out / name / "model.safetensors").is_file():
         return name
     target = _load_target(out, device)
-    distilled = torch.load(out / "distilled.pt", weights_only=True)
+    distilled = load_rows(out / "distilled.pt")
     source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] else []
     examples = distilled + source
     tcfg = target.config
@@ -259,14 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchors", type=int, help="override the anchors (blocks) drawn per training sequence")
     ap.add_argument("--samples", type=int, help="override the temperature-1 answers distilled per instruction")
     ap.add_argument("--continuations", type=int, help="override the source windows the target continues (T = 1)")
+    ap.add_argument("--rephrasings", type=int, help="override the reworded copies of each instruction distilled")
     ap.add_argument("--corpus", type=Path, help="the corpus written by corpus.py on the pinned Python (default: build it)")
     ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes")
+    ap.add_argument("--until", choices=("target", "distill", "drafts"),
+                    help="stop after this stage (to run the stages on different machines)")
     ap.add_argument("--install", action="store_true", help="copy the models into the package, the figures here")
     args = ap.parse_args(argv)
     if args.smoke:
         args.size = "smoke"
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
-    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "anchors", "samples", "continuations"):
+    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "anchors", "samples", "continuations",
+                "rephrasings"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
@@ -284,10 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     pairs = corpus["pairs"]
     tokenizer, target = build_target(out, corpus, size, args.seed, device)
     print(f"[target] ready {time.perf_counter() - t0:.0f}s", flush=True)
+    if args.until == "target":
+        return 0
     distill(out, tokenizer, target, pairs, list(corpus["files"].values()), size, args.seed)
     if size["draft_source"]:
         source_windows(out, tokenizer, list(corpus["files"].values()), size)  # the drafts read out/windows.pt
     print(f"[distill] ready {time.perf_counter() - t0:.0f}s", flush=True)
+    if args.until == "distill":
+        return 0
     del target
     jobs = [(str(out), name, rank, size, args.seed, device)
             for name, rank in (("dspark", 8 if args.size == "smoke" else 64), ("dflash", 0))]
@@ -298,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         for job in jobs:
             build_draft(*job)
     print(f"[drafts] ready {time.perf_counter() - t0:.0f}s", flush=True)
+    if args.until == "drafts":
+        return 0
 
     figures = {"size": args.size, "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
                "evaluated_on": device, "torch": torch.__version__,
