@@ -10,7 +10,12 @@ one pass per table. Definitions follow `nsys stats` (2023.4+):
   CUPTI `_vNNNN` suffix dropped as that report drops it (only when it is 6 characters long).
 - `nvtx_gpu_proj_sum`: a GPU operation (kernel, memcpy, memset) belongs to every range on the same
   thread that contains the API call that launched it (matched by correlation id in the same
-  process); the projection of a range instance spans its first operation's start to its last's end.
+  process); the projection of a range instance spans its first operation's start to its last's end,
+  and its GPU ops are the distinct launching calls (a graph launch is one op, however many kernels
+  it replays). Ranges that end on another thread are left out, as that report leaves them out.
+
+Exports of Nsight Systems 2023.4 and newer are read; older ones, and SQLite files that are not nsys
+exports, are refused.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.results import read_requests
+
+OLDEST = (2023, 4)  # the oldest nsys whose exports we read (year, release)
 
 PROCESS_MASK = -(1 << 24)  # clears the thread bits of a globalTid (0xFFFFFFFFFF000000 as a signed 64-bit integer)
 RANGE_TYPES = "(59, 60, 70, 71)"
@@ -64,9 +71,11 @@ def connect(path: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
         conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as exc:
+        with path.open("rb") as f:
+            if f.read(16) == b"SQLite format 3\x00":
+                raise DSparkError(f"{path}: corrupt or truncated export ({exc}); export the .nsys-rep again") from None
         raise DSparkError(f"{path}: not an SQLite export ({exc}); export it with "
                           "`nsys export --type sqlite -o FILE.sqlite FILE.nsys-rep`") from None
-    conn.create_function("kernel_category", 1, kernel_category, deterministic=True)
     conn.create_function("api_name", 1, api_name, deterministic=True)
     return conn
 
@@ -80,31 +89,52 @@ def _columns(conn, table: str) -> set[str]:
 
 
 def _stats(source: str, keys: list[str], count_name: str = "instances") -> str:
-    """SQL: per `keys`, instances, total, avg, median (window functions), min, max and sample stddev
-    of `dur` over the rows of `source` (a SELECT with columns keys + dur)."""
+    """SQL: per `keys`, instances, total, avg, median, min, max and sample stddev of `dur` over the rows
+    of `source` (a SELECT with columns keys + dur).
+
+    The rows are first counted per (keys, duration): GPU timestamps are quantised, so this histogram
+    is far smaller than the rows, and the one sort of all rows is the GROUP BY's. Running counts over
+    the histogram give the median: the smallest durations whose running count reaches the middle
+    position(s), averaged."""
     k = ", ".join(keys)
-    part = f"PARTITION BY {k}" if keys else ""
     return f"""
     WITH src AS ({source}),
-    ranked AS (SELECT *, ROW_NUMBER() OVER ({part} ORDER BY dur) AS rn, COUNT(*) OVER ({part}) AS n FROM src),
-    med AS (SELECT {k + ',' if keys else ''} AVG(dur) AS med_ns FROM ranked
-            WHERE rn IN ((n + 1) / 2, (n + 2) / 2) {'GROUP BY ' + k if keys else ''})
-    SELECT {'s.' + ', s.'.join(keys) + ',' if keys else ''} COUNT(*) AS {count_name}, SUM(s.dur) AS total_ns,
-           AVG(s.dur) AS avg_ns, med.med_ns AS med_ns, MIN(s.dur) AS min_ns, MAX(s.dur) AS max_ns,
-           CASE WHEN COUNT(*) > 1 THEN SQRT(MAX(0, (SUM(1.0 * s.dur * s.dur) - COUNT(*) * AVG(s.dur) * AVG(s.dur))
-                / (COUNT(*) - 1))) ELSE 0.0 END AS stddev_ns
-    FROM src s JOIN med ON {' AND '.join(f'med.{c} IS s.{c}' for c in keys) or '1'}
-    {'GROUP BY ' + ', '.join('s.' + c for c in keys) if keys else ''}
+    h AS (SELECT {k}, dur, COUNT(*) AS c FROM src GROUP BY {k}, dur),
+    cum AS (SELECT {k}, dur, SUM(c) OVER (PARTITION BY {k} ORDER BY dur ROWS UNBOUNDED PRECEDING) AS upto,
+                   SUM(c) OVER g AS n, SUM(c * dur) OVER g AS total, SUM(1.0 * c * dur * dur) OVER g AS sq
+            FROM h WINDOW g AS (PARTITION BY {k}))
+    SELECT {k}, MAX(n) AS {count_name}, MAX(total) AS total_ns, 1.0 * MAX(total) / MAX(n) AS avg_ns,
+           (MIN(CASE WHEN upto >= (n + 1) / 2 THEN dur END) + MIN(CASE WHEN upto >= n / 2 + 1 THEN dur END)) / 2.0
+               AS med_ns,
+           MIN(dur) AS min_ns, MAX(dur) AS max_ns,
+           CASE WHEN MAX(n) > 1 THEN SQRT(MAX(0, (MAX(sq) - 1.0 * MAX(total) * MAX(total) / MAX(n)) / (MAX(n) - 1)))
+                ELSE 0.0 END AS stddev_ns
+    FROM cum GROUP BY {k}
     ORDER BY total_ns DESC"""
 
 
-def _categories_sql(ops: str) -> str:
-    """Per category: instances, total time and share of all of `ops` (a SELECT of category, dur)."""
-    return f"""
-        WITH ops AS ({ops})
-        SELECT category, COUNT(*) AS instances, SUM(dur) AS total_ns,
-               1.0 * SUM(dur) / (SELECT SUM(dur) FROM ops) AS share
-        FROM ops GROUP BY category ORDER BY total_ns DESC"""
+def _categories(kernels: list[dict], memory_ops: list[dict]) -> list[dict]:
+    """Per category: instances, total time and share of all GPU kernel and memory-operation time,
+    summed from the per-name aggregates (each name has one category)."""
+    groups: dict[str, list[int]] = {}
+    for row in kernels:
+        g = groups.setdefault(row["category"], [0, 0])
+        g[0], g[1] = g[0] + row["instances"], g[1] + row["total_ns"]
+    for row in memory_ops:
+        g = groups.setdefault(MEMORY_CATEGORY, [0, 0])
+        g[0], g[1] = g[0] + row["count"], g[1] + row["total_ns"]
+    total = sum(t for _, t in groups.values())
+    return sorted(({"category": c, "instances": n, "total_ns": t, "share": t / total if total else None}
+                   for c, (n, t) in groups.items()), key=lambda r: -r["total_ns"])
+
+
+def _named(conn, stats_sql: str, table: str, column: str) -> list[dict]:
+    """`_stats` rows grouped by a string id `nid`, with the string (`table`.`column`) as `name`."""
+    rows = _rows(conn, f"SELECT n.{column} AS name, t.* FROM ({stats_sql}) t JOIN {table} n ON n.id = t.nid "
+                       "ORDER BY t.total_ns DESC")
+    for row in rows:
+        del row["nid"]
+    return rows
 
 
 def _rows(conn, sql: str, params: tuple = ()) -> list[dict]:
@@ -113,13 +143,15 @@ def _rows(conn, sql: str, params: tuple = ()) -> list[dict]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def _ranges_sql(tables: set[str]) -> str:
-    """NVTX ranges: id, domain (NULL: default), range, style, globalTid, start, end, dur."""
+def _ranges_sql(tables: set[str], columns: set[str]) -> str:
+    """NVTX ranges: id, domain (NULL: default), range, style, globalTid, same_thread (whether it ended on
+    the thread that opened it), start, end, dur."""
     strings = "LEFT JOIN StringIds s ON s.id = e.textId" if "StringIds" in tables else ""
+    same_thread = "e.endGlobalTid IS NULL" if "endGlobalTid" in columns else "1"
     message = "COALESCE(s.value, e.text)" if strings else "e.text"
     return f"""
     SELECT e.rowid AS id, d.text AS domain, {message} AS range, {STYLE.replace('eventType', 'e.eventType')} AS style,
-           e.globalTid AS globalTid, e.start AS start,
+           e.globalTid AS globalTid, {same_thread} AS same_thread, e.start AS start,
            COALESCE(e.end, (SELECT MAX(COALESCE(end, start)) FROM NVTX_EVENTS)) AS end,
            COALESCE(e.end, (SELECT MAX(COALESCE(end, start)) FROM NVTX_EVENTS)) - e.start AS dur
     FROM NVTX_EVENTS e {strings}
@@ -129,24 +161,44 @@ def _ranges_sql(tables: set[str]) -> str:
 
 
 def _gpu_ops_sql(tables: set[str]) -> str:
-    """Kernels, memcpys and memsets: start, end, correlationId, globalPid, kind."""
+    """Kernels, memcpys and memsets: start, end, correlationId, globalPid, opid (unique over the three)."""
     parts = []
-    for table, kind in (("CUPTI_ACTIVITY_KIND_KERNEL", "kernel"), ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
-                        ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
         if table in tables:
-            parts.append(f"SELECT start, end, correlationId, globalPid, '{kind}' AS kind FROM {table}")
-    return " UNION ALL ".join(parts) or "SELECT 0 AS start, 0 AS end, 0 AS correlationId, 0 AS globalPid, '' AS kind " \
+            parts.append(f"SELECT start, end, correlationId, globalPid, rowid * 4 + {len(parts)} AS opid FROM {table}")
+    return " UNION ALL ".join(parts) or "SELECT 0 AS start, 0 AS end, 0 AS correlationId, 0 AS globalPid, 0 AS opid " \
                                         "WHERE 0"
 
 
-def summarize(path: Path, expect_method: str | None = None) -> dict:
+def export_version(path: Path, tables: set[str], meta: dict) -> str:
+    """The nsys version that wrote the export; refuses non-nsys files and versions before `OLDEST`."""
+    if "META_DATA_EXPORT" not in tables or "EXPORT_PRODUCT_VERSION" not in meta:
+        raise DSparkError(f"{path}: an SQLite file but not an Nsight Systems export (no META_DATA_EXPORT version); "
+                          "export a report with `nsys export --type sqlite`")
+    version = meta["EXPORT_PRODUCT_VERSION"]
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m or (int(m[1]), int(m[2])) < OLDEST:
+        raise DSparkError(f"{path}: exported by Nsight Systems {version}, which is not supported (2023.4 and newer "
+                          "are); export the .nsys-rep again with a newer nsys")
+    return version
+
+
+def summarize(path: Path | str, expect_method: str | None = None) -> dict:
     """The trace's summary (see the module docstring); `expect_method` names a speculative method whose
-    `<method>_propose` range must appear."""
+    `<method>_propose` range must appear. A corrupt or truncated file raises a one-line DSparkError."""
+    try:
+        return _summarize(Path(path), expect_method)
+    except sqlite3.DatabaseError as exc:
+        raise DSparkError(f"{path}: corrupt or truncated export ({exc}); export the .nsys-rep again") from None
+
+
+def _summarize(path: Path, expect_method: str | None) -> dict:
     conn = connect(path)
     tables = _tables(conn)
     out: dict = {"file": str(path)}
     out["schema"] = dict(conn.execute("SELECT name, value FROM META_DATA_EXPORT").fetchall()) \
         if "META_DATA_EXPORT" in tables else {}
+    out["nsys_version"] = export_version(path, tables, out["schema"])
     capture = dict(conn.execute("SELECT name, value FROM META_DATA_CAPTURE").fetchall()) \
         if "META_DATA_CAPTURE" in tables else {}
     out["capture"] = {k: v for k, v in capture.items()
@@ -154,16 +206,19 @@ def summarize(path: Path, expect_method: str | None = None) -> dict:
 
     has_nvtx = "NVTX_EVENTS" in tables
     if has_nvtx:
-        conn.execute(f"CREATE TEMP TABLE ranges AS {_ranges_sql(tables)}")
-        conn.execute("CREATE INDEX temp.ranges_tid ON ranges(globalTid, start)")
+        # keyed by the event's rowid, so the projection's per-range GROUP BY follows the scan order
+        conn.execute("CREATE TEMP TABLE ranges (id INTEGER PRIMARY KEY, domain, range, style, globalTid, same_thread, "
+                     "start, end, dur)")
+        conn.execute(f"INSERT INTO ranges {_ranges_sql(tables, _columns(conn, 'NVTX_EVENTS'))}")
         out["nvtx"] = _rows(conn, _stats("SELECT domain, range, style, dur FROM ranges", ["domain", "range", "style"]))
     else:
         out["nvtx"] = []
 
-    kernels_sql = ("SELECT s.value AS name, k.end - k.start AS dur FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-                   "JOIN StringIds s ON s.id = k.demangledName")
+    # kernels and API calls are grouped by their integer string ids; names are joined to the aggregates
     has_kernels = "CUPTI_ACTIVITY_KIND_KERNEL" in tables
-    out["kernels"] = _rows(conn, _stats(kernels_sql, ["name"])) if has_kernels else []
+    out["kernels"] = _named(conn, _stats("SELECT demangledName AS nid, end - start AS dur "
+                                         "FROM CUPTI_ACTIVITY_KIND_KERNEL", ["nid"]),
+                            "StringIds", "value") if has_kernels else []
     for row in out["kernels"]:
         row["category"] = kernel_category(row["name"])
 
@@ -176,32 +231,34 @@ def summarize(path: Path, expect_method: str | None = None) -> dict:
     if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
         memops.append("SELECT '[CUDA memset]' AS name, end - start AS dur FROM CUPTI_ACTIVITY_KIND_MEMSET")
     out["memory_ops"] = _rows(conn, _stats(" UNION ALL ".join(memops), ["name"], "count")) if memops else []
-
-    parts = []
-    if has_kernels:
-        parts.append(f"SELECT kernel_category(name) AS category, dur FROM ({kernels_sql})")
-    if memops:
-        parts.append(f"SELECT '{MEMORY_CATEGORY}' AS category, dur FROM ({' UNION ALL '.join(memops)})")
-    out["categories"] = _rows(conn, _categories_sql(" UNION ALL ".join(parts))) if parts else []
+    out["categories"] = _categories(out["kernels"], out["memory_ops"])
 
     has_api = "CUPTI_ACTIVITY_KIND_RUNTIME" in tables
-    out["api"] = _rows(conn, _stats("SELECT api_name(s.value) AS name, r.end - r.start AS dur "
-                                    "FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId",
-                                    ["name"], "calls")) if has_api else []
+    if has_api:  # names that print alike (one without its CUPTI suffix) share one key, the smallest id
+        conn.execute("CREATE TEMP TABLE api_key (id INTEGER PRIMARY KEY, key INTEGER, name TEXT)")
+        conn.execute("INSERT INTO api_key SELECT id, MIN(id) OVER (PARTITION BY name), name "
+                     "FROM (SELECT id, api_name(value) AS name FROM StringIds)")
+        out["api"] = _named(conn, _stats("SELECT m.key AS nid, r.end - r.start AS dur FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+                                         "JOIN api_key m ON m.id = r.nameId", ["nid"], "calls"), "api_key", "name")
+    else:
+        out["api"] = []
 
     out["projection"], out["busy"] = [], []
     if has_nvtx and has_api:
-        conn.execute(f"""CREATE TEMP TABLE launched AS
-            SELECT r.globalTid AS globalTid, r.start AS astart, r.end AS aend, g.start AS gstart, g.end AS gend
+        # each GPU operation with the call that launched it, stored in (thread, call start) order
+        conn.execute("CREATE TEMP TABLE launched (globalTid INTEGER, astart INTEGER, opid INTEGER, corr INTEGER, "
+                     "aend INTEGER, gstart INTEGER, gend INTEGER, PRIMARY KEY (globalTid, astart, opid)) WITHOUT ROWID")
+        conn.execute(f"""INSERT INTO launched
+            SELECT r.globalTid, r.start, g.opid, r.correlationId, r.end, g.start, g.end
             FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN ({_gpu_ops_sql(tables)}) g
               ON g.correlationId = r.correlationId AND g.globalPid = (r.globalTid & {PROCESS_MASK})""")
-        conn.execute("CREATE INDEX temp.launched_tid ON launched(globalTid, astart)")
         out["projection"] = _rows(conn, """
             WITH per_instance AS (
                 SELECT r.id, r.domain, r.range, r.style, r.dur, MIN(l.gstart) AS first, MAX(l.gend) AS last,
-                       COUNT(*) AS ops, SUM(l.gend - l.gstart) AS busy
+                       COUNT(DISTINCT l.corr) AS ops, SUM(l.gend - l.gstart) AS busy
                 FROM ranges r JOIN launched l
                   ON l.globalTid = r.globalTid AND l.astart BETWEEN r.start AND r.end AND l.aend <= r.end
+                WHERE r.same_thread
                 GROUP BY r.id)
             SELECT domain, range, style, COUNT(*) AS range_instances, SUM(dur) AS range_total_ns,
                    SUM(last - first) AS proj_total_ns, SUM(ops) AS gpu_ops, SUM(busy) AS gpu_busy_ns
@@ -229,21 +286,26 @@ def summarize(path: Path, expect_method: str | None = None) -> dict:
     return out
 
 
+def _count_by(conn, table: str, expr: str) -> dict:
+    """Rows of `table` per value of `expr`. A trace has few processes: their values come from a DISTINCT
+    (a small temporary index), then one scan counts them all, where a GROUP BY would sort every row."""
+    values = [v for (v,) in conn.execute(f"SELECT DISTINCT {expr} FROM {table}")]
+    if len(values) > 64:
+        return dict(conn.execute(f"SELECT {expr}, COUNT(*) FROM {table} GROUP BY 1").fetchall())
+    if not values:
+        return {}
+    sums = ", ".join(f"SUM({expr} IS ?)" for _ in values)
+    return dict(zip(values, conn.execute(f"SELECT {sums} FROM {table}", values).fetchone()))
+
+
 def _processes(conn, tables: set[str]) -> list[dict]:
     """Processes seen, with their NVTX, API and GPU-operation row counts."""
-    counts = []
-    if "NVTX_EVENTS" in tables:
-        counts.append(f"SELECT globalTid & {PROCESS_MASK} AS proc, 'nvtx' AS what FROM NVTX_EVENTS")
-    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
-        counts.append(f"SELECT globalTid & {PROCESS_MASK} AS proc, 'api' AS what FROM CUPTI_ACTIVITY_KIND_RUNTIME")
-    if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
-        counts.append("SELECT globalPid AS proc, 'kernels' AS what FROM CUPTI_ACTIVITY_KIND_KERNEL")
-    if not counts:
-        return []
-    rows = _rows(conn, f"""
-        WITH c AS ({' UNION ALL '.join(counts)})
-        SELECT proc, SUM(what = 'nvtx') AS nvtx_rows, SUM(what = 'api') AS api_rows, SUM(what = 'kernels') AS kernel_rows
-        FROM c GROUP BY proc""")
+    per = {"nvtx_rows": ("NVTX_EVENTS", f"globalTid & {PROCESS_MASK}"),
+           "api_rows": ("CUPTI_ACTIVITY_KIND_RUNTIME", f"globalTid & {PROCESS_MASK}"),
+           "kernel_rows": ("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid")}
+    counts = {key: _count_by(conn, table, expr) if table in tables else {} for key, (table, expr) in per.items()}
+    procs = sorted({p for c in counts.values() for p in c if p is not None})
+    rows = [{"proc": p} | {key: counts[key].get(p, 0) for key in per} for p in procs]
     names = {}
     if "PROCESSES" in tables:
         names = {g: (pid, name) for g, pid, name in conn.execute("SELECT globalPid, pid, name FROM PROCESSES")}
@@ -301,7 +363,6 @@ def summarize_torch(path: Path, expect_method: str | None = None) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DSparkError(f"{path}: not a PyTorch profiler Chrome trace ({type(exc).__name__})") from None
     conn = sqlite3.connect(":memory:")
-    conn.create_function("kernel_category", 1, kernel_category, deterministic=True)
     conn.execute("CREATE TABLE ev (cat TEXT, name TEXT, pid INTEGER, dur INTEGER)")
     conn.executemany("INSERT INTO ev VALUES (?, ?, ?, ?)",
                      [(e.get("cat"), e.get("name"), e.get("pid") if isinstance(e.get("pid"), int) else -1,
@@ -312,15 +373,14 @@ def summarize_torch(path: Path, expect_method: str | None = None) -> dict:
                                   f"WHERE cat IN ({cats})", keys, count_name))
 
     out: dict = {"file": str(path), "schema": {"format": "pytorch-chrome-trace",
-                                                "schemaVersion": trace.get("schemaVersion")}, "capture": {}}
+                                                "schemaVersion": trace.get("schemaVersion")}, "capture": {},
+                           "nsys_version": None}
     out["nvtx"] = cat_rows("'user_annotation'", ["domain", "range", "style"])
     out["kernels"] = cat_rows("'kernel'", ["name"])
     for row in out["kernels"]:
         row["category"] = kernel_category(row["name"])
     out["memory_ops"] = cat_rows("'gpu_memcpy', 'gpu_memset'", ["name"], "count")
-    out["categories"] = _rows(conn, _categories_sql(
-        f"SELECT CASE WHEN cat = 'kernel' THEN kernel_category(name) ELSE '{MEMORY_CATEGORY}' END AS category, dur "
-        "FROM ev WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"))
+    out["categories"] = _categories(out["kernels"], out["memory_ops"])
     out["api"] = cat_rows("'cuda_runtime', 'cuda_driver'", ["name"], "calls")
     ranges = {r["range"]: r for r in out["nvtx"]}
     out["projection"] = [{"domain": None, "range": r["name"], "style": "PushPop",
