@@ -42,6 +42,7 @@ from dspark.checkpoint import DEMO_DIR, load_draft, load_target, save_draft, sav
 from dspark.config import BackboneConfig, TargetConfig  # noqa: E402
 from dspark.drafters import BlockDrafter, NgramDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
+from dspark.presets import evenly_spaced_taps  # noqa: E402
 from dspark.target import Qwen3Target  # noqa: E402
 from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: E402
 from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer  # noqa: E402
@@ -86,15 +87,6 @@ def rephrase(instruction: str, k: int) -> str:
     templates = REPHRASINGS if owner else REPHRASINGS[:-1]
     summary = summary[:1].lower() + summary[1:] if summary[1:2].islower() else summary
     return templates[k % len(templates)].format(sig=sig, owner=owner, summary=summary)
-
-
-def demo_taps(layers: int, count: int = 5) -> tuple[int, ...]:
-    """`count` taps spread from layer 1 to layer L-2, the last but one. DeepSeek's rule stops at L-3,
-    which is 94 % of the depth of a 36-layer target but only 5 of 7 on our 8-layer one: it would leave
-    out the deepest features, which say the most about the next tokens."""
-    last = max(1, layers - 2)
-    count = max(1, min(count, last))
-    return tuple(round(1 + i * (last - 1) / max(1, count - 1)) for i in range(count))
 
 
 def distinct_4gram_ratio(tokens: list[int]) -> float:
@@ -238,7 +230,7 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] else []
     examples = distilled + source
     tcfg = target.config
-    dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=demo_taps(size["layers"]),
+    dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=evenly_spaced_taps(size["layers"]),
                              markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1)
     draft = random_draft(dcfg, target.cpu(), seed + 1).to(device)
     target.to(device)
