@@ -52,7 +52,7 @@ from harness.datasets import load as load_suite
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
             pretrain_steps=3000, target_steps=1500, draft_steps=4500, batch=16, max_answer=256, draft_layers=2,
-            samples=1, draft_source=True, anchors=32, continuations=0, rephrasings=0)
+            samples=4, draft_source=True, anchors=64, continuations=4000, rephrasings=2)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
               samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0, rephrasings=0)
