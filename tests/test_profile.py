@@ -97,3 +97,58 @@ def test_finding_nsys(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'NVIDIA Nsight Systems version 2025.3.1'\n")
     fake.chmod(0o755)
     assert find_nsys() == fake
+
+
+FAKE_NSYS = """#!{python}
+# A stand-in nsys: answers --version and `profile --help`, records each `profile` command line and
+# writes its report, and `export`s one of our recorded H200 exports in place of the report.
+import json, os, shutil, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("NVIDIA Nsight Systems version 2025.3.1")
+elif args[:2] == ["profile", "--help"]:
+    print({help!r})
+elif args[0] == "profile":
+    out = args[args.index("-o") + 1]
+    with open(os.environ["FAKE_NSYS_LOG"], "a") as log:
+        log.write(json.dumps(args) + "\\n")
+    open(out + ".nsys-rep", "wb").close()
+elif args[0] == "export":
+    out = args[args.index("-o") + 1]
+    system = "dspark" if os.path.basename(args[-1]).startswith("dspark") else "plain"
+    shutil.copy(os.path.join({fixtures!r}, "engine_" + system + ".sqlite"), out)
+"""
+
+
+def test_profile_nsys_runs_argument_lists_and_summarises_each_system(tmp_path, monkeypatch):
+    """The nsys path end to end through a stand-in nsys executable: each system's command is an
+    argument list (shell characters in the folder and a prompt file name stay literal), each report is
+    exported, summarised with its method's expectation, and compared."""
+    import sys
+
+    from rich.console import Console
+
+    from harness.profile import profile_run
+
+    fake = tmp_path / "nsys"
+    fake.write_text(FAKE_NSYS.format(python=sys.executable, help=HELP,
+                                     fixtures=str(Path(__file__).parent / "fixtures" / "nsys")))
+    fake.chmod(0o755)
+    monkeypatch.setenv("FAKE_NSYS_LOG", str(tmp_path / "calls.jsonl"))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "prof; touch pwned $(touch pwned2)"
+    run_args = ["--dataset-path", "rows `touch pwned3`.jsonl", "--output-len", "8"]
+    result = profile_run(run_args, [("plain", "plain"), ("dspark", "dspark")], "nsys", out, Console(quiet=True),
+                         preset="lean", nsys_path=str(fake))
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    record = json.loads((out / "profile.json").read_text())
+    for call, system in zip(calls, ("plain", "dspark")):
+        assert [str(fake), *call] == record["commands"][system]
+        assert call[call.index("-o") + 1] == str(out / system)  # the folder is one argument, as given
+        child = call[call.index("--") + 1:]
+        assert child[child.index("--dataset-path") + 1] == "rows `touch pwned3`.jsonl"
+    assert not list(tmp_path.glob("pwned*"))
+    assert record["nsys_version"].endswith("2025.3.1") and record["dropped"] == []
+    assert [r["name"] for r in result["rows"]] == ["plain", "dspark"]
+    spec = json.loads((out / "dspark.summary.json").read_text())
+    assert spec["diagnosis"] == [] and {"dspark_propose", "target_verify"} <= {r["range"] for r in spec["nvtx"]}
