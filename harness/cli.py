@@ -506,13 +506,15 @@ def trace_summarize(
         for c in cols:
             t.add_column(c, justify="left" if c in ("range", "name", "category") else "right",
                          overflow="ellipsis", max_width=60 if c == "name" else None)
-        if s[key] is None:
-            out.print(f"{key}: not in this trace", style="dim")
+        if not s[key]:
+            out.print(f"{key}: {'not in this trace' if s[key] is None else 'no rows'}", style="dim")
             continue
         for row in s[key][:25]:
             t.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols])
         out.print(t)
     out.print(f"launches: {s['launches']}", highlight=False)
+    out.print(f"exported by: Nsight Systems {s['nsys_version']}" if s.get("nsys_version") else
+              f"format: {s['schema'].get('format', '?')}", highlight=False)
     for d in s["diagnosis"]:
         out.print(f"diagnosis: {d}", style="yellow", highlight=False)
 
