@@ -6,7 +6,8 @@ and `nsys stats` on the same file where nsys is given.
 The export is built from the real schema: a copy of one of our recorded exports
 (tests/fixtures/nsys/engine_dspark.sqlite, nsys 2025.3) whose NVTX, runtime-API, kernel and memory
 tables are emptied and refilled by SQL: `--kernels` launch calls (cudaLaunchKernel, one kernel each,
-60 kernel names, varied durations) on one thread, and `--ranges` push/pop ranges over them (four
+60 kernel names; call durations spread over 30,000 ns values (0.2 to 30 us), kernel durations over 4 us in the 32 ns
+steps GPU timestamps take) on one thread, and `--ranges` push/pop ranges over them (four
 names as plain strings, as torch.cuda.nvtx writes them; each range holds kernels/ranges launches).
 Rows take what they take in our real exports (84 bytes a kernel, 38 an API call, 49 a range), so the
 issue's 5 M kernels, 5 M calls and 1 M ranges make 0.67 GB; the defaults (7.5 M, 7.5 M, 1.5 M) make
@@ -35,6 +36,7 @@ TEMPLATE = ROOT / "tests" / "fixtures" / "nsys" / "engine_dspark.sqlite"
 PID = (1 << 48) | (4242 << 24)
 TID = PID | 4243
 BASE = 20_000_000_000  # ns since the session's start, as in a real capture
+SPACING = 40_000  # ns from one launch call to the next on the thread (calls never overlap)
 RANGES = ("prefill", "dspark_propose", "target_verify", "decode_sample")
 REPORTS = ("nvtx_sum", "cuda_gpu_kern_sum", "cuda_api_sum", "nvtx_gpu_proj_sum", "cuda_gpu_mem_time_sum")
 
@@ -53,7 +55,8 @@ def build(out: Path, kernels: int, ranges: int) -> None:
     conn.execute(f"""
         WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < {kernels})
         INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, nameId, returnValue)
-        SELECT {BASE} + i * 1000, {BASE} + i * 1000 + 300 + (i * 7919) % 97, 1, {TID}, i + 1, 1, 0 FROM n""")
+        SELECT {BASE} + i * {SPACING}, {BASE} + i * {SPACING} + 200 + ((i * 2654435761) % 1000003) % 30000, 1, {TID}, i + 1,
+               1, 0 FROM n""")
     conn.execute(f"""
         INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, correlationId, globalPid,
             demangledName, shortName, mangledName, launchType, cacheConfig, registersPerThread, gridX, gridY, gridZ,
@@ -67,7 +70,8 @@ def build(out: Path, kernels: int, ranges: int) -> None:
     conn.execute(f"""
         WITH RECURSIVE n(j) AS (SELECT 0 UNION ALL SELECT j + 1 FROM n WHERE j + 1 < {ranges})
         INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text)
-        SELECT {BASE} + j * {per} * 1000 - 10, {BASE} + (j * {per} + {per} - 1) * 1000 + 450, 59, {TID},
+        SELECT {BASE} + j * {per} * {SPACING} - 10 - (j * 7919) % 5000,
+               {BASE} + (j * {per} + {per} - 1) * {SPACING} + 30300 + (j * 104729) % 7000, 59, {TID},
                CASE j % 4 WHEN 0 THEN 'prefill' WHEN 1 THEN 'dspark_propose' WHEN 2 THEN 'target_verify'
                           ELSE 'decode_sample' END FROM n""")
     conn.commit()
@@ -84,7 +88,14 @@ def main() -> int:
     ap.add_argument("--nsys-timeout", type=float, default=600, help="seconds allowed to each nsys report")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    if not args.out.is_file():
+    if args.out.is_file():  # reused only when it holds what was asked for
+        with sqlite3.connect(args.out) as conn:
+            have = [conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS")]
+        if have != [args.kernels, args.ranges]:
+            raise SystemExit(f"{args.out} holds {have[0]} kernels and {have[1]} ranges; remove it or give other "
+                             "--kernels/--ranges")
+    else:
         build(args.out, args.kernels, args.ranges)
     built = time.perf_counter() - t0
     t0 = time.perf_counter()

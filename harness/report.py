@@ -105,7 +105,8 @@ def _fmt(v, digits: int = 2) -> str:
 
 
 COLUMNS = [("system", "system"), ("T", "temperature"), ("tokens", "output_tokens"), ("time s", "wall_s"),
-           ("TPOT ms", "mean_tpot_ms"), ("speedup", "speedup"), ("95% CI", "speedup_ci95"), ("AL", "spec_decode_acceptance_length"),
+           ("TPOT ms", "mean_tpot_ms"), ("speedup", "speedup"), ("95% CI", "speedup_ci95"),
+           ("AL", "spec_decode_acceptance_length"),
            ("accept", "spec_decode_acceptance_rate"), ("rounds", "num_rounds"), ("= plain", "matches_baseline")]
 
 

@@ -4,8 +4,8 @@ Every aggregate is computed by SQLite (medians with window functions; kernel cat
 names through SQL functions registered on the connection), so a trace of millions of rows costs
 one pass per table. Definitions follow `nsys stats` (2023.4+):
 - `nvtx_sum`: push/pop (59, 70) and start/end (60, 71) ranges; the message from `StringIds` via
-  `textId`, else `text`; the domain from the same process's domain-create row (75); an unended
-  range ends at the table's last timestamp.
+  `textId`, else `text`; the domain from the same process's first domain-create row (75) of that id;
+  an unended range ends at the last timestamp of any range.
 - `cuda_gpu_kern_sum`: kernels by demangled name. `cuda_api_sum`: runtime and driver calls, the
   CUPTI `_vNNNN` suffix dropped as that report drops it (only when it is 6 characters long).
 - `nvtx_gpu_proj_sum`: a GPU operation (kernel, memcpy, memset) belongs to every range on the same
@@ -100,14 +100,17 @@ def _stats(source: str, keys: list[str], count_name: str = "instances") -> str:
     return f"""
     WITH src AS ({source}),
     h AS (SELECT {k}, dur, COUNT(*) AS c FROM src GROUP BY {k}, dur),
-    cum AS (SELECT {k}, dur, SUM(c) OVER (PARTITION BY {k} ORDER BY dur ROWS UNBOUNDED PRECEDING) AS upto,
-                   SUM(c) OVER g AS n, SUM(c * dur) OVER g AS total, SUM(1.0 * c * dur * dur) OVER g AS sq
+    cum AS (SELECT {k}, dur, c, SUM(c) OVER (PARTITION BY {k} ORDER BY dur ROWS UNBOUNDED PRECEDING) AS upto,
+                   SUM(c) OVER g AS n, SUM(c * dur) OVER g AS total, MIN(dur) OVER g AS low
             FROM h WINDOW g AS (PARTITION BY {k}))
     SELECT {k}, MAX(n) AS {count_name}, MAX(total) AS total_ns, 1.0 * MAX(total) / MAX(n) AS avg_ns,
            (MIN(CASE WHEN upto >= (n + 1) / 2 THEN dur END) + MIN(CASE WHEN upto >= n / 2 + 1 THEN dur END)) / 2.0
                AS med_ns,
            MIN(dur) AS min_ns, MAX(dur) AS max_ns,
-           CASE WHEN MAX(n) > 1 THEN SQRT(MAX(0, (MAX(sq) - 1.0 * MAX(total) * MAX(total) / MAX(n)) / (MAX(n) - 1)))
+           -- sample stddev from deviations about the mean, taken from the group's minimum so that long,
+           -- close durations (1e12 ns apart by a few ns) keep their precision
+           CASE WHEN MAX(n) > 1 THEN SQRT(SUM(c * ((dur - low) - (1.0 * total / n - low))
+                                                  * ((dur - low) - (1.0 * total / n - low))) / (MAX(n) - 1))
                 ELSE 0.0 END AS stddev_ns
     FROM cum GROUP BY {k}
     ORDER BY total_ns DESC"""
@@ -149,13 +152,15 @@ def _ranges_sql(tables: set[str], columns: set[str]) -> str:
     strings = "LEFT JOIN StringIds s ON s.id = e.textId" if "StringIds" in tables else ""
     same_thread = "e.endGlobalTid IS NULL" if "endGlobalTid" in columns else "1"
     message = "COALESCE(s.value, e.text)" if strings else "e.text"
+    domain_name = ("COALESCE((SELECT value FROM StringIds WHERE id = textId), text)" if strings else "text")
+    last = f"(SELECT MAX(MAX(start), COALESCE(MAX(end), 0)) FROM NVTX_EVENTS WHERE eventType IN {RANGE_TYPES})"
     return f"""
-    SELECT e.rowid AS id, d.text AS domain, {message} AS range, {STYLE.replace('eventType', 'e.eventType')} AS style,
+    SELECT e.rowid AS id, d.name AS domain, {message} AS range, {STYLE.replace('eventType', 'e.eventType')} AS style,
            e.globalTid AS globalTid, {same_thread} AS same_thread, e.start AS start,
-           COALESCE(e.end, (SELECT MAX(COALESCE(end, start)) FROM NVTX_EVENTS)) AS end,
-           COALESCE(e.end, (SELECT MAX(COALESCE(end, start)) FROM NVTX_EVENTS)) - e.start AS dur
+           COALESCE(e.end, {last}) AS end, COALESCE(e.end, {last}) - e.start AS dur
     FROM NVTX_EVENTS e {strings}
-    LEFT JOIN (SELECT domainId, globalTid & {PROCESS_MASK} AS proc, text FROM NVTX_EVENTS WHERE eventType = 75) d
+    LEFT JOIN (SELECT domainId, globalTid & {PROCESS_MASK} AS proc, {domain_name} AS name, MIN(start)
+               FROM NVTX_EVENTS WHERE eventType = 75 GROUP BY domainId, proc) d
            ON d.domainId = e.domainId AND d.proc = (e.globalTid & {PROCESS_MASK})
     WHERE e.eventType IN {RANGE_TYPES}"""
 
@@ -172,10 +177,11 @@ def _gpu_ops_sql(tables: set[str]) -> str:
 
 def export_version(path: Path, tables: set[str], meta: dict) -> str:
     """The nsys version that wrote the export; refuses non-nsys files and versions before `OLDEST`."""
-    if "META_DATA_EXPORT" not in tables or "EXPORT_PRODUCT_VERSION" not in meta:
+    version = meta.get("EXPORT_PRODUCT_VERSION")
+    if "META_DATA_EXPORT" not in tables or not isinstance(version, str) or not version.strip():
         raise DSparkError(f"{path}: an SQLite file but not an Nsight Systems export (no META_DATA_EXPORT version); "
                           "export a report with `nsys export --type sqlite`")
-    version = meta["EXPORT_PRODUCT_VERSION"]
+    version = version.strip()
     m = re.match(r"(\d+)\.(\d+)", version)
     if not m or (int(m[1]), int(m[2])) < OLDEST:
         raise DSparkError(f"{path}: exported by Nsight Systems {version}, which is not supported (2023.4 and newer "
@@ -189,7 +195,10 @@ def summarize(path: Path | str, expect_method: str | None = None) -> dict:
     try:
         return _summarize(Path(path), expect_method)
     except sqlite3.DatabaseError as exc:
-        raise DSparkError(f"{path}: corrupt or truncated export ({exc}); export the .nsys-rep again") from None
+        if "malformed" in str(exc) or "not a database" in str(exc):
+            raise DSparkError(f"{path}: corrupt or truncated export ({exc}); export the .nsys-rep again") from None
+        raise DSparkError(f"{path}: an export of a layout we cannot read ({exc}); please report it with the "
+                          "nsys version that wrote it") from None
 
 
 def _summarize(path: Path, expect_method: str | None) -> dict:

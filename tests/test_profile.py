@@ -142,6 +142,7 @@ def test_profile_nsys_runs_argument_lists_and_summarises_each_system(tmp_path, m
                          preset="lean", nsys_path=str(fake))
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     record = json.loads((out / "profile.json").read_text())
+    assert len(calls) == 2
     for call, system in zip(calls, ("plain", "dspark")):
         assert [str(fake), *call] == record["commands"][system]
         assert call[call.index("-o") + 1] == str(out / system)  # the folder is one argument, as given

@@ -207,3 +207,31 @@ def test_trace_summarize_command(monkeypatch, capfd, tmp_path):
     (tmp_path / "x.sqlite").write_text("not a database")
     code, _, err = run_cli(monkeypatch, capfd, "trace", "summarize", tmp_path / "x.sqlite")
     assert code == 2 and "not an SQLite export" in err and len(err.strip().splitlines()) == 1
+
+
+@needs_fixture
+def test_long_close_durations_keep_their_stddev_and_a_repeated_domain_is_one_domain(tmp_path):
+    conn = _export(tmp_path, "precise.sqlite")
+    _range(conn, 0, None, text="engine", domain=3, etype=75)
+    _range(conn, 5, None, text="engine", domain=3, etype=75, tid=TID + 1)  # another thread creates it again
+    base = 10**12
+    _range(conn, 10, 10 + base, text="step", domain=3)
+    _range(conn, 20, 20 + base + 1, text="step", domain=3)
+    _range(conn, 30, None, text="open")  # never ended: ends at the last range timestamp
+    conn.commit()
+    s = summarize(tmp_path / "precise.sqlite")
+    step = {r["range"]: r for r in s["nvtx"]}["step"]
+    assert step["domain"] == "engine" and step["instances"] == 2
+    assert step["med_ns"] == base + 0.5 and step["stddev_ns"] == pytest.approx(0.5 ** 0.5, abs=1e-6)
+    assert {r["range"]: r for r in s["nvtx"]}["open"]["total_ns"] == 20 + base + 1 - 30
+
+
+@needs_fixture
+def test_an_export_without_a_product_version_is_refused_in_one_line(tmp_path, monkeypatch, capfd):
+    from cli_runner import run_cli
+
+    conn = _export(tmp_path, "noversion.sqlite")
+    conn.execute("UPDATE META_DATA_EXPORT SET value = NULL WHERE name = 'EXPORT_PRODUCT_VERSION'")
+    conn.commit()
+    code, _, err = run_cli(monkeypatch, capfd, "trace", "summarize", tmp_path / "noversion.sqlite")
+    assert code == 2 and "not an Nsight Systems export" in err and len(err.strip().splitlines()) == 1
