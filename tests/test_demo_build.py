@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -21,7 +23,11 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
         build.corpus_mod.check_pin(pin, build.corpus_mod.stdlib_dir())
     except build.corpus_mod.PinError as exc:
         pytest.skip(f"the corpus is pinned to another Python: {exc}")
-    assert build.main(["--out", str(tmp_path), "--smoke"]) == 0
+    # the corpus as the GPU machine gets it: written compressed on the pinned Python, read back by the build
+    corpus = build.corpus_mod.build(pin, build.corpus_mod.stdlib_dir())
+    packed = tmp_path / "corpus.json.gz"
+    packed.write_bytes(gzip.compress(json.dumps(corpus).encode()))
+    assert build.main(["--out", str(tmp_path), "--smoke", "--corpus", str(packed)]) == 0
 
     from dspark.checkpoint import load_draft, load_target
 
@@ -39,3 +45,4 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
                 "dspark_T1_acceptance_length", "target_T0_distinct_4gram"):
         assert figures[key] >= 0
     assert figures["greedy_outputs_equal_plain"] is True
+    assert figures["corpus_sha256"] == hashlib.sha256(json.dumps(corpus).encode()).hexdigest()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import hashlib
 import json
 import platform
@@ -116,7 +117,7 @@ def build(pin: dict, root: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, help="JSON file to write the corpus to")
+    ap.add_argument("--out", type=Path, help="JSON file to write the corpus to (.json.gz: compressed)")
     ap.add_argument("--repin", action="store_true", help="pin this interpreter's standard library files")
     args = ap.parse_args(argv)
     root = stdlib_dir()
@@ -129,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     except PinError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.out:
-        args.out.write_text(json.dumps(corpus))
+    if args.out:  # a name ending in .gz is written compressed
+        data = json.dumps(corpus).encode("utf-8")
+        args.out.write_bytes(gzip.compress(data, mtime=0) if args.out.suffix == ".gz" else data)
     chars = sum(map(len, corpus["files"].values()))
     print(f"{len(corpus['files'])} files ({chars / 1e6:.1f} M characters), {len(corpus['pairs'])} pairs")
     return 0
