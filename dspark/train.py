@@ -248,8 +248,9 @@ def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, T
             g["lr"] = cosine_lr(step, args.steps, args.lr, args.warmup_frac)
         opt.zero_grad(set_to_none=True)
         picks = torch.randint(0, len(examples), (args.batch,), generator=gen).tolist()
-        ids, mask = pad_batch([examples[i] for i in picks], device)
+        ids, mask = pad_batch([examples[i] for i in picks], "cpu")  # anchors are drawn on the CPU: no device syncs
         anchors = pad_anchors([sample_anchors(mask[row], args.loss.num_anchors, gen) for row in range(len(picks))])
+        ids, mask, anchors = ids.to(device), mask.to(device), anchors.to(device)
         feats, t_logits = target_features(target, ids, taps)
         parts = draft_loss(draft, feats, t_logits, ids, mask, anchors, args.loss)
         parts.loss.backward()
