@@ -502,13 +502,13 @@ def trace_summarize(
                       ("kernels", ("name", "category", "instances", "total_ns", "med_ns")),
                       ("categories", ("category", "instances", "total_ns", "share")),
                       ("projection", ("range", "range_instances", "proj_total_ns", "gpu_ops"))):
+        if not s[key]:
+            out.print(f"{key}: {'not in this trace' if s[key] is None else 'no rows'}", style="dim")
+            continue
         t = Table(title=f"{key} ({file.name})")
         for c in cols:
             t.add_column(c, justify="left" if c in ("range", "name", "category") else "right",
                          overflow="ellipsis", max_width=60 if c == "name" else None)
-        if not s[key]:
-            out.print(f"{key}: {'not in this trace' if s[key] is None else 'no rows'}", style="dim")
-            continue
         for row in s[key][:25]:
             t.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols])
         out.print(t)

@@ -1,8 +1,8 @@
 """Our reader of Nsight Systems SQLite exports: NVTX, kernel, API and projection tables, with SQL.
 
-Every aggregate is computed by SQLite (medians with window functions; kernel categories and API
-names through SQL functions registered on the connection), so a trace of millions of rows costs
-one pass per table. Definitions follow `nsys stats` (2023.4+):
+Every row-level aggregate is computed by SQLite: each statistic is read from a per-(name, duration)
+histogram (one GROUP BY sort per table), API names come from an SQL function registered on the
+connection, and kernel categories are summed from the per-name rows. Definitions follow `nsys stats` (2023.4+):
 - `nvtx_sum`: push/pop (59, 70) and start/end (60, 71) ranges; the message from `StringIds` via
   `textId`, else `text`; the domain from the same process's first domain-create row (75) of that id;
   an unended range ends at the last timestamp of any range.
@@ -175,10 +175,11 @@ def _gpu_ops_sql(tables: set[str]) -> str:
                                         "WHERE 0"
 
 
-def export_version(path: Path, tables: set[str], meta: dict) -> str:
-    """The nsys version that wrote the export; refuses non-nsys files and versions before `OLDEST`."""
+def export_version(path: Path, meta: dict) -> str:
+    """The nsys version that wrote the export (`meta`: its META_DATA_EXPORT rows, empty without that
+    table); refuses non-nsys files and versions before `OLDEST`."""
     version = meta.get("EXPORT_PRODUCT_VERSION")
-    if "META_DATA_EXPORT" not in tables or not isinstance(version, str) or not version.strip():
+    if not isinstance(version, str) or not version.strip():
         raise DSparkError(f"{path}: an SQLite file but not an Nsight Systems export (no META_DATA_EXPORT version); "
                           "export a report with `nsys export --type sqlite`")
     version = version.strip()
@@ -207,7 +208,7 @@ def _summarize(path: Path, expect_method: str | None) -> dict:
     out: dict = {"file": str(path)}
     out["schema"] = dict(conn.execute("SELECT name, value FROM META_DATA_EXPORT").fetchall()) \
         if "META_DATA_EXPORT" in tables else {}
-    out["nsys_version"] = export_version(path, tables, out["schema"])
+    out["nsys_version"] = export_version(path, out["schema"])
     capture = dict(conn.execute("SELECT name, value FROM META_DATA_CAPTURE").fetchall()) \
         if "META_DATA_CAPTURE" in tables else {}
     out["capture"] = {k: v for k, v in capture.items()
