@@ -33,9 +33,12 @@ def tiny_target_config(vocab_size: int = 272, hidden: int = 64, layers: int = 4,
 def tiny_draft_config(target: TargetConfig, layers: int = 2, block_size: int = 7, taps: tuple[int, ...] = (0, 1, 2),
                       markov_rank: int = 16, markov_head_type: str = "vanilla", confidence: bool = True,
                       sample_from_anchor: bool = True, mask_token_id: int = MASK_TOKEN_ID,
-                      draft_vocab_size: int | None = None, fmt: str = "deepspec") -> DraftConfig:
+                      draft_vocab_size: int | None = None, fmt: str = "deepspec",
+                      intermediate_size: int | None = None) -> DraftConfig:
+    backbone = replace(target.backbone, num_layers=layers,
+                       intermediate_size=intermediate_size or target.backbone.intermediate_size)
     return DraftConfig(
-        format=fmt, backbone=replace(target.backbone, num_layers=layers), block_size=block_size,
+        format=fmt, backbone=backbone, block_size=block_size,
         target_layer_ids=taps, sample_from_anchor=sample_from_anchor, mask_token_id=mask_token_id,
         markov_rank=markov_rank, markov_head_type=markov_head_type if markov_rank else None,
         confidence_head=confidence, confidence_head_with_markov=confidence and markov_rank > 0,

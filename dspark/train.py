@@ -100,25 +100,33 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     nb, s = ids.shape
     b = dc.block_size
     device = ids.device
+    if draft.mask_embedding is not None:
+        raise DSparkError("the trainer writes drafts that embed the mask token (no separate mask row)")
+    # All blocks of a sequence run as one packed row: the context in slots 0..s-1, block j in slots
+    # s + j*b .. s + j*b + b-1; each block sees the context before its anchor and itself (non-causal).
     used = anchors >= 0
-    seq = torch.arange(nb, device=device)[:, None].expand_as(anchors)[used]  # [R] the sequence of each block
-    anchor = anchors[used]
-    r = anchor.shape[0]
+    anchor_all = anchors.clamp_min(0)  # unused blocks see only themselves and are dropped below
     k = torch.arange(b, device=device)
-    positions = anchor[:, None] + k  # [R, B] RoPE positions of the block rows
-    # One batch row per block: its sequence's context in slots 0..s-1, the block in slots s..s+b-1.
-    slots = (s + k)[None].expand(r, b)
-    kv_len = s + b
+    q = anchors.shape[1] * b
+    packed_pos = (anchor_all[..., None] + k).reshape(nb, q)  # RoPE positions of the block rows
+    slots = (s + torch.arange(q, device=device))[None].expand(nb, q)
+    kv_len = s + q
     key = torch.arange(kv_len, device=device)
-    mask = ((key[None, :] < anchor[:, None]) | (key[None, :] >= s))[:, None, None, :].expand(r, 1, b, kv_len)
+    before_anchor = key[None, None, :] < packed_pos[:, :, None] - k.repeat(q // b)[None, :, None]
+    own_block = (key[None, :] >= s) & ((key[None, :] - s).div(b, rounding_mode="floor")
+                                       == torch.arange(q, device=device)[:, None] // b)
+    mask = (before_anchor | own_block[None])[:, None]  # [nb, 1, q, kv_len]
     bb = dc.backbone
     cache = KVCache(bb.num_layers, nb, bb.num_kv_heads, kv_len, bb.head_dim, feats.dtype, device)
     draft.add_context(feats, torch.arange(s, device=device)[None].expand(nb, s), cache)
-    cache.k = [t[seq] for t in cache.k]  # each block row gets a copy of its sequence's context
-    cache.v = [t[seq] for t in cache.v]
-    block = torch.full((r, b), dc.mask_token_id, dtype=torch.long, device=device)
-    block[:, 0] = ids[seq, anchor]
-    hidden = draft.block_hidden(block, positions, cache, kv_len, slots=slots, mask=mask)  # [R, B, H]
+    block = torch.full((nb, anchors.shape[1], b), dc.mask_token_id, dtype=torch.long, device=device)
+    block[..., 0] = ids.gather(1, anchor_all)
+    hidden = draft.block_hidden(block.view(nb, q), packed_pos, cache, kv_len, slots=slots, mask=mask)
+    hidden = hidden.view(nb, -1, b, hidden.shape[-1])[used]  # [R, B, H], one row per real block
+    seq = torch.arange(nb, device=device)[:, None].expand_as(anchors)[used]  # [R] the sequence of each block
+    anchor = anchors[used]
+    r = anchor.shape[0]
+    positions = anchor[:, None] + k  # [R, B]
     logits = draft.base_logits(hidden)
 
     rows = seq[:, None]

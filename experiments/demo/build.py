@@ -167,7 +167,7 @@ def _progress(stage: str, total: int, describe):
 
     def on_step(step: int, value) -> None:
         if (step + 1) % max(1, total // 10) == 0 or step + 1 == total:
-            print(f"[{stage}] step {step + 1}/{total} {describe(value)} {time.perf_counter() - t0:.0f}s", flush=True)
+            print(f"[{stage}] step {step + 1}/{total} {describe(value)} {time.perf_counter() - t0:.1f}s", flush=True)
     return on_step
 
 
@@ -232,18 +232,21 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     examples = distilled + source
     tcfg = target.config
     dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=evenly_spaced_taps(size["layers"]),
-                             markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1)
+                             markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1,
+                             intermediate_size=size.get("draft_intermediate"))
     draft = random_draft(dcfg, target.cpu(), seed + 1).to(device)
     target.to(device)
     ckpt, start, opt_state = out / f"{name}.train", 0, None
     if (resumed := load_checkpoint(ckpt, target)) is not None:  # an interrupted build goes on from here
         draft, start, opt_state = resumed
     log = _progress(name, size["draft_steps"], lambda parts: f"tau {parts[0].tau:.2f} ce {parts[0].ce:.3f}")
-    train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=size["batch"], lr=1e-3, seed=seed,
+    batch = size.get("draft_batch", size["batch"])
+    train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=1e-3, seed=seed,
                                              checkpoint_every=500, loss=LossConfig(num_anchors=size["anchors"])),
           out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
-    _record(out, name, {"layers": size["draft_layers"], "markov_rank": rank, "block_size": 7,
-                        "taps": list(dcfg.target_layer_ids), "steps": size["draft_steps"], "batch": size["batch"],
+    _record(out, name, {"layers": size["draft_layers"], "intermediate": dcfg.backbone.intermediate_size,
+                        "markov_rank": rank, "block_size": 7,
+                        "taps": list(dcfg.target_layer_ids), "steps": size["draft_steps"], "batch": batch,
                         "anchors": size["anchors"], "lr": 1e-3,
                         "distilled_sequences": len(distilled), "source_windows": len(source), "seed": seed,
                         "device": device})
@@ -299,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-steps", type=int, help="override the size's target instruction-tuning steps")
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
     ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
+    ap.add_argument("--draft-intermediate", type=int, help="override the drafts' MLP width (default: the target's)")
+    ap.add_argument("--draft-batch", type=int, help="override the sequences per draft training step")
+    ap.add_argument("--drafts", default="dspark,dflash", help="which drafts to build (comma-separated)")
     ap.add_argument("--anchors", type=int, help="override the anchors (blocks) drawn per training sequence")
     ap.add_argument("--samples", type=int, help="override the temperature-1 answers distilled per instruction")
     ap.add_argument("--continuations", type=int, help="override the source windows the target continues (T = 1)")
@@ -312,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.size = "smoke"
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
-    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "anchors", "samples", "continuations",
-                "rephrasings"):
+    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "draft_intermediate", "draft_batch",
+                "anchors", "samples", "continuations", "rephrasings"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
@@ -342,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     del target
     jobs = [(str(out), name, rank, size, args.seed, device)
-            for name, rank in (("dspark", 8 if args.size == "smoke" else 64), ("dflash", 0))]
+            for name, rank in (("dspark", 8 if args.size == "smoke" else 64), ("dflash", 0))
+            if name in args.drafts.split(",")]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             list(pool.map(build_draft, *zip(*jobs)))
