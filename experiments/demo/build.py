@@ -52,8 +52,9 @@ from harness.datasets import load as load_suite
 
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
-            pretrain_steps=3000, target_steps=1500, draft_steps=4500, batch=16, max_answer=256, draft_layers=2,
-            samples=4, draft_source=True, anchors=64, continuations=4000, rephrasings=2)
+            pretrain_steps=3000, target_steps=1500, batch=16, max_answer=256, samples=4, continuations=4000,
+            rephrasings=2, draft_layers=3, draft_intermediate=640, draft_steps=3750, draft_batch=32, anchors=64,
+            draft_source=True)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
               samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0, rephrasings=0)
@@ -240,14 +241,19 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     if (resumed := load_checkpoint(ckpt, target)) is not None:  # an interrupted build goes on from here
         draft, start, opt_state = resumed
     log = _progress(name, size["draft_steps"], lambda parts: f"tau {parts[0].tau:.2f} ce {parts[0].ce:.3f}")
-    batch = size.get("draft_batch", size["batch"])
-    train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=1e-3, seed=seed,
-                                             checkpoint_every=500, loss=LossConfig(num_anchors=size["anchors"])),
-          out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
+    batch, lr = size.get("draft_batch", size["batch"]), size.get("draft_lr", 1e-3)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for the training matmuls (GPU only)
+    try:
+        train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=lr, seed=seed,
+                                                 checkpoint_every=500, loss=LossConfig(num_anchors=size["anchors"])),
+              out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     _record(out, name, {"layers": size["draft_layers"], "intermediate": dcfg.backbone.intermediate_size,
                         "markov_rank": rank, "block_size": 7,
                         "taps": list(dcfg.target_layer_ids), "steps": size["draft_steps"], "batch": batch,
-                        "anchors": size["anchors"], "lr": 1e-3,
+                        "anchors": size["anchors"], "lr": lr, "tf32_matmul": device.startswith("cuda"),
                         "distilled_sequences": len(distilled), "source_windows": len(source), "seed": seed,
                         "device": device})
     save_draft(draft.to(torch.bfloat16), out / name, "deepspec", tcfg, with_embeddings=False)
@@ -255,14 +261,15 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     return name
 
 
-def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool) -> dict:
-    """Acceptance on the held-out coding prompts (never seen in training), with the stored models."""
+def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool, drafts: list[str]) -> dict:
+    """Acceptance on the held-out coding prompts (never seen in training), with the stored models:
+    the `drafts` built, and the n-gram drafter on the same prompts."""
     target = _load_target(out, device)
     eos = target.config.eos_token_ids
     rows = [r for r in load_suite("qualitative", source="demo").rows if r.category == "coding"][: size.get("prompts")]
     prompts = [chat_example(tokenizer, r.turns[0], [])[0].tolist() for r in rows]
-    systems = {"plain": None, "dspark": BlockDrafter(load_draft(out / "dspark", target).model),
-               "dflash": BlockDrafter(load_draft(out / "dflash", target).model), "ngram": NgramDrafter()}
+    systems = {"plain": None} | {name: BlockDrafter(load_draft(out / name, target).model) for name in drafts}
+    systems["ngram"] = NgramDrafter()
     figures = {"prompts": len(prompts)}
     for temperature in (0.0, 1.0):
         cfg = GenerationConfig(max_new_tokens=16 if smoke else 128, temperature=temperature, stop_token_ids=eos)
@@ -271,7 +278,7 @@ def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool) -> dict
             engine = Engine(target, drafter)
             outputs[name] = [engine.generate(p, replace(cfg, seed=i)) for i, p in enumerate(prompts)]
         t = f"T{temperature:g}"
-        for name in ("dspark", "dflash", "ngram"):
+        for name in [*drafts, "ngram"]:
             lengths = [n for r in outputs[name] for n in r.acceptance_lengths]
             figures[f"{name}_{t}_acceptance_length"] = sum(lengths) / max(1, len(lengths))
         plain = outputs["plain"]
@@ -279,7 +286,7 @@ def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool) -> dict
         figures[f"target_{t}_mean_output_tokens"] = sum(len(r.tokens) for r in plain) / len(plain)
         if temperature == 0.0:
             figures["greedy_outputs_equal_plain"] = all(
-                a.tokens == b.tokens for name in ("dspark", "dflash", "ngram") for a, b in zip(outputs[name], plain))
+                a.tokens == b.tokens for name in [*drafts, "ngram"] for a, b in zip(outputs[name], plain))
     return figures
 
 
@@ -304,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
     ap.add_argument("--draft-intermediate", type=int, help="override the drafts' MLP width (default: the target's)")
     ap.add_argument("--draft-batch", type=int, help="override the sequences per draft training step")
-    ap.add_argument("--drafts", default="dspark,dflash", help="which drafts to build (comma-separated)")
+    ap.add_argument("--draft-lr", type=float, help="override the drafts' peak learning rate")
+    ap.add_argument("--drafts", default="dspark,dflash", help="which drafts to build and evaluate (comma-separated)")
     ap.add_argument("--anchors", type=int, help="override the anchors (blocks) drawn per training sequence")
     ap.add_argument("--samples", type=int, help="override the temperature-1 answers distilled per instruction")
     ap.add_argument("--continuations", type=int, help="override the source windows the target continues (T = 1)")
@@ -317,9 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.size = "smoke"
+    drafts = [name for name in ("dspark", "dflash") if name in args.drafts.split(",")]
+    if not drafts or set(args.drafts.split(",")) - set(drafts):
+        ap.error(f"--drafts {args.drafts!r}: give dspark, dflash or dspark,dflash")
+    if args.install and len(drafts) < 2:
+        ap.error("--install ships both drafts: leave --drafts at its default")
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
     for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "draft_intermediate", "draft_batch",
-                "anchors", "samples", "continuations", "rephrasings"):
+                "draft_lr", "anchors", "samples", "continuations", "rephrasings"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
@@ -347,9 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.until == "distill":
         return 0
     del target
-    jobs = [(str(out), name, rank, size, args.seed, device)
-            for name, rank in (("dspark", 8 if args.size == "smoke" else 64), ("dflash", 0))
-            if name in args.drafts.split(",")]
+    ranks = {"dspark": 8 if args.size == "smoke" else 64, "dflash": 0}
+    jobs = [(str(out), name, ranks[name], size, args.seed, device) for name in drafts]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             list(pool.map(build_draft, *zip(*jobs)))
@@ -363,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"size": args.size, "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
                "evaluated_on": device, "torch": torch.__version__,
                "build": {stage: json.loads((out / f"{stage}.settings.json").read_text())
-                         for stage in ("target", "distill", "dspark", "dflash")}}
-    figures |= evaluate(out, tokenizer, size, device, args.size == "smoke")
+                         for stage in ("target", "distill", *drafts)}}
+    figures |= evaluate(out, tokenizer, size, device, args.size == "smoke", drafts)
     figures["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "figures.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
