@@ -40,12 +40,14 @@ class LossConfig:
 
 @dataclass
 class LossParts:
+    """The loss and, detached, its parts: 0-dim tensors, so that computing them never waits for the
+    device (read them with float() when they are shown)."""
     loss: Tensor
-    ce: float
-    l1: float
-    bce: float
-    tau: float  # 1 + sum_k prod_{i<=k} (1 - L1_i / 2): the probabilistic acceptance length estimate
-    slots: int
+    ce: Tensor
+    l1: Tensor
+    bce: Tensor
+    tau: Tensor  # 1 + sum_k prod_{i<=k} (1 - L1_i / 2): the probabilistic acceptance length estimate
+    slots: Tensor
 
 
 def pad_batch(examples: list[tuple[Tensor, Tensor]], device) -> tuple[Tensor, Tensor]:
@@ -104,8 +106,7 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
         raise DSparkError("the trainer writes drafts that embed the mask token (no separate mask row)")
     # All blocks of a sequence run as one packed row: the context in slots 0..s-1, block j in slots
     # s + j*b .. s + j*b + b-1; each block sees the context before its anchor and itself (non-causal).
-    used = anchors >= 0
-    anchor_all = anchors.clamp_min(0)  # unused blocks see only themselves and are dropped below
+    anchor_all = anchors.clamp_min(0)  # unused blocks (-1) see only themselves and weigh nothing
     k = torch.arange(b, device=device)
     q = anchors.shape[1] * b
     packed_pos = (anchor_all[..., None] + k).reshape(nb, q)  # RoPE positions of the block rows
@@ -122,18 +123,19 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     block = torch.full((nb, anchors.shape[1], b), dc.mask_token_id, dtype=torch.long, device=device)
     block[..., 0] = ids.gather(1, anchor_all)
     hidden = draft.block_hidden(block.view(nb, q), packed_pos, cache, kv_len, slots=slots, mask=mask)
-    hidden = hidden.view(nb, -1, b, hidden.shape[-1])[used]  # [R, B, H], one row per real block
-    seq = torch.arange(nb, device=device)[:, None].expand_as(anchors)[used]  # [R] the sequence of each block
-    anchor = anchors[used]
-    r = anchor.shape[0]
-    positions = anchor[:, None] + k  # [R, B]
+    # One row per block from here on (no boolean indexing: the step never waits for the device).
+    hidden = hidden.view(-1, b, hidden.shape[-1])  # [R, B, H]
+    used = (anchors >= 0).flatten()  # [R]
+    seq = torch.arange(nb, device=device).repeat_interleave(anchors.shape[1])  # [R] the sequence of each block
+    r = seq.shape[0]
+    positions = anchor_all.flatten()[:, None] + k  # [R, B]
     logits = draft.base_logits(hidden)
 
     rows = seq[:, None]
     label_pos = positions + 1  # slot k predicts the token at anchor + k + 1
     in_seq = label_pos < s
     label_pos = label_pos.clamp(max=s - 1)
-    valid = (in_seq & loss_mask[rows, label_pos]).long().cumprod(-1).bool()  # a prefix mask
+    valid = (in_seq & loss_mask[rows, label_pos] & used[:, None]).long().cumprod(-1).bool()  # a prefix mask
     labels = ids[rows, label_pos]
     prev = ids[rows, positions.clamp(max=s - 1)]  # teacher forcing: slot k follows the true token at anchor + k
     conf_logit = None
@@ -165,8 +167,14 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
             parts["bce"] = (bce * weight).sum() / norm
             loss = loss + cfg.confidence_weight * parts["bce"]
     accept = ((1 - l1.detach() / 2) * valid).clamp(0, 1)
-    tau = 1 + accept.cumprod(-1).sum(-1).mean()
-    return LossParts(loss, *(float(parts[n].detach()) for n in ("ce", "l1", "bce")), float(tau), int(valid.sum()))
+    tau = 1 + (accept.cumprod(-1).sum(-1) * used).sum() / used.sum().clamp_min(1)
+    return LossParts(loss, *(parts[n].detach() for n in ("ce", "l1", "bce")), tau, valid.sum())
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """A CPU batch tensor on `device`; to a GPU from pinned memory, so the copy does not wait for the
+    work already queued (the step's host code runs ahead of the device)."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def trainable_parameters(draft: DraftModel) -> list[torch.nn.Parameter]:
@@ -258,7 +266,7 @@ def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, T
         picks = torch.randint(0, len(examples), (args.batch,), generator=gen).tolist()
         ids, mask = pad_batch([examples[i] for i in picks], "cpu")  # anchors are drawn on the CPU: no device syncs
         anchors = pad_anchors([sample_anchors(mask[row], args.loss.num_anchors, gen) for row in range(len(picks))])
-        ids, mask, anchors = ids.to(device), mask.to(device), anchors.to(device)
+        ids, mask, anchors = (to_device(t, device) for t in (ids, mask, anchors))
         feats, t_logits = target_features(target, ids, taps)
         parts = draft_loss(draft, feats, t_logits, ids, mask, anchors, args.loss)
         parts.loss.backward()

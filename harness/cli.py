@@ -279,9 +279,12 @@ def train_draft(
         task = progress.add_task("training", total=steps, completed=start, stats="")
 
         def on_step(step, stats):
+            if (step + 1) % 10 and step + 1 != steps:  # reading the figures waits for the device: not every step
+                progress.update(task, completed=step + 1)
+                return
             n = len(stats)
             progress.update(task, completed=step + 1, stats=(
-                f"loss {sum(s.loss.item() for s in stats) / n:.3f}  tau~{sum(s.tau for s in stats) / n:.2f}"))
+                f"loss {sum(float(s.loss.detach()) for s in stats) / n:.3f}  tau~{sum(float(s.tau) for s in stats) / n:.2f}"))
 
         draft = train(loaded.model, draft, examples, args, out_dir=out_dir, start_step=start,
                       optimizer_state=opt_state, on_step=on_step)
