@@ -14,10 +14,15 @@ ROOT = Path(__file__).resolve().parent.parent
 transformers = pytest.importorskip("transformers")
 
 
-def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
+def _build_module():
     spec = importlib.util.spec_from_file_location("demo_build", ROOT / "experiments" / "demo" / "build.py")
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
+    return build
+
+
+def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
+    build = _build_module()
     pin = json.loads(build.corpus_mod.PIN.read_text())
     try:
         build.corpus_mod.check_pin(pin, build.corpus_mod.stdlib_dir())
@@ -46,3 +51,49 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
         assert figures[key] >= 0
     assert figures["greedy_outputs_equal_plain"] is True
     assert figures["corpus_sha256"] == hashlib.sha256(json.dumps(corpus).encode()).hexdigest()
+
+
+def test_a_packed_distillation_is_used_only_for_its_own_target_and_recipe(tmp_path):
+    import torch
+
+    build = _build_module()
+    src = tmp_path / "src"
+    (src / "target").mkdir(parents=True)
+    (src / "target" / "model.safetensors").write_bytes(b"weights one")
+    rows = [(torch.tensor([5, 6, 7, 8]), torch.tensor([False, True, True, True])),
+            (torch.tensor([9, 3]), torch.tensor([False, True]))]
+    build.save_rows(rows, src / "distilled.pt")
+    (src / "distill.settings.json").write_text('{"sequences": 2}')
+    recipe = {"samples": 4, "rephrasings": 2, "continuations": 10, "max_answer": 8, "seed": 0}
+    packed = tmp_path / "distilled.pt.xz"
+    build.pack_distilled(src, recipe, packed)
+
+    def fresh(name, weights):
+        out = tmp_path / name
+        (out / "target").mkdir(parents=True)
+        (out / "target" / "model.safetensors").write_bytes(weights)
+        return out
+
+    same = fresh("same", b"weights one")
+    assert build.unpack_distilled(same, recipe, packed)
+    assert [(i.tolist(), m.tolist()) for i, m in build.load_rows(same / "distilled.pt")] == \
+        [(i.tolist(), m.tolist()) for i, m in rows]
+    assert (same / "distill.settings.json").read_text() == '{"sequences": 2}'
+    other_target = fresh("other", b"weights two")
+    assert not build.unpack_distilled(other_target, recipe, packed)
+    other_recipe = fresh("recipe", b"weights one")
+    assert not build.unpack_distilled(other_recipe, recipe | {"samples": 1}, packed)
+    assert not (other_target / "distilled.pt").exists() and not (other_recipe / "distilled.pt").exists()
+
+
+def test_the_shipped_distillation_belongs_to_the_shipped_target(tmp_path):
+    """`--install` keeps them together: a rebuild of the drafts from the shipped target skips distilling."""
+    import shutil
+
+    from dspark.checkpoint import DEMO_DIR
+
+    build = _build_module()
+    shutil.copytree(DEMO_DIR / "target", tmp_path / "target")
+    assert build.unpack_distilled(tmp_path, build.distill_recipe(build.FULL, 0))
+    settings = json.loads((tmp_path / "distill.settings.json").read_text())
+    assert settings["sequences"] == len(build.load_rows(tmp_path / "distilled.pt")) == 26473
