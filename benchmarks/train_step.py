@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--tf32", action="store_true", help="TF32 matmuls (the demo build trains with them on a GPU)")
     ap.add_argument("--profile", action="store_true", help="print the top operators of the timed steps")
     args = ap.parse_args()
+    if args.steps < 1:
+        ap.error("--steps must be at least 1")
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     device = torch.device(args.device)
     target = load_target("demo", device="cpu", dtype="float32").model
@@ -53,16 +55,18 @@ def main() -> None:
                 for _ in range(256)]
     stamps = []
     warm = 5
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     profiler = torch.profiler.profile(activities=acts) if args.profile else None
 
     def on_step(step, stats):
+        if step == warm - 1:  # the timed (and profiled) steps start with the warm-up's work finished
+            sync()
+            if profiler is not None:
+                profiler.start()
         stamps.append(time.perf_counter())
-        if profiler is not None and step == warm - 1:  # the timed steps are the profiled ones
-            profiler.start()
 
     targs = TrainArgs(steps=warm + args.steps, batch=args.batch, lr=1e-3, loss=LossConfig(num_anchors=args.anchors))
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     train(target, draft, examples, targs, on_step=on_step)
     host_done = stamps[-1]
     sync()

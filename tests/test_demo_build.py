@@ -63,10 +63,10 @@ def test_a_packed_distillation_is_used_only_for_its_own_target_and_recipe(tmp_pa
     rows = [(torch.tensor([5, 6, 7, 8]), torch.tensor([False, True, True, True])),
             (torch.tensor([9, 3]), torch.tensor([False, True]))]
     build.save_rows(rows, src / "distilled.pt")
-    (src / "distill.settings.json").write_text('{"sequences": 2}')
-    recipe = {"samples": 4, "rephrasings": 2, "continuations": 10, "max_answer": 8, "seed": 0}
+    recipe = build.distill_recipe(build.SMOKE, 0, "c0ffee")
+    (src / "distill.settings.json").write_text(json.dumps({"sequences": 2, "recipe": recipe}))
     packed = tmp_path / "distilled.pt.xz"
-    build.pack_distilled(src, recipe, packed)
+    build.pack_distilled(src, packed)
 
     def fresh(name, weights):
         out = tmp_path / name
@@ -78,12 +78,26 @@ def test_a_packed_distillation_is_used_only_for_its_own_target_and_recipe(tmp_pa
     assert build.unpack_distilled(same, recipe, packed)
     assert [(i.tolist(), m.tolist()) for i, m in build.load_rows(same / "distilled.pt")] == \
         [(i.tolist(), m.tolist()) for i, m in rows]
-    assert (same / "distill.settings.json").read_text() == '{"sequences": 2}'
+    assert json.loads((same / "distill.settings.json").read_text())["recipe"] == recipe
     other_target = fresh("other", b"weights two")
     assert not build.unpack_distilled(other_target, recipe, packed)
     other_recipe = fresh("recipe", b"weights one")
-    assert not build.unpack_distilled(other_recipe, recipe | {"samples": 1}, packed)
+    assert not build.unpack_distilled(other_recipe, recipe | {"samples": 7}, packed)
+    assert not build.unpack_distilled(other_recipe, recipe | {"corpus_sha256": "beef"}, packed)
     assert not (other_target / "distilled.pt").exists() and not (other_recipe / "distilled.pt").exists()
+    corrupt = tmp_path / "corrupt.xz"
+    corrupt.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])  # truncated: ignored, the stage distills
+    assert not build.unpack_distilled(same, recipe, corrupt)
+
+
+def test_install_refuses_a_folder_without_a_recorded_distillation_before_touching_the_package(tmp_path):
+    build = _build_module()
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "distilled.pt").write_bytes(b"rows")
+    (tmp_path / "distill.settings.json").write_text('{"sequences": 1}')  # made before recipes were recorded
+    with pytest.raises(SystemExit, match="no distillation with its recipe recorded"):
+        build.install(tmp_path)  # nothing else is there: had it copied first, it would fail differently
 
 
 def test_the_shipped_distillation_belongs_to_the_shipped_target(tmp_path):
@@ -94,6 +108,13 @@ def test_the_shipped_distillation_belongs_to_the_shipped_target(tmp_path):
 
     build = _build_module()
     shutil.copytree(DEMO_DIR / "target", tmp_path / "target")
-    assert build.unpack_distilled(tmp_path, build.distill_recipe(build.FULL, 0))
+    figures = json.loads((ROOT / "experiments" / "demo" / "figures.json").read_text())
+    recipe = build.distill_recipe(build.FULL, 0, figures["corpus_sha256"])
+    assert build.unpack_distilled(tmp_path, recipe)
     settings = json.loads((tmp_path / "distill.settings.json").read_text())
     assert settings["sequences"] == len(build.load_rows(tmp_path / "distilled.pt")) == 26473
+    # what the rows record of how they were made agrees with the recipe they are filed under
+    assert settings["recipe"] == recipe
+    assert (settings["samples_t1"], settings["continuations_t1"], settings["max_answer"], settings["seed"]) == \
+        (recipe["samples"], recipe["continuations"], recipe["max_answer"], recipe["seed"])
+    assert settings["reworded_instructions"] == recipe["rephrasings"] * settings["instructions"]

@@ -28,6 +28,7 @@ import io
 import json
 import lzma
 import multiprocessing
+import os
 import re
 import shutil
 import sys
@@ -176,11 +177,12 @@ def _progress(stage: str, total: int, describe):
 
 
 def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], texts: list[str], size: dict,
-            seed: int) -> list:
+            seed: int, recipe: dict) -> list:
     """The target's own answers to the training instructions (greedy, plus `samples` at temperature 1),
-    and its sampled continuations of `continuations` source windows (contexts it has not memorised)."""
+    and its sampled continuations of `continuations` source windows (contexts it has not memorised).
+    `recipe` (see `distill_recipe`) is recorded with them."""
     path = out / "distilled.pt"
-    if path.is_file() or unpack_distilled(out, distill_recipe(size, seed)):
+    if path.is_file() or unpack_distilled(out, recipe):
         return load_rows(path)
     prompts = [chat_example(tokenizer, p["instruction"], [])[0].tolist() for p in pairs]
     rows = []
@@ -207,31 +209,39 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], texts:
     _record(out, "distill", {"instructions": len(prompts), "greedy": 1, "samples_t1": size["samples"],
                              "reworded_instructions": len(reworded), "continuations_t1": len(starts),
                              "max_answer": size["max_answer"],
-                             "sequences": len(rows), "seed": seed})
+                             "sequences": len(rows), "seed": seed, "recipe": recipe})
     return rows
 
 
 SHIPPED_DISTILLED = Path(__file__).with_name("distilled.pt.xz")
 
 
-def distill_recipe(size: dict, seed: int) -> dict:
-    return {k: size[k] for k in ("samples", "rephrasings", "continuations", "max_answer")} | {"seed": seed}
+def distill_recipe(size: dict, seed: int, corpus_sha256: str) -> dict:
+    """Everything besides the target's weights that decides the distilled rows."""
+    return ({k: size.get(k) for k in ("samples", "rephrasings", "continuations", "max_answer", "window", "files",
+                                      "pairs")} | {"seed": seed, "corpus_sha256": corpus_sha256})
 
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def pack_distilled(out: Path, recipe: dict, dest: Path = SHIPPED_DISTILLED) -> None:
+def pack_distilled(out: Path, dest: Path = SHIPPED_DISTILLED) -> None:
     """The distillation of the shipped target, lzma-compressed beside this script (1.9 MB instead of
     15): a rebuild of the drafts then skips the 3.5 GPU minutes of generation. It names the target's
-    weights (sha256) and the recipe it was made with, and is used only for exactly those."""
+    weights (sha256) and the recipe recorded when the rows were made, and is used only for exactly those."""
+    settings = out / "distill.settings.json"
+    recipe = json.loads(settings.read_text()).get("recipe") if settings.is_file() else None
+    if recipe is None or not (out / "distilled.pt").is_file():
+        raise SystemExit(f"build.py: {out} has no distillation with its recipe recorded (distilled.pt and "
+                         "distill.settings.json); run the distill stage there first")
     payload = {"target_sha256": _sha256(out / "target" / "model.safetensors"), "recipe": json.dumps(recipe),
-               "settings": (out / "distill.settings.json").read_text(), "rows": torch.load(out / "distilled.pt",
-                                                                                           weights_only=True)}
+               "settings": settings.read_text(), "rows": torch.load(out / "distilled.pt", weights_only=True)}
     buf = io.BytesIO()
     torch.save(payload, buf)
-    dest.write_bytes(lzma.compress(buf.getvalue(), preset=9))
+    tmp = dest.with_name(dest.name + ".tmp")
+    tmp.write_bytes(lzma.compress(buf.getvalue(), preset=9))
+    os.replace(tmp, dest)
 
 
 def unpack_distilled(out: Path, recipe: dict, src: Path = SHIPPED_DISTILLED) -> bool:
@@ -239,12 +249,17 @@ def unpack_distilled(out: Path, recipe: dict, src: Path = SHIPPED_DISTILLED) -> 
     this recipe; False (and nothing written) otherwise."""
     if not src.is_file():
         return False
-    payload = torch.load(io.BytesIO(lzma.decompress(src.read_bytes())), weights_only=True)
-    if payload["target_sha256"] != _sha256(out / "target" / "model.safetensors") or \
-            json.loads(payload["recipe"]) != recipe:
+    try:
+        payload = torch.load(io.BytesIO(lzma.decompress(src.read_bytes())), weights_only=True)
+        made_for = (payload["target_sha256"], json.loads(payload["recipe"]))
+    except (lzma.LZMAError, EOFError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        print(f"[distill] {src} is unreadable ({type(exc).__name__}); distilling instead", flush=True)
         return False
-    torch.save(payload["rows"], out / "distilled.pt")
+    if made_for != (_sha256(out / "target" / "model.safetensors"), recipe):
+        return False
     (out / "distill.settings.json").write_text(payload["settings"])
+    torch.save(payload["rows"], out / "distilled.pt.tmp")
+    os.replace(out / "distilled.pt.tmp", out / "distilled.pt")  # last: its presence marks the stage done
     print(f"[distill] the target's distillation from {src.name} (the same weights and recipe)", flush=True)
     return True
 
@@ -291,7 +306,8 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
               out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    _record(out, name, {"layers": size["draft_layers"], "intermediate": dcfg.backbone.intermediate_size,
+    made = draft.config.backbone  # a resumed run's own shape, whatever this command asked for
+    _record(out, name, {"layers": made.num_layers, "intermediate": made.intermediate_size,
                         "markov_rank": rank, "block_size": 7,
                         "taps": list(dcfg.target_layer_ids), "steps": size["draft_steps"], "batch": batch,
                         "anchors": size["anchors"], "lr": lr, "tf32_matmul": device.startswith("cuda"),
@@ -331,13 +347,13 @@ def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool, drafts:
     return figures
 
 
-def install(out: Path, recipe: dict) -> None:
+def install(out: Path) -> None:
     """The three models into the package; the figures and the target's distillation beside this script."""
+    pack_distilled(out)  # first: it refuses a folder without a recorded distillation, before anything is replaced
     for name in ("target", "dspark", "dflash"):
         shutil.rmtree(DEMO_DIR / name, ignore_errors=True)
         shutil.copytree(out / name, DEMO_DIR / name)
     shutil.copy(out / "figures.json", Path(__file__).with_name("figures.json"))
-    pack_distilled(out, recipe)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[target] ready {time.perf_counter() - t0:.0f}s", flush=True)
     if args.until == "target":
         return 0
-    distill(out, tokenizer, target, pairs, list(corpus["files"].values()), size, args.seed)
+    corpus_sha256 = hashlib.sha256(text.encode()).hexdigest()
+    distill(out, tokenizer, target, pairs, list(corpus["files"].values()), size, args.seed,
+            distill_recipe(size, args.seed, corpus_sha256))
     if size["draft_source"]:
         source_windows(out, tokenizer, list(corpus["files"].values()), size)  # the drafts read out/windows.pt
     print(f"[distill] ready {time.perf_counter() - t0:.0f}s", flush=True)
@@ -415,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.until == "drafts":
         return 0
 
-    figures = {"size": args.size, "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
+    figures = {"size": args.size, "corpus_sha256": corpus_sha256,
                "evaluated_on": device, "torch": torch.__version__,
                "build": {stage: json.loads(f.read_text()) if (f := out / f"{stage}.settings.json").is_file() else None
                          for stage in ("target", "distill", *drafts)}}  # None: a stage this folder did not run
@@ -424,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "figures.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
     if args.install:
-        install(out, distill_recipe(size, args.seed))
+        install(out)
     return 0
 
 
