@@ -113,7 +113,7 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     slots = (s + torch.arange(q, device=device))[None].expand(nb, q)
     kv_len = s + q
     key = torch.arange(kv_len, device=device)
-    before_anchor = key[None, None, :] < packed_pos[:, :, None] - k.repeat(q // b)[None, :, None]
+    before_anchor = key[None, None, :] < anchor_all.repeat_interleave(b, dim=1)[:, :, None]
     own_block = (key[None, :] >= s) & ((key[None, :] - s).div(b, rounding_mode="floor")
                                        == torch.arange(q, device=device)[:, None] // b)
     mask = (before_anchor | own_block[None])[:, None]  # [nb, 1, q, kv_len]
@@ -128,7 +128,7 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     used = (anchors >= 0).flatten()  # [R]
     seq = torch.arange(nb, device=device).repeat_interleave(anchors.shape[1])  # [R] the sequence of each block
     r = seq.shape[0]
-    positions = anchor_all.flatten()[:, None] + k  # [R, B]
+    positions = packed_pos.view(r, b)  # [R, B]
     logits = draft.base_logits(hidden)
 
     rows = seq[:, None]

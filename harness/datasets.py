@@ -85,7 +85,7 @@ def load(split: str, dataset_path: Path | None = None, source: str = "hub", revi
         raise DSparkError(f"{dataset_path or files[0]}: no rows")
     _unique_ids(rows)
     return Dataset(rows, {"kind": "demo" if dataset_path is None else "files", "split": split,
-                          "files": {str(f): _sha256(f) for f in files}})
+                          "files": {str(f): file_sha256(f) for f in files}})
 
 
 def _local_files(path: Path, split: str) -> list[Path]:
@@ -218,5 +218,5 @@ def select(rows: list[Row], split: str, categories: list[str] | None, num_prompt
     return rows
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()

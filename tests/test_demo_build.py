@@ -90,8 +90,9 @@ def test_a_packed_distillation_is_used_only_for_its_own_target_and_recipe(tmp_pa
     assert not build.unpack_distilled(same, recipe, corrupt)
 
 
-def test_install_refuses_a_folder_without_a_recorded_distillation_before_touching_the_package(tmp_path):
+def test_install_refuses_a_folder_without_a_recorded_distillation_before_touching_the_package(tmp_path, monkeypatch):
     build = _build_module()
+    monkeypatch.setattr(build, "DEMO_DIR", tmp_path / "package")  # were the order wrong, the real package stays safe
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "model.safetensors").write_bytes(b"w")
     (tmp_path / "distilled.pt").write_bytes(b"rows")

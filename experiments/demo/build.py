@@ -52,6 +52,7 @@ from dspark.target import Qwen3Target  # noqa: E402
 from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: E402
 from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer  # noqa: E402
 from dspark.train import LossConfig, TrainArgs, load_checkpoint, train, train_target  # noqa: E402
+from harness.datasets import file_sha256
 from harness.datasets import load as load_suite
 
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
@@ -222,21 +223,18 @@ def distill_recipe(size: dict, seed: int, corpus_sha256: str) -> dict:
                                       "pairs")} | {"seed": seed, "corpus_sha256": corpus_sha256})
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def pack_distilled(out: Path, dest: Path = SHIPPED_DISTILLED) -> None:
     """The distillation of the shipped target, lzma-compressed beside this script (1.9 MB instead of
     15): a rebuild of the drafts then skips the 3.5 GPU minutes of generation. It names the target's
-    weights (sha256) and the recipe recorded when the rows were made, and is used only for exactly those."""
-    settings = out / "distill.settings.json"
-    recipe = json.loads(settings.read_text()).get("recipe") if settings.is_file() else None
-    if recipe is None or not (out / "distilled.pt").is_file():
+    weights (sha256) and the settings (with the recipe) recorded when the rows were made, and is used
+    only for exactly that target and recipe."""
+    path = out / "distill.settings.json"
+    settings = path.read_text() if path.is_file() else "{}"
+    if "recipe" not in json.loads(settings) or not (out / "distilled.pt").is_file():
         raise SystemExit(f"build.py: {out} has no distillation with its recipe recorded (distilled.pt and "
                          "distill.settings.json); run the distill stage there first")
-    payload = {"target_sha256": _sha256(out / "target" / "model.safetensors"), "recipe": json.dumps(recipe),
-               "settings": settings.read_text(), "rows": torch.load(out / "distilled.pt", weights_only=True)}
+    payload = {"target_sha256": file_sha256(out / "target" / "model.safetensors"), "settings": settings,
+               "rows": torch.load(out / "distilled.pt", weights_only=True)}
     buf = io.BytesIO()
     torch.save(payload, buf)
     tmp = dest.with_name(dest.name + ".tmp")
@@ -251,11 +249,11 @@ def unpack_distilled(out: Path, recipe: dict, src: Path = SHIPPED_DISTILLED) -> 
         return False
     try:
         payload = torch.load(io.BytesIO(lzma.decompress(src.read_bytes())), weights_only=True)
-        made_for = (payload["target_sha256"], json.loads(payload["recipe"]))
+        made_for = (payload["target_sha256"], json.loads(payload["settings"])["recipe"])
     except (lzma.LZMAError, EOFError, RuntimeError, KeyError, TypeError, ValueError) as exc:
         print(f"[distill] {src} is unreadable ({type(exc).__name__}); distilling instead", flush=True)
         return False
-    if made_for != (_sha256(out / "target" / "model.safetensors"), recipe):
+    if made_for != (file_sha256(out / "target" / "model.safetensors"), recipe):
         return False
     (out / "distill.settings.json").write_text(payload["settings"])
     torch.save(payload["rows"], out / "distilled.pt.tmp")
@@ -309,7 +307,7 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     made = draft.config.backbone  # a resumed run's own shape, whatever this command asked for
     _record(out, name, {"layers": made.num_layers, "intermediate": made.intermediate_size,
                         "markov_rank": rank, "block_size": 7,
-                        "taps": list(dcfg.target_layer_ids), "steps": size["draft_steps"], "batch": batch,
+                        "taps": list(draft.config.target_layer_ids), "steps": size["draft_steps"], "batch": batch,
                         "anchors": size["anchors"], "lr": lr, "tf32_matmul": device.startswith("cuda"),
                         "distilled_sequences": len(distilled), "source_windows": len(source), "seed": seed,
                         "device": device})
