@@ -82,8 +82,10 @@ def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, k
     an explicit `mask` [B, 1, T, kv_len] is True."""
     if mask is None:
         mask = (torch.arange(kv_len, device=q.device) <= limits[..., None])[:, None]
-    return F.scaled_dot_product_attention(q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], attn_mask=mask,
-                                          enable_gqa=q.shape[1] != cache_k.shape[1])
+    k, v = cache_k[:, :, :kv_len], cache_v[:, :, :kv_len]
+    if q.shape[1] != k.shape[1]:  # K/V repeated per query head: a masked GQA call then gets a fused kernel
+        k, v = k.repeat_interleave(q.shape[1] // k.shape[1], 1), v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -148,14 +150,28 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     return out.view(*shape[:-1], inter)
 
 
+# Above this many query rows per sequence (a prefill, the trainer's target pass) attention goes to
+# PyTorch's fused SDPA: the split-KV kernel runs one program per query row, with the GQA group padded
+# to 16 rows, and its work grows as rows x keys without tensor-core tiles over the rows
+# (benchmarks/attention_bench.py measures the crossover on the H200).
+SPLIT_KV_MAX_QUERIES = 16
+
+
 def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int,
               mask: Tensor | None = None) -> Tensor:
+    """q [B, Hq, T, D] over cached keys 0..kv_len-1 (see `attention_ref`): the split-KV kernel for
+    decoding and block verification, SDPA for many query rows, an explicit mask and autograd."""
+    d = q.shape[-1]
+    if (not use_triton(q) or d < 16 or d & (d - 1) or mask is not None or q.shape[2] > SPLIT_KV_MAX_QUERIES):
+        return attention_ref(q, cache_k, cache_v, limits, kv_len, mask)
+    return split_kv_attention(q, cache_k, cache_v, limits, kv_len)
+
+
+def split_kv_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
     """Split-KV ("flash decoding") attention: each program takes one KV head's query group for one
     row over one chunk of keys; a second kernel merges the chunks' partial softmaxes.
     Returns [B, Hq, T, D] (on the GPU a view of token-major memory)."""
     b, hq, t, d = q.shape
-    if not use_triton(q) or d < 16 or d & (d - 1) or mask is not None:
-        return attention_ref(q, cache_k, cache_v, limits, kv_len, mask)
     hkv = cache_k.shape[1]
     group = hq // hkv
     gp = max(16, triton.next_power_of_2(group))  # tensor-core tiles need 16 rows

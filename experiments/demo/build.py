@@ -300,7 +300,7 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for the training matmuls (GPU only)
     try:
         train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=lr, seed=seed,
-                                                 checkpoint_every=500, loss=LossConfig(num_anchors=size["anchors"])),
+                                                 checkpoint_every=250, loss=LossConfig(num_anchors=size["anchors"])),
               out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
