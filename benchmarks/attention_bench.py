@@ -5,8 +5,9 @@ split-KV kernel and the rest to SDPA; this prints, per shape, the microseconds o
 that the crossover can be read off:
 
 - `split_kv`: our Triton kernel (one program per query row and KV head);
-- `sdpa_mask`: `kernels.attention_ref`: K/V repeated to the query heads, SDPA with the boolean mask;
-- `sdpa_mask_gqa`: SDPA with the mask and `enable_gqa` instead of repeating K/V;
+- `sdpa_mask_repeat`: SDPA with the boolean mask over K/V repeated to the query heads (what
+  `kernels.attention_ref` does in float32);
+- `sdpa_mask_gqa`: SDPA with the mask and `enable_gqa` (what it does in half precision);
 - `sdpa_causal`: SDPA with `is_causal=True` (flash), the bound for a prefill from position 0.
 
 Shapes: the demo trainer's target pass (float32, batch 32, 4/2 heads of 64, 450 rows) and a
@@ -64,9 +65,11 @@ def bench(name, b, hq, hkv, d, t, kv_len, dtype) -> dict:
     ck, cv = (torch.randn(b, hkv, kv_len, d, device="cuda", dtype=dtype) for _ in range(2))
     limits = (kv_len - t + torch.arange(t, device="cuda"))[None].expand(b, t).contiguous()  # causal, last rows
     mask = (torch.arange(kv_len, device="cuda") <= limits[..., None])[:, None]
+    rep = hq // hkv
     fns = {
         "split_kv": lambda: K.split_kv_attention(q, ck, cv, limits, kv_len),
-        "sdpa_mask": lambda: K.attention_ref(q, ck, cv, limits, kv_len),
+        "sdpa_mask_repeat": lambda: F.scaled_dot_product_attention(q, ck.repeat_interleave(rep, 1),
+                                                                   cv.repeat_interleave(rep, 1), attn_mask=mask),
         "sdpa_mask_gqa": lambda: F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=True),
     }
     if t == kv_len:

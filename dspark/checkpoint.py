@@ -275,7 +275,11 @@ def save_target(model: Qwen3Target, out: Path, extra_config: dict | None = None)
 
 
 def _draft_state(model: DraftModel, with_embeddings: bool) -> dict[str, Tensor]:
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "mask_embedding"}
+    state, seen = {}, set()
+    for k, v in model.state_dict().items():
+        if k != "mask_embedding":  # a tied head (a draft loaded with the target's) is written as its own copy
+            state[k] = v.clone() if v.data_ptr() in seen else v.contiguous()
+            seen.add(v.data_ptr())
     if not with_embeddings:
         state = {k: v for k, v in state.items() if not k.startswith(("embed_tokens.", "lm_head."))}
     return state

@@ -83,9 +83,13 @@ def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, k
     if mask is None:
         mask = (torch.arange(kv_len, device=q.device) <= limits[..., None])[:, None]
     k, v = cache_k[:, :, :kv_len], cache_v[:, :, :kv_len]
-    if q.shape[1] != k.shape[1]:  # K/V repeated per query head: a masked GQA call then gets a fused kernel
+    gqa = q.shape[1] != k.shape[1]
+    if gqa and q.dtype == torch.float32:
+        # float32 has no fused masked GQA kernel (SDPA falls back to its unfused math, in training too):
+        # repeated K/V let the memory-efficient kernel run (benchmarks/attention_bench.py)
         k, v = k.repeat_interleave(q.shape[1] // k.shape[1], 1), v.repeat_interleave(q.shape[1] // v.shape[1], 1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        gqa = False
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -36,9 +36,9 @@ def bigram_pair(vocab: int = 64, perturb: float = 0.006, block_size: int = 5, dt
 
 
 def random_pair(vocab: int = 64, block_size: int = 5, dtype=torch.float64, seed: int = 0, std: float = 0.3,
-                markov_rank: int = 8, sample_from_anchor: bool = True, confidence: bool = True):
+                markov_rank: int = 8, sample_from_anchor: bool = True, confidence: bool = True, tie: bool = False):
     tcfg = tiny_target_config(vocab_size=vocab, hidden=32, layers=3, heads=4, kv_heads=2, head_dim=8,
-                              intermediate=64, eos=())
+                              intermediate=64, eos=(), tie=tie)
     target = random_target(tcfg, seed, std=std, dtype=dtype)
     dcfg = tiny_draft_config(tcfg, layers=1, block_size=block_size, taps=(0, 1), markov_rank=markov_rank,
                              confidence=confidence, sample_from_anchor=sample_from_anchor, mask_token_id=vocab - 1)

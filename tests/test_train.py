@@ -95,11 +95,13 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
     from dspark.train import TrainArgs, load_checkpoint, train
 
     args = TrainArgs(steps=6, batch=2, lr=1e-2, checkpoint_every=3, loss=LossConfig(num_anchors=8))
-    target, draft = random_pair(dtype=torch.float64)
+    # A target with tied embedding and head (as the demo's): the resumed draft shares them, and its
+    # checkpoints must still be written
+    target, draft = random_pair(dtype=torch.float64, tie=True)
     whole = train(target, draft, _examples(), args)
 
     # The same 6-step schedule, checkpointed every step and interrupted during the third; then resumed.
-    _, part = random_pair(dtype=torch.float64)
+    _, part = random_pair(dtype=torch.float64, tie=True)
 
     def stop_at_3(step, stats):
         if step == 2:
@@ -112,7 +114,9 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
         pass
     resumed_draft, step, opt_state = load_checkpoint(tmp_path, target)
     assert step == 2
-    resumed = train(target, resumed_draft, _examples(), args, start_step=step, optimizer_state=opt_state)
+    resumed = train(target, resumed_draft, _examples(), args, out_dir=tmp_path, start_step=step,
+                    optimizer_state=opt_state)
+    assert load_checkpoint(tmp_path, target)[1] == 6
     for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
 

@@ -58,7 +58,7 @@ from harness.datasets import load as load_suite
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
             pretrain_steps=3000, target_steps=1500, batch=16, max_answer=256, samples=4, continuations=4000,
-            rephrasings=2, draft_layers=3, draft_intermediate=640, draft_steps=3750, draft_batch=32, anchors=64,
+            rephrasings=2, draft_layers=3, draft_intermediate=640, draft_steps=6250, draft_batch=64, anchors=128,
             draft_source=True)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
