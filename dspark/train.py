@@ -15,6 +15,11 @@ import json
 import math
 import os
 import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,12 +245,45 @@ def read_examples(path, tokenizer=None, max_len: int = 1024) -> list[tuple[Tenso
     return out
 
 
+class TrainingStopped(Exception):
+    """`train` was asked to stop between two steps; `step` steps are done and, with an `out_dir`,
+    checkpointed there."""
+
+    def __init__(self, step: int):
+        super().__init__(f"training stopped after step {step}")
+        self.step = step
+
+
+@contextmanager
+def stop_requested(time_limit_s: float | None = None) -> Iterator[Callable[[], bool]]:
+    """A predicate for `train(stop=...)`: true once SIGINT or SIGTERM has arrived, or `time_limit_s`
+    seconds have passed. Inside the block those signals no longer interrupt the step in flight (a
+    second one does), so the run ends on a finished, checkpointed step; the handlers are restored after."""
+    seen: list[int] = []
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+
+    def note(signum, frame):
+        if seen:
+            raise KeyboardInterrupt
+        seen.append(signum)
+
+    main_thread = threading.current_thread() is threading.main_thread()  # only there can signals be caught
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    try:
+        yield lambda: bool(seen) or (deadline is not None and time.monotonic() >= deadline)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, Tensor]], args: TrainArgs,
-          out_dir=None, start_step: int = 0, optimizer_state: dict | None = None, on_step=None) -> DraftModel:
+          out_dir=None, start_step: int = 0, optimizer_state: dict | None = None, on_step=None,
+          stop: Callable[[], bool] | None = None) -> DraftModel:
     """AdamW with warm-up and cosine decay, gradient clipping, frozen shared embedding and head.
 
     Step s draws its sequences and anchors from a generator seeded by (seed, s), so a run resumed at
-    any checkpoint takes the same steps as an uninterrupted one.
+    any checkpoint takes the same steps as an uninterrupted one. `stop` is asked after every step:
+    when it is true before the last, the step is checkpointed and `TrainingStopped` raised.
     """
     device = target.lm_head.weight.device
     params = trainable_parameters(draft)
@@ -275,8 +313,13 @@ def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, T
         opt.step()
         if on_step is not None:
             on_step(step, stats)
-        if out_dir is not None and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
+        saved = (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps
+        if out_dir is not None and saved:
             save_checkpoint(draft, opt, step + 1, out_dir, target)
+        if stop is not None and step + 1 < args.steps and stop():
+            if out_dir is not None and not saved:
+                save_checkpoint(draft, opt, step + 1, out_dir, target)
+            raise TrainingStopped(step + 1)
     draft.eval().requires_grad_(False)
     return draft
 

@@ -237,6 +237,9 @@ def train_draft(
     checkpoint_every: int = typer.Option(200, min=1),
     seed: int = typer.Option(0),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
+    time_limit: Optional[float] = typer.Option(
+        None, min=0.0, help="Stop after this many seconds of training, on a checkpointed step (exit code 3; "
+        "continue with --resume). Ctrl-C or SIGTERM does the same."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
 ):
     """Train a DSpark (or DFlash-mode) draft for a Qwen3 target with DeepSpec's objective."""
@@ -245,7 +248,7 @@ def train_draft(
     from dspark.checkpoint import load_target, save_draft
     from dspark.presets import evenly_spaced_taps
     from dspark.tiny import random_draft, tiny_draft_config
-    from dspark.train import LossConfig, TrainArgs, load_checkpoint, read_examples, train
+    from dspark.train import LossConfig, TrainArgs, TrainingStopped, load_checkpoint, read_examples, stop_requested, train
 
     if mode not in ("dspark", "dflash"):
         raise DSparkError(f"--mode '{mode}' is unknown; use dspark or dflash")
@@ -275,7 +278,7 @@ def train_draft(
         draft = random_draft(dcfg, loaded.model, seed)
     columns = [TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[stats]}"), TimeRemainingColumn()]
-    with Progress(*columns, console=err) as progress:
+    with stop_requested(time_limit) as stop, Progress(*columns, console=err) as progress:
         task = progress.add_task("training", total=steps, completed=start, stats="")
 
         def on_step(step, stats):
@@ -286,8 +289,14 @@ def train_draft(
             progress.update(task, completed=step + 1, stats=(
                 f"loss {sum(float(s.loss.detach()) for s in stats) / n:.3f}  tau~{sum(float(s.tau) for s in stats) / n:.2f}"))
 
-        draft = train(loaded.model, draft, examples, args, out_dir=out_dir, start_step=start,
-                      optimizer_state=opt_state, on_step=on_step)
+        try:
+            draft = train(loaded.model, draft, examples, args, out_dir=out_dir, start_step=start,
+                          optimizer_state=opt_state, on_step=on_step, stop=stop)
+        except TrainingStopped as exc:
+            progress.stop()
+            err.print(f"stopped after step {exc.step} of {steps}; the checkpoint is in {out_dir}: continue with "
+                      "--resume", highlight=False, soft_wrap=True)
+            raise typer.Exit(3) from None
     save_draft(draft, out_dir, "deepspec", tcfg)
     out.print(f"draft saved to {out_dir} (DeepSpec format, {mode}, {steps} steps)", highlight=False, soft_wrap=True)
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 transformers = pytest.importorskip("transformers")
@@ -32,6 +33,11 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     corpus = build.corpus_mod.build(pin, build.corpus_mod.stdlib_dir())
     packed = tmp_path / "corpus.json.gz"
     packed.write_bytes(gzip.compress(json.dumps(corpus).encode()))
+    # stopped by a time limit when the drafts' training starts: checkpointed, exit code 3; then resumed
+    assert build.main(["--out", str(tmp_path), "--smoke", "--corpus", str(packed), "--time-limit", "0"]) == 3
+    for name in ("dspark", "dflash"):
+        assert not (tmp_path / name).exists()
+        assert torch.load(tmp_path / f"{name}.train" / "checkpoint" / "trainer_state.pt", weights_only=True)["step"] == 1
     assert build.main(["--out", str(tmp_path), "--smoke", "--corpus", str(packed)]) == 0
 
     from dspark.checkpoint import load_draft, load_target

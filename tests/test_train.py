@@ -121,6 +121,51 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
 
 
+def test_a_stopped_run_checkpoints_its_last_step_and_resumes_to_the_same_result(tmp_path):
+    import pytest
+
+    from dspark.train import TrainArgs, TrainingStopped, load_checkpoint, train
+
+    args = TrainArgs(steps=5, batch=2, lr=1e-2, checkpoint_every=100, loss=LossConfig(num_anchors=8))
+    target, draft = random_pair(dtype=torch.float64)
+    whole = train(target, draft, _examples(), args)
+    _, part = random_pair(dtype=torch.float64)
+    done = []
+    with pytest.raises(TrainingStopped) as stopped:
+        train(target, part, _examples(), args, out_dir=tmp_path, on_step=lambda step, stats: done.append(step),
+              stop=lambda: len(done) == 2)
+    assert stopped.value.step == 2 and done == [0, 1]  # no step begun after the request
+    resumed_draft, step, opt_state = load_checkpoint(tmp_path, target)  # saved although 2 is no checkpoint step
+    assert step == 2
+    last = []
+    resumed = train(target, resumed_draft, _examples(), args, start_step=step, optimizer_state=opt_state,
+                    on_step=lambda step, stats: last.append(step), stop=lambda: last[-1] == 4)  # true at the end only
+    for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_stop_requested_turns_signals_and_a_time_limit_into_a_request():
+    import os
+    import signal
+
+    import pytest
+
+    from dspark.train import stop_requested
+
+    before = signal.getsignal(signal.SIGINT)
+    with stop_requested() as stop:
+        assert not stop()
+        os.kill(os.getpid(), signal.SIGTERM)  # noted, not fatal: the step in flight finishes
+        assert stop()
+        with pytest.raises(KeyboardInterrupt):  # a second signal does interrupt
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+    with stop_requested(0.0) as stop:
+        assert stop()
+    with stop_requested(3600.0) as stop:
+        assert not stop()
+
+
 def test_train_draft_command_trains_saves_and_resumes(tiny_dir, tmp_path, monkeypatch, capfd):
     import json
 
@@ -141,6 +186,9 @@ def test_train_draft_command_trains_saves_and_resumes(tiny_dir, tmp_path, monkey
     assert load_draft(out, target).config.format == "deepspec"
     code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "4")
     assert code == 2 and "pass --resume" in err  # never silently overwrites a run
+    code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "6", "--resume", "--time-limit", "0")
+    assert code == 3 and "continue with --resume" in err, err  # stopped after one step, checkpointed
+    assert torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=True)["step"] == 5
     code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "6", "--resume")
     assert code == 0, err
     state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=True)

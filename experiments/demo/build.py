@@ -51,7 +51,7 @@ from dspark.presets import evenly_spaced_taps  # noqa: E402
 from dspark.target import Qwen3Target  # noqa: E402
 from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: E402
 from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer  # noqa: E402
-from dspark.train import LossConfig, TrainArgs, load_checkpoint, train, train_target  # noqa: E402
+from dspark.train import LossConfig, TrainArgs, TrainingStopped, load_checkpoint, stop_requested, train, train_target  # noqa: E402
 from harness.datasets import file_sha256
 from harness.datasets import load as load_suite
 
@@ -275,9 +275,11 @@ def load_rows(path: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(flat["ids"].long().split(lengths), flat["mask"].split(lengths)))
 
 
-def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: str) -> str:
+def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: str,
+                deadline: float | None = None) -> str | None:
     """Train one draft on the distilled answers (and the library's source windows, scored against the
-    target's distributions) and store it (a process of its own with --jobs)."""
+    target's distributions) and store it (a process of its own with --jobs). At the wall-clock
+    `deadline` (time.time()), or on SIGINT / SIGTERM, it checkpoints and returns None instead."""
     out = Path(out)
     if (out / name / "model.safetensors").is_file():
         return name
@@ -299,9 +301,13 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for the training matmuls (GPU only)
     try:
-        train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=lr, seed=seed,
-                                                 checkpoint_every=250, loss=LossConfig(num_anchors=size["anchors"])),
-              out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log)
+        with stop_requested(None if deadline is None else deadline - time.time()) as stop:
+            train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=lr, seed=seed,
+                                                     checkpoint_every=250, loss=LossConfig(num_anchors=size["anchors"])),
+                  out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log, stop=stop)
+    except TrainingStopped as exc:
+        print(f"[{name}] stopped after step {exc.step} of {size['draft_steps']} (checkpointed)", flush=True)
+        return None
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     made = draft.config.backbone  # a resumed run's own shape, whatever this command asked for
@@ -376,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rephrasings", type=int, help="override the reworded copies of each instruction distilled")
     ap.add_argument("--corpus", type=Path, help="the corpus written by corpus.py on the pinned Python (default: build it)")
     ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes")
+    ap.add_argument("--time-limit", type=float, help="stop the drafts' training this many seconds after it starts, "
+                    "on checkpointed steps (exit code 3; the same command resumes)")
     ap.add_argument("--until", choices=("target", "distill", "drafts"),
                     help="stop after this stage (to run the stages on different machines)")
     ap.add_argument("--install", action="store_true", help="copy the models into the package, the figures here")
@@ -420,13 +428,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     del target
     ranks = {"dspark": 8 if args.size == "smoke" else 64, "dflash": 0}
-    jobs = [(str(out), name, ranks[name], size, args.seed, device) for name in drafts]
+    deadline = None if args.time_limit is None else time.time() + args.time_limit
+    jobs = [(str(out), name, ranks[name], size, args.seed, device, deadline) for name in drafts]
     if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(build_draft, *zip(*jobs)))
+        # The workers get Ctrl-C too and stop on a checkpointed step: this process waits for them.
+        with stop_requested(), ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            built = list(pool.map(build_draft, *zip(*jobs)))
     else:
-        for job in jobs:
-            build_draft(*job)
+        built = [build_draft(*job) for job in jobs]
+    if None in built:
+        print("build.py: stopped before the drafts were trained (time limit or signal); run the same command again "
+              "to resume from their checkpoints", file=sys.stderr, flush=True)
+        return 3
     print(f"[drafts] ready {time.perf_counter() - t0:.0f}s", flush=True)
     if args.until == "drafts":
         return 0
