@@ -258,7 +258,8 @@ class TrainingStopped(Exception):
 def stop_requested(time_limit_s: float | None = None) -> Iterator[Callable[[], bool]]:
     """A predicate for `train(stop=...)`: true once SIGINT or SIGTERM has arrived, or `time_limit_s`
     seconds have passed. Inside the block those signals no longer interrupt the step in flight (a
-    second one does), so the run ends on a finished, checkpointed step; the handlers are restored after."""
+    second one does), so the run ends on a finished, checkpointed step; the handlers are restored after.
+    Signals are caught in the main thread only, and a signal the process ignores stays ignored."""
     seen: list[int] = []
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
 
@@ -268,12 +269,13 @@ def stop_requested(time_limit_s: float | None = None) -> Iterator[Callable[[], b
         seen.append(signum)
 
     main_thread = threading.current_thread() is threading.main_thread()  # only there can signals be caught
-    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    signals = [sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, note) for sig in signals} if main_thread else {}
     try:
         yield lambda: bool(seen) or (deadline is not None and time.monotonic() >= deadline)
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: a handler set from C
 
 
 def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, Tensor]], args: TrainArgs,
@@ -341,9 +343,11 @@ def save_checkpoint(draft: DraftModel, opt: torch.optim.Optimizer, step: int, ou
 
 
 def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel, int, dict] | None:
-    """(draft, step, optimizer state) of the last checkpoint under `out_dir`, or None."""
-    path = Path(out_dir) / "checkpoint"
-    if not (path / "trainer_state.pt").is_file():
+    """(draft, step, optimizer state) of the last checkpoint under `out_dir`, or None. A save cut off
+    between its two renames leaves only the previous checkpoint, as checkpoint.old: that one is used."""
+    path = next((p for p in (Path(out_dir) / "checkpoint", Path(out_dir) / "checkpoint.old")
+                 if (p / "trainer_state.pt").is_file()), None)
+    if path is None:
         return None
     state = torch.load(path / "trainer_state.pt", weights_only=True, map_location=target.lm_head.weight.device)
     return load_draft(path, target).model, state["step"], state["optimizer"]

@@ -6,6 +6,8 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,12 +35,23 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     corpus = build.corpus_mod.build(pin, build.corpus_mod.stdlib_dir())
     packed = tmp_path / "corpus.json.gz"
     packed.write_bytes(gzip.compress(json.dumps(corpus).encode()))
-    # stopped by a time limit when the drafts' training starts: checkpointed, exit code 3; then resumed
-    assert build.main(["--out", str(tmp_path), "--smoke", "--corpus", str(packed), "--time-limit", "0"]) == 3
-    for name in ("dspark", "dflash"):
-        assert not (tmp_path / name).exists()
-        assert torch.load(tmp_path / f"{name}.train" / "checkpoint" / "trainer_state.pt", weights_only=True)["step"] == 1
-    assert build.main(["--out", str(tmp_path), "--smoke", "--corpus", str(packed)]) == 0
+    # Stopped by a time limit as the drafts' training starts: one checkpointed step, exit code 3, and the
+    # second draft not begun; then in two worker processes, each one step further; then resumed to the end.
+    common = ["--out", str(tmp_path), "--smoke", "--corpus", str(packed)]
+
+    def step(name):
+        path = tmp_path / f"{name}.train" / "checkpoint" / "trainer_state.pt"
+        return torch.load(path, weights_only=True)["step"] if path.is_file() else 0
+
+    assert build.main([*common, "--time-limit", "0"]) == 3
+    assert (step("dspark"), step("dflash")) == (1, 0)
+    script = ROOT / "experiments" / "demo" / "build.py"  # worker processes import the script by its path
+    run = subprocess.run([sys.executable, str(script), *common, "--time-limit", "0", "--jobs", "2"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 3 and "run the same command again" in run.stderr, run.stderr[-2000:]
+    assert (step("dspark"), step("dflash")) == (2, 1)
+    assert not (tmp_path / "dspark").exists() and not (tmp_path / "dflash").exists()
+    assert build.main(common) == 0
 
     from dspark.checkpoint import load_draft, load_target
 

@@ -137,9 +137,11 @@ def test_a_stopped_run_checkpoints_its_last_step_and_resumes_to_the_same_result(
     assert stopped.value.step == 2 and done == [0, 1]  # no step begun after the request
     resumed_draft, step, opt_state = load_checkpoint(tmp_path, target)  # saved although 2 is no checkpoint step
     assert step == 2
+    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint.old")  # a save cut off between its two renames
+    assert load_checkpoint(tmp_path, target)[1] == 2
     last = []
     resumed = train(target, resumed_draft, _examples(), args, start_step=step, optimizer_state=opt_state,
-                    on_step=lambda step, stats: last.append(step), stop=lambda: last[-1] == 4)  # true at the end only
+                    on_step=lambda step, stats: last.append(step), stop=lambda: last[-1] == 4)  # never asked at the end
     for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
 
@@ -152,14 +154,21 @@ def test_stop_requested_turns_signals_and_a_time_limit_into_a_request():
 
     from dspark.train import stop_requested
 
-    before = signal.getsignal(signal.SIGINT)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with stop_requested() as stop:
         assert not stop()
         os.kill(os.getpid(), signal.SIGTERM)  # noted, not fatal: the step in flight finishes
         assert stop()
         with pytest.raises(KeyboardInterrupt):  # a second signal does interrupt
             os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is before
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a signal the process ignores stays ignored
+    try:
+        with stop_requested() as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert not stop()
+    finally:
+        signal.signal(signal.SIGTERM, before[1])
     with stop_requested(0.0) as stop:
         assert stop()
     with stop_requested(3600.0) as stop:

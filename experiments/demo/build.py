@@ -33,7 +33,7 @@ import re
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
@@ -275,12 +275,26 @@ def load_rows(path: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(flat["ids"].long().split(lengths), flat["mask"].split(lengths)))
 
 
+_PARENT_STOP = None  # in a --jobs worker: the parent's stop request, for a signal sent to the parent alone
+
+
+def _init_worker(event) -> None:
+    global _PARENT_STOP
+    _PARENT_STOP = event
+
+
 def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: str,
                 deadline: float | None = None) -> str | None:
     """Train one draft on the distilled answers (and the library's source windows, scored against the
     target's distributions) and store it (a process of its own with --jobs). At the wall-clock
-    `deadline` (time.time()), or on SIGINT / SIGTERM, it checkpoints and returns None instead."""
-    out = Path(out)
+    `deadline` (time.time()), on SIGINT / SIGTERM (one that arrives while it loads stops it after its
+    first step) or when the parent asks, it checkpoints and returns None instead."""
+    with stop_requested(None if deadline is None else deadline - time.time()) as own:
+        stop = own if _PARENT_STOP is None else (lambda: own() or _PARENT_STOP.is_set())
+        return _build_draft(Path(out), name, rank, size, seed, device, stop)
+
+
+def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device: str, stop) -> str | None:
     if (out / name / "model.safetensors").is_file():
         return name
     target = _load_target(out, device)
@@ -301,10 +315,9 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for the training matmuls (GPU only)
     try:
-        with stop_requested(None if deadline is None else deadline - time.time()) as stop:
-            train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=lr, seed=seed,
-                                                     checkpoint_every=250, loss=LossConfig(num_anchors=size["anchors"])),
-                  out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log, stop=stop)
+        train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=lr, seed=seed,
+                                                 checkpoint_every=250, loss=LossConfig(num_anchors=size["anchors"])),
+              out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log, stop=stop)
     except TrainingStopped as exc:
         print(f"[{name}] stopped after step {exc.step} of {size['draft_steps']} (checkpointed)", flush=True)
         return None
@@ -431,11 +444,22 @@ def main(argv: list[str] | None = None) -> int:
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     jobs = [(str(out), name, ranks[name], size, args.seed, device, deadline) for name in drafts]
     if args.jobs > 1:
-        # The workers get Ctrl-C too and stop on a checkpointed step: this process waits for them.
-        with stop_requested(), ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            built = list(pool.map(build_draft, *zip(*jobs)))
+        # Ctrl-C reaches the workers too; a signal sent to this process alone is passed on to them.
+        ctx = multiprocessing.get_context("spawn")
+        parent_stop = ctx.Event()
+        with stop_requested() as stop, ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_init_worker,
+                                                           initargs=(parent_stop,)) as pool:
+            futures = [pool.submit(build_draft, *job) for job in jobs]
+            while wait(futures, timeout=1).not_done:
+                if stop():
+                    parent_stop.set()
+            built = [f.result() for f in futures]
     else:
-        built = [build_draft(*job) for job in jobs]
+        built = []
+        for job in jobs:
+            built.append(build_draft(*job))
+            if built[-1] is None:  # stopped: the next draft does not start
+                break
     if None in built:
         print("build.py: stopped before the drafts were trained (time limit or signal); run the same command again "
               "to resume from their checkpoints", file=sys.stderr, flush=True)
@@ -458,4 +482,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("build.py: interrupted; the same command resumes from the last finished stage or checkpoint",
+              file=sys.stderr)
+        sys.exit(130)
