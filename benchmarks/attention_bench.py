@@ -8,7 +8,7 @@ that the crossover can be read off:
 - `sdpa_mask_repeat`: SDPA with the boolean mask over K/V repeated to the query heads (what
   `kernels.attention_ref` does in float32);
 - `sdpa_mask_gqa`: SDPA with the mask and `enable_gqa` (what it does in half precision);
-- `sdpa_causal`: SDPA with `is_causal=True` (flash), the bound for a prefill from position 0.
+- `sdpa_causal`: SDPA with `is_causal=True` (flash): what a half-precision prefill from position 0 runs.
 
 Shapes: the demo trainer's target pass (float32, batch 32, 4/2 heads of 64, 450 rows) and a
 Qwen3-8B-like layer in bfloat16 (32/8 heads of 128) from decode-sized to prefill-sized query counts.

@@ -25,7 +25,7 @@ def generate_batch(target: Qwen3Target, prompts: list[list[int]], max_new_tokens
     ids, _ = pad_batch([(torch.tensor(p), torch.ones(len(p), dtype=torch.bool)) for p in prompts], device)
     nb, s = ids.shape
     cache = target.new_cache(s + max_new_tokens, batch=nb)
-    hidden, _ = target(ids, torch.arange(s, device=device)[None].expand(nb, s), cache, s)
+    hidden, _ = target(ids, None, cache, s)  # a prefill from position 0
     rows = torch.arange(nb, device=device)
     logits = target.logits(hidden[rows, lengths - 1])
     out = torch.empty(nb, max_new_tokens, dtype=torch.long, device=device)

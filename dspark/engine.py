@@ -281,7 +281,7 @@ class Engine:
         t0 = time.perf_counter()
         with self.ranges("prefill"):
             ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-            hidden, feats = self.target(ids, torch.arange(n, device=self.device)[None], self.cache, n, taps)
+            hidden, feats = self.target(ids, None, self.cache, n, taps)  # a prefill from position 0
             state.anchor.copy_(sample(probs(self.target.logits(hidden[:, -1]), cfg.temperature), self.streams.target))
             state.position.fill_(n)
             if self.drafter:

@@ -50,13 +50,14 @@ class AttentionStep:
     kv_len: int  # keys in slots 0..kv_len-1 are read from the cache
     slots: Tensor  # [B, T] cache slots the queries' K/V are written to: their positions when decoding
     mask: Tensor | None = None  # [B, 1, T, kv_len] explicit visibility (training blocks); replaces limits
+    causal: bool = False  # a prefill from position 0: query t sits in slot t and sees slots <= t
 
     @classmethod
     def build(cls, positions: Tensor, limits: Tensor, kv_len: int, cfg: BackboneConfig, dtype: torch.dtype,
-              slots: Tensor | None = None, mask: Tensor | None = None):
+              slots: Tensor | None = None, mask: Tensor | None = None, causal: bool = False):
         """`limits[b, t]`: the highest key slot query (b, t) may see (its own position when causal)."""
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)
-        return cls(positions, cos, sin, limits, kv_len, positions if slots is None else slots, mask)
+        return cls(positions, cos, sin, limits, kv_len, positions if slots is None else slots, mask, causal)
 
 
 class KVCache:
@@ -135,7 +136,7 @@ class Attention(nn.Module):
         q = kernels.qk_norm_rope_cache(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
                                        self.k_norm.weight, self.eps, step.cos, step.sin, step.slots,
                                        cache.k[layer], cache.v[layer])
-        out = kernels.attention(q, cache.k[layer], cache.v[layer], step.limits, step.kv_len, step.mask)
+        out = kernels.attention(q, cache.k[layer], cache.v[layer], step.limits, step.kv_len, step.mask, step.causal)
         b, _, t, _ = out.shape
         return kernels.linear(out.transpose(1, 2).reshape(b, t, -1), self.o_proj.weight, self.o_proj.bias)
 

@@ -40,15 +40,22 @@ class Qwen3Target(nn.Module):
         w = self.lm_head.weight
         return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device)
 
-    def forward(self, input_ids: Tensor, positions: Tensor, cache: KVCache, kv_len: int,
+    def forward(self, input_ids: Tensor, positions: Tensor | None, cache: KVCache, kv_len: int,
                 taps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
         """Causal forward of `input_ids` [B, T] at `positions` [B, T], keys 0..kv_len-1 visible.
+        `positions=None` is a prefill from position 0 (kv_len = T), which attention can run as plainly
+        causal, with no mask.
 
         Returns the final-normed hidden states [B, T, H] and, when `taps` is given, the outputs of
         those decoder layers concatenated in order [B, T, len(taps)*H] (-1: the embedding output).
         """
         x = self.model.embed_tokens(input_ids)
-        step = AttentionStep.build(positions, positions, kv_len, self.config.backbone, x.dtype)
+        prefill = positions is None
+        if prefill:
+            if kv_len != input_ids.shape[1]:
+                raise ValueError(f"a prefill (positions=None) sees its own {input_ids.shape[1]} keys, not {kv_len}")
+            positions = torch.arange(kv_len, device=input_ids.device)[None].expand(input_ids.shape[0], kv_len)
+        step = AttentionStep.build(positions, positions, kv_len, self.config.backbone, x.dtype, causal=prefill)
         tapped = [x] if -1 in taps else []
         delta = None
         for i, layer in enumerate(self.model.layers):

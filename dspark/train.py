@@ -73,7 +73,7 @@ def target_features(target: Qwen3Target, ids: Tensor, taps: tuple[int, ...]) -> 
     ids = ids if batched else ids[None]
     nb, n = ids.shape
     cache = target.new_cache(n, batch=nb)
-    hidden, feats = target(ids, torch.arange(n, device=ids.device)[None].expand(nb, n), cache, n, taps)
+    hidden, feats = target(ids, None, cache, n, taps)  # a prefill from position 0
     logits = target.logits(hidden)
     return (feats, logits) if batched else (feats[0], logits[0])
 
@@ -362,8 +362,7 @@ def lm_loss(target: Qwen3Target, ids: Tensor, loss_mask: Tensor) -> Tensor:
         ids, loss_mask = ids[None], loss_mask[None]
     b, n = ids.shape
     cache = target.new_cache(n, batch=b)
-    positions = torch.arange(n, device=ids.device)[None].expand(b, n)
-    hidden, _ = target(ids, positions, cache, n)
+    hidden, _ = target(ids, None, cache, n)  # a prefill from position 0
     logits = target.logits(hidden[:, :-1])
     weight = loss_mask[:, 1:].float()
     ce = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")

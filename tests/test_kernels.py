@@ -74,3 +74,14 @@ def test_linear_falls_back_beyond_16_rows_and_with_autograd():
     y = K.linear(x, w)
     y.sum().backward()  # the PyTorch path: gradients flow
     assert w.grad is not None
+
+
+@pytest.mark.parametrize("t", [17, 300])
+def test_causal_prefill_attention(t):
+    """A half-precision prefill from slot 0 runs SDPA's causal kernel: equal to the masked reference."""
+    b, hq, hkv, d = 2, 32, 8, 128
+    q = torch.randn(b, hq, t, d, device="cuda", dtype=torch.bfloat16)
+    ck, cv = (torch.randn(b, hkv, t + 10, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    limits = torch.arange(t, device="cuda")[None].expand(b, t)
+    out = K.attention(q, ck, cv, limits, t, causal=True)
+    assert _rel(out, K.attention_ref(q, ck, cv, limits, t)) < TOL[torch.bfloat16]

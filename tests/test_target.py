@@ -70,3 +70,21 @@ def test_cached_decoding_matches_full_forward(tmp_path):
     model(torch.tensor([[7, 8, 9]]), torch.arange(12, 15)[None], cache, 15)
     steps = [model(ids[:, t : t + 1], torch.tensor([[t]]), cache, t + 1)[0] for t in range(12, 20)]
     torch.testing.assert_close(model.logits(torch.cat(steps, 1)), model.logits(full[:, 12:]), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_prefill_without_positions_is_the_causal_forward(tmp_path, dtype):
+    """positions=None (a prefill from 0) runs half precision through SDPA's causal kernel, with no mask:
+    the same hidden states, taps and cache as the masked forward at explicit positions 0..T-1."""
+    _hf_model(tmp_path, False, "rope_parameters")
+    model = load_target(tmp_path, dtype=dtype).model
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(3))
+    caches = [model.new_cache(48, batch=2) for _ in range(2)]
+    with torch.no_grad():
+        h_none, f_none = model(ids, None, caches[0], 40, (0, 3))
+        h_pos, f_pos = model(ids, torch.arange(40)[None].expand(2, 40), caches[1], 40, (0, 3))
+    tol = 1e-6 if dtype == "float32" else 2e-2
+    assert _rel(h_none.float(), h_pos.float()) <= tol and _rel(f_none.float(), f_pos.float()) <= tol
+    assert _rel(caches[0].k[4].float(), caches[1].k[4].float()) <= tol
+    with pytest.raises(ValueError, match="sees its own 40 keys"):
+        model(ids, None, caches[0], 41)
