@@ -37,13 +37,15 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     packed.write_bytes(gzip.compress(json.dumps(corpus).encode()))
     # Stopped by a time limit as the drafts' training starts: one checkpointed step, exit code 3, and the
     # second draft not begun; then in two worker processes, each one step further; then resumed to the end.
-    common = ["--out", str(tmp_path), "--smoke", "--corpus", str(packed)]
+    common = ["--out", str(tmp_path), "--smoke", "--corpus", str(packed), "--distill-batch", "5"]
 
     def step(name):
         path = tmp_path / f"{name}.train" / "checkpoint" / "trainer_state.pt"
         return torch.load(path, weights_only=True)["step"] if path.is_file() else 0
 
     assert build.main([*common, "--time-limit", "0"]) == 3
+    distilled = json.loads((tmp_path / "distill.settings.json").read_text())
+    assert distilled["batch"] == 5 and "distill_batch" not in distilled["recipe"]  # a speed setting only
     assert (step("dspark"), step("dflash")) == (1, 0)
     script = ROOT / "experiments" / "demo" / "build.py"  # worker processes import the script by its path
     run = subprocess.run([sys.executable, str(script), *common, "--time-limit", "0", "--jobs", "2"],

@@ -186,16 +186,19 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], texts:
     if path.is_file() or unpack_distilled(out, recipe):
         return load_rows(path)
     prompts = [chat_example(tokenizer, p["instruction"], [])[0].tolist() for p in pairs]
+    # Prompts decoded together: a speed setting, not part of the recipe (like the device, it changes
+    # which samples are drawn, not what they are samples of).
+    batch = size.get("distill_batch", 256)
     rows = []
     for s in range(1 + size["samples"]):
         outputs = distill_mod.answers(target, prompts, size["max_answer"], 0.0 if s == 0 else 1.0,
-                                      target.config.eos_token_ids, seed * 1000 + s)
+                                      target.config.eos_token_ids, seed * 1000 + s, batch)
         rows += distill_mod.examples(prompts, outputs)
     reworded = [chat_example(tokenizer, rephrase(p["instruction"], i * size["rephrasings"] + r), [])[0].tolist()
                 for r in range(size["rephrasings"]) for i, p in enumerate(pairs)]
     for s, temperature in enumerate((0.0, 1.0) if reworded else ()):  # greedy and one sample each
         outputs = distill_mod.answers(target, reworded, size["max_answer"], temperature,
-                                      target.config.eos_token_ids, seed * 1000 + 500 + s)
+                                      target.config.eos_token_ids, seed * 1000 + 500 + s, batch)
         rows += distill_mod.examples(reworded, outputs)
     starts = []
     if size["continuations"]:
@@ -204,12 +207,12 @@ def distill(out: Path, tokenizer, target: Qwen3Target, pairs: list[dict], texts:
         picks = torch.randperm(len(source), generator=gen)[: size["continuations"]].tolist()
         starts = [source[i][0][: size["window"] // 4].tolist() for i in picks]
         outputs = distill_mod.answers(target, starts, size["max_answer"], 1.0, target.config.eos_token_ids,
-                                      seed * 1000 + 999)
+                                      seed * 1000 + 999, batch)
         rows += distill_mod.examples(starts, outputs)
     save_rows(rows, path)
     _record(out, "distill", {"instructions": len(prompts), "greedy": 1, "samples_t1": size["samples"],
                              "reworded_instructions": len(reworded), "continuations_t1": len(starts),
-                             "max_answer": size["max_answer"],
+                             "max_answer": size["max_answer"], "batch": batch,
                              "sequences": len(rows), "seed": seed, "recipe": recipe})
     return rows
 
@@ -218,7 +221,8 @@ SHIPPED_DISTILLED = Path(__file__).with_name("distilled.pt.xz")
 
 
 def distill_recipe(size: dict, seed: int, corpus_sha256: str) -> dict:
-    """Everything besides the target's weights that decides the distilled rows."""
+    """Everything besides the target's weights that decides what the distilled rows are samples of
+    (the device and the decoding batch change only which samples are drawn)."""
     return ({k: size.get(k) for k in ("samples", "rephrasings", "continuations", "max_answer", "window", "files",
                                       "pairs")} | {"seed": seed, "corpus_sha256": corpus_sha256})
 
@@ -393,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, help="override the temperature-1 answers distilled per instruction")
     ap.add_argument("--continuations", type=int, help="override the source windows the target continues (T = 1)")
     ap.add_argument("--rephrasings", type=int, help="override the reworded copies of each instruction distilled")
+    ap.add_argument("--distill-batch", type=int, help="prompts the distillation decodes together (default 256)")
     ap.add_argument("--corpus", type=Path, help="the corpus written by corpus.py on the pinned Python (default: build it)")
     ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes")
     ap.add_argument("--time-limit", type=float, help="stop the drafts' training this many seconds after it starts, "
@@ -410,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--install ships both drafts: leave --drafts at its default")
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
     for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "draft_intermediate", "draft_batch",
-                "draft_lr", "anchors", "samples", "continuations", "rephrasings"):
+                "draft_lr", "anchors", "samples", "continuations", "rephrasings", "distill_batch"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
