@@ -2,7 +2,8 @@
 
 The shipped demo target with a fresh draft of the shipped shape (3 layers, MLP 640, DSpark or DFlash
 mode), batches of `--batch` sequences of `--length` random tokens (a quarter prompt), `--anchors`
-blocks each: random tokens time the same work as real data. It reports wall seconds per step
+blocks each: random tokens time the same work as real data (the defaults are the demo build's: nearly
+every batch of 64 holds a 512-token source window, so it pads to 512). It reports wall seconds per step
 after warm-up, how much of that the host spends before the device has finished (host-bound steps
 show up as device-idle time), and with `--profile` the top operators by device (or CPU) time.
 
@@ -30,9 +31,9 @@ def main() -> None:
     ap.add_argument("--mode", choices=("dspark", "dflash"), default="dspark")
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--intermediate", type=int, default=640)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--anchors", type=int, default=64)
-    ap.add_argument("--length", type=int, default=320)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--anchors", type=int, default=128)
+    ap.add_argument("--length", type=int, default=512, help="tokens per sequence (the build's batches pad to 512)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps, after 5 of warm-up")
     ap.add_argument("--tf32", action="store_true", help="TF32 matmuls (the demo build trains with them on a GPU)")
     ap.add_argument("--profile", action="store_true", help="print the top operators of the timed steps")
