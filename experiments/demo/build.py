@@ -222,9 +222,11 @@ SHIPPED_DISTILLED = Path(__file__).with_name("distilled.pt.xz")
 
 def distill_recipe(size: dict, seed: int, corpus_sha256: str) -> dict:
     """Everything besides the target's weights that decides what the distilled rows are samples of
-    (the device and the decoding batch change only which samples are drawn)."""
+    (the device and the decoding batch change only which samples are drawn), the rewording templates
+    included: editing them makes earlier rows stale."""
     return ({k: size.get(k) for k in ("samples", "rephrasings", "continuations", "max_answer", "window", "files",
-                                      "pairs")} | {"seed": seed, "corpus_sha256": corpus_sha256})
+                                      "pairs")} | {"seed": seed, "corpus_sha256": corpus_sha256,
+                                                   "rewordings": list(REPHRASINGS)})
 
 
 def pack_distilled(out: Path, dest: Path = SHIPPED_DISTILLED) -> None:
@@ -414,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.install and len(drafts) < 2:
         ap.error("--install ships both drafts: leave --drafts at its default")
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
+    if args.rephrasings is not None and args.rephrasings > len(REPHRASINGS) - 1:
+        ap.error(f"--rephrasings {args.rephrasings}: there are {len(REPHRASINGS) - 1} rewording templates for "
+                 "functions (REPHRASINGS), so more would repeat them; give at most that or add templates")
     for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "draft_intermediate", "draft_batch",
                 "draft_lr", "anchors", "samples", "continuations", "rephrasings", "distill_batch"):
         if getattr(args, key) is not None:
