@@ -169,12 +169,10 @@ def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_le
     decoding and block verification, SDPA for many query rows, an explicit mask and autograd.
     `causal`: a prefill from slot 0 (query t sees slots <= t, T = kv_len); in half precision it runs
     as SDPA's causal (flash) attention, with no mask built."""
-    b, hq, t, d = q.shape
+    hq, t, d = q.shape[1:]
     if mask is None and use_triton(q) and 16 <= d and not d & (d - 1) and t <= SPLIT_KV_MAX_QUERIES:
         return split_kv_attention(q, cache_k, cache_v, limits, kv_len)
     if causal and mask is None and q.dtype in (torch.bfloat16, torch.float16):
-        if t != kv_len:
-            raise ValueError(f"a causal prefill of {t} queries sees {t} keys, not {kv_len}")
         return F.scaled_dot_product_attention(q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], is_causal=True,
                                               enable_gqa=hq != cache_k.shape[1])
     return attention_ref(q, cache_k, cache_v, limits, kv_len, mask)

@@ -145,7 +145,7 @@ def test_the_shipped_distillation_belongs_to_the_shipped_target(tmp_path):
 def test_more_rewordings_than_templates_are_refused(tmp_path, capsys):
     """Rewordings beyond the templates would repeat them (duplicate greedy rows): one line, exit code 2."""
     build = _build_module()
-    n = len(build.REPHRASINGS) - 1  # the templates that fit a plain function
+    n = len(build.FUNCTION_REPHRASINGS)
     with pytest.raises(SystemExit) as exc:
         build.main(["--out", str(tmp_path), "--smoke", "--rephrasings", str(n + 1)])
     assert exc.value.code == 2 and f"there are {n} rewording templates" in capsys.readouterr().err

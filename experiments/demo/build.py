@@ -83,6 +83,7 @@ REPHRASINGS = ("Write a Python function `{sig}` that {summary}",
                "Implement `{sig}` in Python. It should {summary}",
                "Write a function `{sig}`: {summary} Keep it short.",
                "Implement a class `{owner}` in Python with a method `{sig}` that {summary}")
+FUNCTION_REPHRASINGS = REPHRASINGS[:-1]  # the last template needs a class
 
 
 def rephrase(instruction: str, k: int) -> str:
@@ -91,7 +92,7 @@ def rephrase(instruction: str, k: int) -> str:
     if not m:
         return instruction
     sig, owner, summary = m["msig"] or m["fsig"], m["owner"], m["summary"].strip()
-    templates = REPHRASINGS if owner else REPHRASINGS[:-1]
+    templates = REPHRASINGS if owner else FUNCTION_REPHRASINGS
     summary = summary[:1].lower() + summary[1:] if summary[1:2].islower() else summary
     return templates[k % len(templates)].format(sig=sig, owner=owner, summary=summary)
 
@@ -416,8 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.install and len(drafts) < 2:
         ap.error("--install ships both drafts: leave --drafts at its default")
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
-    if args.rephrasings is not None and args.rephrasings > len(REPHRASINGS) - 1:
-        ap.error(f"--rephrasings {args.rephrasings}: there are {len(REPHRASINGS) - 1} rewording templates for "
+    if args.rephrasings is not None and args.rephrasings > len(FUNCTION_REPHRASINGS):
+        ap.error(f"--rephrasings {args.rephrasings}: there are {len(FUNCTION_REPHRASINGS)} rewording templates for "
                  "functions (REPHRASINGS), so more would repeat them; give at most that or add templates")
     for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "draft_intermediate", "draft_batch",
                 "draft_lr", "anchors", "samples", "continuations", "rephrasings", "distill_batch"):
