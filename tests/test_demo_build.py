@@ -37,7 +37,7 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     packed.write_bytes(gzip.compress(json.dumps(corpus).encode()))
     # Stopped by a time limit as the drafts' training starts: one checkpointed step, exit code 3, and the
     # second draft not begun; then in two worker processes, each one step further; then resumed to the end.
-    common = ["--out", str(tmp_path), "--smoke", "--corpus", str(packed), "--distill-batch", "5"]
+    common = ["--out", str(tmp_path), "--smoke", "--corpus", str(packed), "--distill-batch", "5", "--draft-taps", "0,2"]
 
     def step(name):
         path = tmp_path / f"{name}.train" / "checkpoint" / "trainer_state.pt"
@@ -66,6 +66,8 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
         draft = load_draft(tmp_path / name, target.model)
         assert draft.config.method == method and draft.config.block_size == 7
         assert draft.config.mask_token_id == len(tok)
+        assert draft.config.target_layer_ids == (0, 2)  # --draft-taps, not the default rule's (1,)
+        assert json.loads((tmp_path / f"{name}.settings.json").read_text())["taps"] == [0, 2]
     figures = json.loads((tmp_path / "figures.json").read_text())
     for key in ("dspark_T0_acceptance_length", "dflash_T0_acceptance_length", "ngram_T0_acceptance_length",
                 "dspark_T1_acceptance_length", "target_T0_distinct_4gram"):
@@ -150,3 +152,13 @@ def test_more_rewordings_than_templates_are_refused(tmp_path, capsys):
         build.main(["--out", str(tmp_path), "--smoke", "--rephrasings", str(n + 1)])
     assert exc.value.code == 2 and f"there are {n} rewording templates" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before any work
+
+
+@pytest.mark.parametrize("taps", ["2,1", "1,3", "-1,0", "1,x", ""])
+def test_draft_taps_outside_the_target_are_refused(tmp_path, capsys, taps):
+    """The smoke target has 4 layers: taps must increase and stay below its last layer (3)."""
+    build = _build_module()
+    with pytest.raises(SystemExit) as exc:
+        build.main(["--out", str(tmp_path), "--smoke", "--draft-taps", taps])
+    assert exc.value.code == 2 and "--draft-taps" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -57,8 +57,8 @@ from harness.datasets import load as load_suite
 
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
-            pretrain_steps=3000, target_steps=1500, batch=16, max_answer=256, samples=4, continuations=4000,
-            rephrasings=2, draft_layers=3, draft_intermediate=640, draft_steps=6250, draft_batch=64, anchors=128,
+            pretrain_steps=3000, target_steps=1500, batch=16, max_answer=256, samples=12, continuations=5353,
+            rephrasings=6, draft_layers=3, draft_intermediate=640, draft_steps=7000, draft_batch=64, anchors=128,
             draft_source=True)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
@@ -82,6 +82,9 @@ INSTRUCTION = re.compile(r"Write (?:the method `(?P<msig>[^`]+)` of class `(?P<o
 REPHRASINGS = ("Write a Python function `{sig}` that {summary}",
                "Implement `{sig}` in Python. It should {summary}",
                "Write a function `{sig}`: {summary} Keep it short.",
+               "I need a Python function `{sig}` to {summary}",
+               "Here is the task: {summary} Write it as a Python function `{sig}`.",
+               "Create `{sig}` in Python, a function which should {summary} Add a docstring.",
                "Implement a class `{owner}` in Python with a method `{sig}` that {summary}")
 FUNCTION_REPHRASINGS = REPHRASINGS[:-1]  # the last template needs a class
 
@@ -309,7 +312,8 @@ def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device:
     source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] else []
     examples = distilled + source
     tcfg = target.config
-    dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=evenly_spaced_taps(size["layers"]),
+    taps = tuple(size.get("draft_taps") or evenly_spaced_taps(size["layers"]))
+    dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=taps,
                              markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1,
                              intermediate_size=size.get("draft_intermediate"))
     draft = random_draft(dcfg, target.cpu(), seed + 1).to(device)
@@ -395,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-intermediate", type=int, help="override the drafts' MLP width (default: the target's)")
     ap.add_argument("--draft-batch", type=int, help="override the sequences per draft training step")
     ap.add_argument("--draft-lr", type=float, help="override the drafts' peak learning rate")
+    ap.add_argument("--draft-taps", help="the target layers the drafts tap, comma-separated (default: DeepSpec's "
+                    "evenly spaced rule, 1,2,3,4,5 for 8 layers)")
     ap.add_argument("--drafts", default="dspark,dflash", help="which drafts to build and evaluate (comma-separated)")
     ap.add_argument("--anchors", type=int, help="override the anchors (blocks) drawn per training sequence")
     ap.add_argument("--samples", type=int, help="override the temperature-1 answers distilled per instruction")
@@ -420,8 +426,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.rephrasings is not None and args.rephrasings > len(FUNCTION_REPHRASINGS):
         ap.error(f"--rephrasings {args.rephrasings}: there are {len(FUNCTION_REPHRASINGS)} rewording templates for "
                  "functions (REPHRASINGS), so more would repeat them; give at most that or add templates")
+    if args.draft_taps is not None:
+        try:
+            args.draft_taps = [int(t) for t in args.draft_taps.split(",")]
+        except ValueError:
+            ap.error(f"--draft-taps {args.draft_taps!r}: give layer numbers separated by commas, such as 2,3,4,5,6")
+        layers = size["layers"]
+        if args.draft_taps != sorted(set(args.draft_taps)) or not 0 <= args.draft_taps[0] <= args.draft_taps[-1] < layers - 1:
+            ap.error(f"--draft-taps {args.draft_taps}: give increasing layers from 0 to {layers - 2} (below the "
+                     f"target's last layer, {layers - 1})")
     for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "draft_intermediate", "draft_batch",
-                "draft_lr", "anchors", "samples", "continuations", "rephrasings", "distill_batch"):
+                "draft_lr", "draft_taps", "anchors", "samples", "continuations", "rephrasings", "distill_batch"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
