@@ -42,6 +42,21 @@ def acceptance(engine: Engine, prompts: list[list[int]], temperature: float, sto
     return round(sum(lengths) / len(lengths), 3)
 
 
+def prompt_sets(tok, corpus: Path) -> dict[str, list[list[int]]]:
+    """The three prompt sets (chat-formatted token ids): `seen`, `unseen_same_style`, `held_out`."""
+    def chat(instructions: list[str]) -> list[list[int]]:
+        return [build.chat_example(tok, text, [])[0].tolist() for text in instructions]
+
+    raw = corpus.read_bytes()
+    pairs = json.loads(gzip.decompress(raw) if corpus.suffix == ".gz" else raw)["pairs"]
+    root = corpus_mod.stdlib_dir()
+    left_out = [pair for f in sorted((root / "idlelib").glob("*.py")) + sorted((root / "tkinter").glob("*.py"))
+                for pair in corpus_mod.function_pairs(f.read_text(encoding="utf-8"), f.stem)]
+    return {"seen": chat([p["instruction"] for p in pairs[::139][:PROMPTS]]),
+            "unseen_same_style": chat([p["instruction"] for p in left_out[:: max(1, len(left_out) // PROMPTS)][:PROMPTS]]),
+            "held_out": chat([r.turns[0] for r in load_suite("qualitative", source="demo").rows if r.category == "coding"])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, help="a build folder holding target/ and dspark/ (default: the shipped pair)")
@@ -53,22 +68,13 @@ def main() -> None:
     tok, stop = AutoTokenizer.from_pretrained(target.path), tuple(target.model.config.eos_token_ids)
     engine = Engine(target.model, BlockDrafter(draft))
 
-    def chat(instructions: list[str]) -> list[list[int]]:
-        return [build.chat_example(tok, text, [])[0].tolist() for text in instructions]
-
-    raw = args.corpus.read_bytes()
-    pairs = json.loads(gzip.decompress(raw) if args.corpus.suffix == ".gz" else raw)["pairs"]
-    seen = chat([p["instruction"] for p in pairs[::139][:PROMPTS]])
-    root = corpus_mod.stdlib_dir()
-    left_out = [pair for f in sorted((root / "idlelib").glob("*.py")) + sorted((root / "tkinter").glob("*.py"))
-                for pair in corpus_mod.function_pairs(f.read_text(encoding="utf-8"), f.stem)]
-    unseen = chat([p["instruction"] for p in left_out[:: max(1, len(left_out) // PROMPTS)][:PROMPTS]])
-    held = chat([r.turns[0] for r in load_suite("qualitative", source="demo").rows if r.category == "coding"])
+    sets = prompt_sets(tok, args.corpus)
     figures = {"models": str(args.models or "shipped")}
-    for name, prompts in (("seen", seen), ("unseen_same_style", unseen), ("held_out", held)):
+    for name, prompts in sets.items():
         figures[f"{name}_T0"] = acceptance(engine, prompts, 0.0, stop)
         figures[f"{name}_T1"] = acceptance(engine, prompts, 1.0, stop)
-    figures["held_out_T1_seed_sets"] = [acceptance(engine, held, 1.0, stop, 1000 * k) for k in range(args.seed_sets)]
+    figures["held_out_T1_seed_sets"] = [acceptance(engine, sets["held_out"], 1.0, stop, 1000 * k)
+                                        for k in range(args.seed_sets)]
     figures["provenance"] = provenance("cpu")
     print(json.dumps(figures, indent=1))
 
