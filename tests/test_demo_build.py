@@ -162,3 +162,12 @@ def test_draft_taps_outside_the_target_are_refused(tmp_path, capsys, taps):
         build.main(["--out", str(tmp_path), "--smoke", "--draft-taps", taps])
     assert exc.value.code == 2 and "--draft-taps" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_confidence_probe_correlations_are_exact_on_small_cases():
+    sys.path.insert(0, str(ROOT / "experiments" / "demo"))
+    spec = importlib.util.spec_from_file_location("target_confidence", ROOT / "experiments" / "demo" / "target_confidence.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.correlations([1, 2, 3, 4], [1, 3, 2, 4]) == {"pearson": 0.8, "spearman": 0.8}
+    assert probe.correlations([0.1, 0.5, 0.9], [9.0, 2.0, 1.0]) == {"pearson": -0.918, "spearman": -1.0}

@@ -6,11 +6,14 @@ between near-equal tokens a draft must reproduce a close call. Per prompt set (`
 - the mean top-1 probability along the target's greedy answers;
 - the share of answer tokens whose top-1 probability is under 0.5;
 - the answers' distinct 4-gram ratio (1 = no repetition).
-With `--tune-steps N` the target is first instruction-tuned N steps more, to see whether a target
+With `--draft` (a draft folder or short name, such as demo-dspark) it also gives the draft's
+acceptance length per set at T = 0 and how it correlates with the target's confidence, prompt by
+prompt (Pearson and Spearman). With `--tune-steps N` the target is first instruction-tuned N steps more, to see whether a target
 that knows its data better is surer of prompts it never saw; with `--tune-rewordings` those steps
 also draw the instructions reworded by the build's templates (the answers unchanged).
 
-    python experiments/demo/target_confidence.py --corpus corpus.json.gz [--tune-steps 400 [--tune-rewordings]]
+    python experiments/demo/target_confidence.py --corpus corpus.json.gz [--draft demo-dspark]
+    python experiments/demo/target_confidence.py --corpus corpus.json.gz --tune-steps 400 [--tune-rewordings]
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from generalization import prompt_sets  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 import build  # noqa: E402
-from dspark.checkpoint import load_target  # noqa: E402
+from dspark.checkpoint import load_draft, load_target  # noqa: E402
+from dspark.drafters import BlockDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
 from dspark.target import Qwen3Target  # noqa: E402
 from dspark.train import TrainArgs, train_target  # noqa: E402
@@ -36,24 +40,36 @@ from harness.provenance import provenance  # noqa: E402
 
 
 @torch.inference_mode()
-def confidence(target: Qwen3Target, prompts: list[list[int]], stop: tuple[int, ...]) -> dict:
-    top1, ratios = [], []
-    cfg = GenerationConfig(max_new_tokens=128, temperature=0.0, stop_token_ids=stop)
-    for p in prompts:
-        answer = Engine(target).generate(p, cfg).tokens
-        ids = torch.tensor([p + answer])
-        hidden, _ = target(ids, None, target.new_cache(ids.shape[1]), ids.shape[1])
-        top1 += target.logits(hidden[0, len(p) - 1 : -1]).softmax(-1).amax(-1).tolist()
-        ratios.append(build.distinct_4gram_ratio(answer))
+def answer_confidence(target: Qwen3Target, prompt: list[int], stop: tuple[int, ...]) -> tuple[list[int], list[float]]:
+    """The target's greedy answer and its top-1 probability at each answer token."""
+    answer = Engine(target).generate(prompt, GenerationConfig(max_new_tokens=128, temperature=0.0,
+                                                              stop_token_ids=stop)).tokens
+    ids = torch.tensor([prompt + answer])
+    hidden, _ = target(ids, None, target.new_cache(ids.shape[1]), ids.shape[1])
+    return answer, target.logits(hidden[0, len(prompt) - 1 : -1]).softmax(-1).amax(-1).tolist()
+
+
+def summary(answers: list[tuple[list[int], list[float]]]) -> dict:
+    top1 = [p for _, probs in answers for p in probs]
     return {"mean_top1": round(sum(top1) / len(top1), 3),
             "share_top1_under_half": round(sum(x < 0.5 for x in top1) / len(top1), 3),
-            "distinct_4gram": round(sum(ratios) / len(ratios), 3)}
+            "distinct_4gram": round(sum(build.distinct_4gram_ratio(a) for a, _ in answers) / len(answers), 3)}
+
+
+def correlations(x: list[float], y: list[float]) -> dict:
+    def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+        a, b = a - a.mean(), b - b.mean()
+        return round(float((a * b).sum() / (a.norm() * b.norm())), 3)
+
+    x, y = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+    return {"pearson": pearson(x, y), "spearman": pearson(x.argsort().argsort().double(), y.argsort().argsort().double())}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, help="a build folder holding target/ (default: the shipped target)")
     ap.add_argument("--corpus", type=Path, required=True, help="corpus.json or corpus.json.gz from corpus.py")
+    ap.add_argument("--draft", help="a draft folder or short name: its T = 0 acceptance beside the confidence")
     ap.add_argument("--tune-steps", type=int, default=0, help="instruction-tune the target this many steps more first")
     ap.add_argument("--tune-lr", type=float, default=3e-4)
     ap.add_argument("--tune-rewordings", action="store_true", help="tune on the reworded instructions too")
@@ -63,7 +79,7 @@ def main() -> None:
     target, tok = loaded.model, AutoTokenizer.from_pretrained(loaded.path)
     stop = tuple(target.config.eos_token_ids)
     sets = prompt_sets(tok, args.corpus)
-    figures = {"models": str(args.models or "shipped"), "tune_steps": args.tune_steps,
+    figures = {"models": str(args.models or "shipped"), "draft": args.draft, "tune_steps": args.tune_steps,
                "tune_rewordings": args.tune_rewordings}
     if args.tune_steps:
         raw = args.corpus.read_bytes()
@@ -80,8 +96,20 @@ def main() -> None:
         train_target(target, rows, TrainArgs(steps=args.tune_steps, batch=build.FULL["batch"], lr=args.tune_lr,
                                              seed=args.seed), on_step=lambda step, loss: losses.append(loss.detach().item()))
         figures["tune_loss_last_50"] = round(sum(losses[-50:]) / len(losses[-50:]), 4)
+    engine = Engine(target, BlockDrafter(load_draft(args.draft, target).model)) if args.draft else None
+    cfg = GenerationConfig(max_new_tokens=128, temperature=0.0, stop_token_ids=stop)
+    pooled: list[tuple[float, float]] = []
     for name, prompts in sets.items():
-        figures[name] = confidence(target, prompts, stop)
+        answers = [answer_confidence(target, p, stop) for p in prompts]
+        figures[name] = summary(answers)
+        if engine is not None:
+            rounds = [engine.generate(p, cfg).acceptance_lengths for p in prompts]
+            per_prompt = [(sum(probs) / len(probs), sum(r) / len(r)) for (_, probs), r in zip(answers, rounds)]
+            figures[name]["draft_T0_acceptance_length"] = round(sum(map(sum, rounds)) / sum(map(len, rounds)), 3)
+            figures[name]["per_prompt"] = correlations(*zip(*per_prompt))
+            pooled += per_prompt
+    if pooled:
+        figures["per_prompt_all_sets"] = correlations(*zip(*pooled))
     figures["provenance"] = provenance("cpu")
     print(json.dumps(figures, indent=1))
 
