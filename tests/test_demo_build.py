@@ -37,7 +37,8 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     packed.write_bytes(gzip.compress(json.dumps(corpus).encode()))
     # Stopped by a time limit as the drafts' training starts: one checkpointed step, exit code 3, and the
     # second draft not begun; then in two worker processes, each one step further; then resumed to the end.
-    common = ["--out", str(tmp_path), "--smoke", "--corpus", str(packed), "--distill-batch", "5", "--draft-taps", "0,2"]
+    common = ["--out", str(tmp_path), "--smoke", "--corpus", str(packed), "--distill-batch", "5", "--draft-taps", "0,1",
+              "--target-layers", "3", "--target-intermediate", "48"]
 
     def step(name):
         path = tmp_path / f"{name}.train" / "checkpoint" / "trainer_state.pt"
@@ -60,14 +61,15 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     target = load_target(tmp_path / "target")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "target")  # a standard HF folder
     assert hf.config.vocab_size == target.model.config.backbone.vocab_size
+    assert (hf.config.num_hidden_layers, hf.config.intermediate_size) == (3, 48)  # --target-layers, --target-intermediate
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "target")
     assert tok.chat_template and len(tok) == target.model.config.backbone.vocab_size - 1  # one free row: the mask
     for name, method in (("dspark", "dspark"), ("dflash", "dflash")):
         draft = load_draft(tmp_path / name, target.model)
         assert draft.config.method == method and draft.config.block_size == 7
         assert draft.config.mask_token_id == len(tok)
-        assert draft.config.target_layer_ids == (0, 2)  # --draft-taps, not the default rule's (1,)
-        assert json.loads((tmp_path / f"{name}.settings.json").read_text())["taps"] == [0, 2]
+        assert draft.config.target_layer_ids == (0, 1)  # --draft-taps, not the default rule's
+        assert json.loads((tmp_path / f"{name}.settings.json").read_text())["taps"] == [0, 1]
     figures = json.loads((tmp_path / "figures.json").read_text())
     for key in ("dspark_T0_acceptance_length", "dflash_T0_acceptance_length", "ngram_T0_acceptance_length",
                 "dspark_T1_acceptance_length", "target_T0_distinct_4gram"):
@@ -154,13 +156,14 @@ def test_more_rewordings_than_templates_are_refused(tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # refused before any work
 
 
-@pytest.mark.parametrize("taps", ["2,1", "1,3", "-1,0", "1,x", ""])
-def test_draft_taps_outside_the_target_are_refused(tmp_path, capsys, taps):
+@pytest.mark.parametrize("args", [["--draft-taps", t] for t in ("2,1", "1,3", "-1,0", "1,x", "")]
+                         + [["--target-layers", "3", "--draft-taps", "0,2"], ["--target-layers", "1"]])
+def test_draft_taps_outside_the_target_are_refused(tmp_path, capsys, args):
     """The smoke target has 4 layers: taps must increase and stay below its last layer (3)."""
     build = _build_module()
     with pytest.raises(SystemExit) as exc:
-        build.main(["--out", str(tmp_path), "--smoke", "--draft-taps", taps])
-    assert exc.value.code == 2 and "--draft-taps" in capsys.readouterr().err
+        build.main(["--out", str(tmp_path), "--smoke", *args])
+    assert exc.value.code == 2 and args[-2] in capsys.readouterr().err  # the flag at fault
     assert not any(tmp_path.iterdir())
 
 

@@ -312,7 +312,7 @@ def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device:
     source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] else []
     examples = distilled + source
     tcfg = target.config
-    taps = tuple(size.get("draft_taps") or evenly_spaced_taps(size["layers"]))
+    taps = tuple(size.get("draft_taps") or evenly_spaced_taps(tcfg.backbone.num_layers))  # the stored target's
     dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=taps,
                              markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1,
                              intermediate_size=size.get("draft_intermediate"))
@@ -394,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="the same as --size smoke")
     ap.add_argument("--pretrain-steps", type=int, help="override the size's target pretraining steps")
     ap.add_argument("--target-steps", type=int, help="override the size's target instruction-tuning steps")
+    ap.add_argument("--target-layers", type=int, help="override the size's target layers (at least 2)")
+    ap.add_argument("--target-intermediate", type=int, help="override the size's target MLP width")
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
     ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
     ap.add_argument("--draft-intermediate", type=int, help="override the drafts' MLP width (default: the target's)")
@@ -426,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.rephrasings is not None and args.rephrasings > len(FUNCTION_REPHRASINGS):
         ap.error(f"--rephrasings {args.rephrasings}: there are {len(FUNCTION_REPHRASINGS)} rewording templates for "
                  "functions (REPHRASINGS), so more would repeat them; give at most that or add templates")
+    if args.target_layers is not None:
+        if args.target_layers < 2:
+            ap.error(f"--target-layers {args.target_layers}: give at least 2 (the drafts tap a layer below the last)")
+        size["layers"] = args.target_layers
+    if args.target_intermediate is not None:
+        size["intermediate"] = args.target_intermediate
     if args.draft_taps is not None:
         try:
             args.draft_taps = [int(t) for t in args.draft_taps.split(",")]
