@@ -54,6 +54,9 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     assert run.returncode == 3 and "run the same command again" in run.stderr, run.stderr[-2000:]
     assert (step("dspark"), step("dflash")) == (2, 1)
     assert not (tmp_path / "dspark").exists() and not (tmp_path / "dflash").exists()
+    with pytest.raises(SystemExit) as exc:  # the folder's target has 3 layers: another depth is refused
+        build.main([*common, "--target-layers", "4"])
+    assert exc.value.code == 2
     assert build.main(common) == 0
 
     from dspark.checkpoint import load_draft, load_target
@@ -157,7 +160,8 @@ def test_more_rewordings_than_templates_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args", [["--draft-taps", t] for t in ("2,1", "1,3", "-1,0", "1,x", "")]
-                         + [["--target-layers", "3", "--draft-taps", "0,2"], ["--target-layers", "1"]])
+                         + [["--target-layers", "3", "--draft-taps", "0,2"], ["--target-layers", "1"],
+                            ["--target-intermediate", "0"]])
 def test_draft_taps_outside_the_target_are_refused(tmp_path, capsys, args):
     """The smoke target has 4 layers: taps must increase and stay below its last layer (3)."""
     build = _build_module()
@@ -174,3 +178,6 @@ def test_confidence_probe_correlations_are_exact_on_small_cases():
     spec.loader.exec_module(probe)
     assert probe.correlations([1, 2, 3, 4], [1, 3, 2, 4]) == {"pearson": 0.8, "spearman": 0.8}
     assert probe.correlations([0.1, 0.5, 0.9], [9.0, 2.0, 1.0]) == {"pearson": -0.918, "spearman": -1.0}
+    # ties share their average rank (scipy.stats.spearmanr gives 0.866 here); a constant variable has none
+    assert probe.correlations([1, 1, 2], [1, 2, 3]) == {"pearson": 0.866, "spearman": 0.866}
+    assert probe.correlations([1, 1, 1], [1, 2, 3]) == {"pearson": None, "spearman": None}

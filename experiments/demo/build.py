@@ -58,7 +58,7 @@ from harness.datasets import load as load_suite
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
             pretrain_steps=3000, target_steps=1500, batch=16, max_answer=256, samples=12, continuations=5353,
-            rephrasings=6, draft_layers=3, draft_intermediate=640, draft_steps=7000, draft_batch=64, anchors=128,
+            rephrasings=6, draft_layers=3, draft_intermediate=640, draft_steps=7500, draft_batch=64, anchors=128,
             draft_source=True)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
@@ -401,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-intermediate", type=int, help="override the drafts' MLP width (default: the target's)")
     ap.add_argument("--draft-batch", type=int, help="override the sequences per draft training step")
     ap.add_argument("--draft-lr", type=float, help="override the drafts' peak learning rate")
-    ap.add_argument("--draft-taps", help="the target layers the drafts tap, comma-separated (default: DeepSpec's "
-                    "evenly spaced rule, 1,2,3,4,5 for 8 layers)")
+    ap.add_argument("--draft-taps", help="the target layers the drafts tap, comma-separated, from 0 (default: "
+                    "DeepSpec's evenly spaced rule, 1,2,3,4,5 for 8 layers)")
     ap.add_argument("--drafts", default="dspark,dflash", help="which drafts to build and evaluate (comma-separated)")
     ap.add_argument("--anchors", type=int, help="override the anchors (blocks) drawn per training sequence")
     ap.add_argument("--samples", type=int, help="override the temperature-1 answers distilled per instruction")
@@ -428,12 +428,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.rephrasings is not None and args.rephrasings > len(FUNCTION_REPHRASINGS):
         ap.error(f"--rephrasings {args.rephrasings}: there are {len(FUNCTION_REPHRASINGS)} rewording templates for "
                  "functions (REPHRASINGS), so more would repeat them; give at most that or add templates")
-    if args.target_layers is not None:
-        if args.target_layers < 2:
-            ap.error(f"--target-layers {args.target_layers}: give at least 2 (the drafts tap a layer below the last)")
-        size["layers"] = args.target_layers
-    if args.target_intermediate is not None:
-        size["intermediate"] = args.target_intermediate
+    if args.target_layers is not None and args.target_layers < 2:
+        ap.error(f"--target-layers {args.target_layers}: give at least 2 (the drafts tap a layer below the last)")
+    if args.target_intermediate is not None and args.target_intermediate < 1:
+        ap.error(f"--target-intermediate {args.target_intermediate}: give a positive MLP width")
+    size["layers"] = args.target_layers or size["layers"]
+    size["intermediate"] = args.target_intermediate or size["intermediate"]
+    stored = args.out / "target" / "config.json"
+    if stored.is_file() and (args.out / "target" / "model.safetensors").is_file():  # a build that goes on
+        made = json.loads(stored.read_text())
+        for flag, key, value in (("--target-layers", "num_hidden_layers", args.target_layers),
+                                 ("--target-intermediate", "intermediate_size", args.target_intermediate)):
+            if value is not None and value != made[key]:
+                ap.error(f"{flag} {value}: {stored.parent} already holds a target with {made[key]}; "
+                         "give another --out or leave the flag out")
+        size["layers"] = made["num_hidden_layers"]  # the drafts tap the stored target
     if args.draft_taps is not None:
         try:
             args.draft_taps = [int(t) for t in args.draft_taps.split(",")]

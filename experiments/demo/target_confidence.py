@@ -56,13 +56,23 @@ def summary(answers: list[tuple[list[int], list[float]]]) -> dict:
             "distinct_4gram": round(sum(build.distinct_4gram_ratio(a) for a, _ in answers) / len(answers), 3)}
 
 
+def ranks(v: torch.Tensor) -> torch.Tensor:
+    """1-based ranks, ties sharing their average rank (as Spearman's coefficient needs)."""
+    order = v.argsort()
+    r = torch.empty_like(v)
+    r[order] = torch.arange(1, len(v) + 1, dtype=v.dtype)
+    values, inverse = v.unique(return_inverse=True)
+    return torch.zeros(len(values), dtype=v.dtype).index_add_(0, inverse, r)[inverse] / inverse.bincount()[inverse]
+
+
 def correlations(x: list[float], y: list[float]) -> dict:
-    def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson's and Spearman's coefficients (None where a variable is constant)."""
+    def pearson(a: torch.Tensor, b: torch.Tensor) -> float | None:
         a, b = a - a.mean(), b - b.mean()
-        return round(float((a * b).sum() / (a.norm() * b.norm())), 3)
+        return round(float((a * b).sum() / (a.norm() * b.norm())), 3) if a.norm() and b.norm() else None
 
     x, y = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
-    return {"pearson": pearson(x, y), "spearman": pearson(x.argsort().argsort().double(), y.argsort().argsort().double())}
+    return {"pearson": pearson(x, y), "spearman": pearson(ranks(x), ranks(y))}
 
 
 def main() -> None:
@@ -75,6 +85,11 @@ def main() -> None:
     ap.add_argument("--tune-rewordings", action="store_true", help="tune on the reworded instructions too")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.tune_steps < 0:
+        ap.error(f"--tune-steps {args.tune_steps}: give 0 or more steps")
+    if args.draft and args.tune_steps:
+        ap.error("--draft with --tune-steps: a draft uses its target's embedding and LM head, which tuning changes; "
+                 "measure the tuned target alone")
     loaded = load_target(str(args.models / "target") if args.models else "demo", device="cpu", dtype="float32")
     target, tok = loaded.model, AutoTokenizer.from_pretrained(loaded.path)
     stop = tuple(target.config.eos_token_ids)
@@ -84,7 +99,7 @@ def main() -> None:
     if args.tune_steps:
         raw = args.corpus.read_bytes()
         pairs = json.loads(gzip.decompress(raw) if args.corpus.suffix == ".gz" else raw)["pairs"]
-        # the build's instruction-tuning rows and batch (build_target), at a lower learning rate
+        # the full build's instruction-tuning rows and batch (build_target), at a lower learning rate
         asks = [(p["instruction"], p["answer"]) for p in pairs]
         if args.tune_rewordings:
             asks += sorted({(build.rephrase(p["instruction"], k), p["answer"])
