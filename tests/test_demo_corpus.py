@@ -69,3 +69,27 @@ def test_the_shipped_pin_names_its_python_and_files():
     pin = json.loads((ROOT / "experiments" / "demo" / "corpus_pin.json").read_text())
     assert pin["python"].count(".") == 2 and len(pin["files"]) >= 40
     assert all(len(d) == 64 for d in pin["files"].values())
+
+
+def test_the_test_suites_are_pretraining_text_only_with_tests(tmp_path):
+    """--with-tests adds the library's tests (files that parse as UTF-8 only) as text, never as pairs."""
+    (tmp_path / "test").mkdir()
+    (tmp_path / "idlelib" / "idle_test").mkdir(parents=True)
+    (tmp_path / "a.py").write_text(SOURCE)
+    (tmp_path / "test" / "test_a.py").write_text(SOURCE)
+    (tmp_path / "test" / "badsyntax.py").write_text("def broken(:\n")
+    (tmp_path / "test" / "latin1.py").write_bytes("# -*- coding: latin-1 -*-\nname = '\xe9'\n".encode("latin-1"))
+    (tmp_path / "idlelib" / "idle_test" / "test_x.py").write_text(SOURCE)
+    assert corpus.library_modules(tmp_path) == ["a.py"]
+    assert corpus.library_modules(tmp_path, with_tests=True) == ["a.py", "test/test_a.py"]
+    built = corpus.build(corpus.make_pin(corpus.library_modules(tmp_path, with_tests=True), tmp_path), tmp_path)
+    assert sorted(built["files"]) == ["a.py", "test/test_a.py"]
+    assert {p["module"] for p in built["pairs"]} == {"a.py"}
+
+
+def test_the_default_pin_leaves_the_tests_out():
+    pin = json.loads(corpus.PIN.read_text())
+    assert not any(corpus.is_test(rel) for rel in pin["files"])
+    with_tests = json.loads(corpus.PIN_WITH_TESTS.read_text())
+    assert set(pin["files"]) < set(with_tests["files"]) and pin["python"] == with_tests["python"]
+    assert not any(part in ("idlelib", "tkinter") for rel in with_tests["files"] for part in Path(rel).parts)

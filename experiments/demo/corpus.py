@@ -9,6 +9,10 @@ so a rebuild sees exactly the same text.
 
     python experiments/demo/corpus.py --out corpus.json    # check the pin, write {python, files, pairs}
     python experiments/demo/corpus.py --repin               # pin this interpreter's files
+
+`--with-tests` adds the library's own test suites to the pretraining text (three times the code;
+`corpus_pin_with_tests.json`), for a target that has read more Python. The instruction pairs stay
+those of the library itself.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ PIN = Path(__file__).with_name("corpus_pin.json")
 # Every module of the library itself: no tests, GUI or packaging helpers, data tables or vendored code.
 EXCLUDED = ("test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages",
             "__pycache__", "pydoc_data", "encodings", "venv", "__phello__")
+TESTS = ("test", "tests")  # the library's test suites, pretraining text with --with-tests
+PIN_WITH_TESTS = Path(__file__).with_name("corpus_pin_with_tests.json")
 MIN_BODY_LINES, MAX_BODY_LINES = 2, 40
 
 
@@ -43,10 +49,25 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def library_modules(root: Path) -> list[str]:
-    """Relative paths of the library's own .py files, sorted."""
+def library_modules(root: Path, with_tests: bool = False) -> list[str]:
+    """Relative paths of the library's own .py files (and its tests), sorted; only files that read as
+    UTF-8 and parse (some test files are broken or in other encodings on purpose)."""
+    excluded = set(EXCLUDED) - (set(TESTS) if with_tests else set())
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")
-                  if not any(part in EXCLUDED or part.startswith("config-") for part in p.relative_to(root).parts))
+                  if not any(part in excluded or part.startswith("config-") for part in p.relative_to(root).parts)
+                  and _parses(p))
+
+
+def _parses(path: Path) -> bool:
+    try:
+        ast.parse(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, SyntaxError, ValueError):
+        return False
+    return True
+
+
+def is_test(rel: str) -> bool:
+    return any(part in TESTS for part in Path(rel).parts)
 
 
 def make_pin(modules: list[str], root: Path) -> dict:
@@ -111,7 +132,7 @@ def function_pairs(source: str, module: str) -> list[dict]:
 def build(pin: dict, root: Path) -> dict:
     """{"python", "files": {path: text}, "pairs": [...]} from the pinned files."""
     files = {path.relative_to(root).as_posix(): path.read_text(encoding="utf-8") for path in check_pin(pin, root)}
-    pairs = [pair for rel, text in files.items() for pair in function_pairs(text, rel)]
+    pairs = [pair for rel, text in files.items() if not is_test(rel) for pair in function_pairs(text, rel)]
     return {"python": pin["python"], "files": files, "pairs": pairs}
 
 
@@ -119,14 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="JSON file to write the corpus to (.json.gz: compressed)")
     ap.add_argument("--repin", action="store_true", help="pin this interpreter's standard library files")
+    ap.add_argument("--with-tests", action="store_true", help="the library's test suites too (their own pin)")
     args = ap.parse_args(argv)
-    root = stdlib_dir()
+    root, pin_path = stdlib_dir(), PIN_WITH_TESTS if args.with_tests else PIN
     if args.repin:
-        PIN.write_text(json.dumps(make_pin(library_modules(root), root), indent=1) + "\n")
-        print(f"pinned {len(json.loads(PIN.read_text())['files'])} files of Python {platform.python_version()}")
+        pin_path.write_text(json.dumps(make_pin(library_modules(root, args.with_tests), root), indent=1) + "\n")
+        print(f"pinned {len(json.loads(pin_path.read_text())['files'])} files of Python {platform.python_version()}")
         return 0
     try:
-        corpus = build(json.loads(PIN.read_text()), root)
+        corpus = build(json.loads(pin_path.read_text()), root)
     except PinError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
