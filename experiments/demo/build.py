@@ -22,7 +22,6 @@ corpus on the pinned interpreter (`corpus.py --out corpus.json`) and pass it wit
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import io
 import json
@@ -73,6 +72,11 @@ def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[to
                                            enable_thinking=False, tokenize=True, return_dict=False)
     ids = list(prompt) + answer_ids
     return torch.tensor(ids), torch.tensor([False] * len(prompt) + [True] * len(answer_ids))
+
+
+def tuning_example(tokenizer, instruction: str, answer: str, max_answer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An instruction-tuning row: the corpus answer, cut to `max_answer` tokens, then the end of turn."""
+    return chat_example(tokenizer, instruction, tokenizer.encode(answer, add_special_tokens=False)[:max_answer] + [end])
 
 
 INSTRUCTION = re.compile(r"Write (?:the method `(?P<msig>[^`]+)` of class `(?P<owner>[^`]+)`"
@@ -158,9 +162,7 @@ def build_target(out: Path, corpus: dict, size: dict, seed: int, device: str):
         log = _progress("pretrain", size["pretrain_steps"], lambda loss: f"loss {float(loss):.3f}")
         train_target(target, source, TrainArgs(steps=size["pretrain_steps"], batch=size["batch"], lr=1e-3, seed=seed),
                      on_step=log)
-        examples = [chat_example(tokenizer, p["instruction"],
-                                 tokenizer.encode(p["answer"], add_special_tokens=False)[: size["max_answer"]] + [eos[0]])
-                    for p in pairs]
+        examples = [tuning_example(tokenizer, p["instruction"], p["answer"], size["max_answer"], eos[0]) for p in pairs]
         log = _progress("target", size["target_steps"], lambda loss: f"loss {float(loss):.3f}")
         train_target(target, examples, TrainArgs(steps=size["target_steps"], batch=size["batch"], lr=5e-4,
                                                  seed=seed + 1), on_step=log)
@@ -461,8 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
 
     if args.corpus:  # corpus.json, or corpus.json.gz (a quarter of the size, to carry to a GPU machine)
-        raw = args.corpus.read_bytes()
-        text = (gzip.decompress(raw) if args.corpus.suffix == ".gz" else raw).decode("utf-8")
+        text = corpus_mod.read(args.corpus)
         corpus = json.loads(text)
     else:
         corpus = corpus_mod.build(json.loads(corpus_mod.PIN.read_text()), corpus_mod.stdlib_dir())

@@ -30,9 +30,9 @@ from pathlib import Path
 
 PIN = Path(__file__).with_name("corpus_pin.json")
 # Every module of the library itself: no tests, GUI or packaging helpers, data tables or vendored code.
-EXCLUDED = ("test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages",
-            "__pycache__", "pydoc_data", "encodings", "venv", "__phello__")
 TESTS = ("test", "tests")  # the library's test suites, pretraining text with --with-tests
+EXCLUDED = (*TESTS, "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages",
+            "__pycache__", "pydoc_data", "encodings", "venv", "__phello__")
 PIN_WITH_TESTS = Path(__file__).with_name("corpus_pin_with_tests.json")
 MIN_BODY_LINES, MAX_BODY_LINES = 2, 40
 
@@ -43,6 +43,12 @@ class PinError(Exception):
 
 def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
+
+
+def read(path: Path) -> str:
+    """The JSON text of a corpus written by `main` (corpus.json, or corpus.json.gz compressed)."""
+    raw = path.read_bytes()
+    return (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
 
 
 def sha256(path: Path) -> str:

@@ -14,7 +14,6 @@ A gap between the first two is memorisation; between the last two, the prompts' 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from dataclasses import replace
@@ -42,13 +41,12 @@ def acceptance(engine: Engine, prompts: list[list[int]], temperature: float, sto
     return round(sum(lengths) / len(lengths), 3)
 
 
-def prompt_sets(tok, corpus: Path) -> dict[str, list[list[int]]]:
-    """The three prompt sets (chat-formatted token ids): `seen`, `unseen_same_style`, `held_out`."""
+def prompt_sets(tok, pairs: list[dict]) -> dict[str, list[list[int]]]:
+    """The three prompt sets (chat-formatted token ids): `seen` (from the corpus' `pairs`),
+    `unseen_same_style`, `held_out`."""
     def chat(instructions: list[str]) -> list[list[int]]:
         return [build.chat_example(tok, text, [])[0].tolist() for text in instructions]
 
-    raw = corpus.read_bytes()
-    pairs = json.loads(gzip.decompress(raw) if corpus.suffix == ".gz" else raw)["pairs"]
     root = corpus_mod.stdlib_dir()
     left_out = [pair for f in sorted((root / "idlelib").glob("*.py")) + sorted((root / "tkinter").glob("*.py"))
                 for pair in corpus_mod.function_pairs(f.read_text(encoding="utf-8"), f.stem)]
@@ -68,7 +66,7 @@ def main() -> None:
     tok, stop = AutoTokenizer.from_pretrained(target.path), tuple(target.model.config.eos_token_ids)
     engine = Engine(target.model, BlockDrafter(draft))
 
-    sets = prompt_sets(tok, args.corpus)
+    sets = prompt_sets(tok, json.loads(corpus_mod.read(args.corpus))["pairs"])
     figures = {"models": str(args.models or "shipped")}
     for name, prompts in sets.items():
         figures[f"{name}_T0"] = acceptance(engine, prompts, 0.0, stop)

@@ -19,7 +19,6 @@ also draw the instructions reworded by the build's templates (the answers unchan
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus as corpus_mod  # noqa: E402
 from generalization import prompt_sets  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -34,35 +34,32 @@ import build  # noqa: E402
 from dspark.checkpoint import load_draft, load_target  # noqa: E402
 from dspark.drafters import BlockDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
-from dspark.target import Qwen3Target  # noqa: E402
 from dspark.train import TrainArgs, train_target  # noqa: E402
 from harness.provenance import provenance  # noqa: E402
 
 
 @torch.inference_mode()
-def answer_confidence(target: Qwen3Target, prompt: list[int], stop: tuple[int, ...]) -> tuple[list[int], list[float]]:
-    """The target's greedy answer and its top-1 probability at each answer token."""
-    answer = Engine(target).generate(prompt, GenerationConfig(max_new_tokens=128, temperature=0.0,
-                                                              stop_token_ids=stop)).tokens
-    ids = torch.tensor([prompt + answer])
+def answer_confidence(engine: Engine, prompt: list[int], stop: tuple[int, ...]) -> tuple[list[int], list[float], list[int]]:
+    """The target's greedy answer (plain, or speculative with the same tokens), its top-1 probability
+    at each answer token, and the engine's acceptance lengths (none for plain decoding)."""
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=128, temperature=0.0, stop_token_ids=stop))
+    target, ids = engine.target, torch.tensor([prompt + result.tokens])
     hidden, _ = target(ids, None, target.new_cache(ids.shape[1]), ids.shape[1])
-    return answer, target.logits(hidden[0, len(prompt) - 1 : -1]).softmax(-1).amax(-1).tolist()
+    probs = target.logits(hidden[0, len(prompt) - 1 : -1]).softmax(-1).amax(-1).tolist()
+    return result.tokens, probs, result.acceptance_lengths
 
 
-def summary(answers: list[tuple[list[int], list[float]]]) -> dict:
-    top1 = [p for _, probs in answers for p in probs]
+def summary(answers: list[tuple[list[int], list[float], list[int]]]) -> dict:
+    top1 = [p for _, probs, _ in answers for p in probs]
     return {"mean_top1": round(sum(top1) / len(top1), 3),
             "share_top1_under_half": round(sum(x < 0.5 for x in top1) / len(top1), 3),
-            "distinct_4gram": round(sum(build.distinct_4gram_ratio(a) for a, _ in answers) / len(answers), 3)}
+            "distinct_4gram": round(sum(build.distinct_4gram_ratio(a) for a, _, _ in answers) / len(answers), 3)}
 
 
 def ranks(v: torch.Tensor) -> torch.Tensor:
     """1-based ranks, ties sharing their average rank (as Spearman's coefficient needs)."""
-    order = v.argsort()
-    r = torch.empty_like(v)
-    r[order] = torch.arange(1, len(v) + 1, dtype=v.dtype)
-    values, inverse = v.unique(return_inverse=True)
-    return torch.zeros(len(values), dtype=v.dtype).index_add_(0, inverse, r)[inverse] / inverse.bincount()[inverse]
+    below, equal = (v[None, :] < v[:, None]).sum(1), (v[None, :] == v[:, None]).sum(1)
+    return below + (equal + 1) / 2
 
 
 def correlations(x: list[float], y: list[float]) -> dict:
@@ -93,34 +90,32 @@ def main() -> None:
     loaded = load_target(str(args.models / "target") if args.models else "demo", device="cpu", dtype="float32")
     target, tok = loaded.model, AutoTokenizer.from_pretrained(loaded.path)
     stop = tuple(target.config.eos_token_ids)
-    sets = prompt_sets(tok, args.corpus)
+    pairs = json.loads(corpus_mod.read(args.corpus))["pairs"]
+    sets = prompt_sets(tok, pairs)
     figures = {"models": str(args.models or "shipped"), "draft": args.draft, "tune_steps": args.tune_steps,
                "tune_rewordings": args.tune_rewordings}
     if args.tune_steps:
-        raw = args.corpus.read_bytes()
-        pairs = json.loads(gzip.decompress(raw) if args.corpus.suffix == ".gz" else raw)["pairs"]
         # the full build's instruction-tuning rows and batch (build_target), at a lower learning rate
         asks = [(p["instruction"], p["answer"]) for p in pairs]
         if args.tune_rewordings:
             asks += sorted({(build.rephrase(p["instruction"], k), p["answer"])
                             for p in pairs for k in range(len(build.REPHRASINGS))} - set(asks))
-        rows = [build.chat_example(tok, ask, tok.encode(answer, add_special_tokens=False)[: build.FULL["max_answer"]]
-                                   + [stop[0]]) for ask, answer in asks]
+        rows = [build.tuning_example(tok, ask, answer, build.FULL["max_answer"], stop[0]) for ask, answer in asks]
         figures["tune_rows"] = len(rows)
         losses = []
         train_target(target, rows, TrainArgs(steps=args.tune_steps, batch=build.FULL["batch"], lr=args.tune_lr,
                                              seed=args.seed), on_step=lambda step, loss: losses.append(loss.detach().item()))
         figures["tune_loss_last_50"] = round(sum(losses[-50:]) / len(losses[-50:]), 4)
-    engine = Engine(target, BlockDrafter(load_draft(args.draft, target).model)) if args.draft else None
-    cfg = GenerationConfig(max_new_tokens=128, temperature=0.0, stop_token_ids=stop)
+    # greedy speculative decoding gives the plain tokens, so one run yields both answer and acceptance
+    engine = Engine(target, BlockDrafter(load_draft(args.draft, target).model) if args.draft else None)
     pooled: list[tuple[float, float]] = []
     for name, prompts in sets.items():
-        answers = [answer_confidence(target, p, stop) for p in prompts]
+        answers = [answer_confidence(engine, p, stop) for p in prompts]
         figures[name] = summary(answers)
-        if engine is not None:
-            rounds = [engine.generate(p, cfg).acceptance_lengths for p in prompts]
-            per_prompt = [(sum(probs) / len(probs), sum(r) / len(r)) for (_, probs), r in zip(answers, rounds)]
-            figures[name]["draft_T0_acceptance_length"] = round(sum(map(sum, rounds)) / sum(map(len, rounds)), 3)
+        if args.draft:
+            per_prompt = [(sum(probs) / len(probs), sum(r) / len(r)) for _, probs, r in answers]
+            rounds = [n for _, _, r in answers for n in r]
+            figures[name]["draft_T0_acceptance_length"] = round(sum(rounds) / len(rounds), 3)
             figures[name]["per_prompt"] = correlations(*zip(*per_prompt))
             pooled += per_prompt
     if pooled:
