@@ -7,8 +7,9 @@ between near-equal tokens a draft must reproduce a close call. Per prompt set (`
 - the share of answer tokens whose top-1 probability is under 0.5;
 - the answers' distinct 4-gram ratio (1 = no repetition).
 With `--draft` (a draft folder or short name, such as demo-dspark) it also gives the draft's
-acceptance length per set at T = 0 and how it correlates with the target's confidence, prompt by
-prompt (Pearson and Spearman). With `--tune-steps N` the target is first instruction-tuned N steps more, to see whether a target
+acceptance length per set at T = 0, the share of rounds whose first drafted token is rejected, and
+how the acceptance correlates with the target's confidence, prompt by prompt (Pearson and Spearman).
+With `--tune-steps N` the target is first instruction-tuned N steps more, to see whether a target
 that knows its data better is surer of prompts it never saw; with `--tune-rewordings` those steps
 also draw the instructions reworded by the build's templates (the answers unchanged).
 
@@ -116,6 +117,7 @@ def main() -> None:
             per_prompt = [(sum(probs) / len(probs), sum(r) / len(r)) for _, probs, r in answers]
             rounds = [n for _, _, r in answers for n in r]
             figures[name]["draft_T0_acceptance_length"] = round(sum(rounds) / len(rounds), 3)
+            figures[name]["share_rounds_first_draft_rejected"] = round(sum(n == 1 for n in rounds) / len(rounds), 3)
             figures[name]["per_prompt"] = correlations(*zip(*per_prompt))
             pooled += per_prompt
     if pooled:
