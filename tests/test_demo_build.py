@@ -38,7 +38,7 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     # Stopped by a time limit as the drafts' training starts: one checkpointed step, exit code 3, and the
     # second draft not begun; then in two worker processes, each one step further; then resumed to the end.
     common = ["--out", str(tmp_path), "--smoke", "--corpus", str(packed), "--distill-batch", "5", "--draft-taps", "0,1",
-              "--target-layers", "3", "--target-intermediate", "48"]
+              "--target-layers", "3", "--target-intermediate", "48", "--target-batch", "3"]
 
     def step(name):
         path = tmp_path / f"{name}.train" / "checkpoint" / "trainer_state.pt"
@@ -65,6 +65,7 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "target")  # a standard HF folder
     assert hf.config.vocab_size == target.model.config.backbone.vocab_size
     assert (hf.config.num_hidden_layers, hf.config.intermediate_size) == (3, 48)  # --target-layers, --target-intermediate
+    assert json.loads((tmp_path / "target.settings.json").read_text())["batch"] == 3  # --target-batch
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "target")
     assert tok.chat_template and len(tok) == target.model.config.backbone.vocab_size - 1  # one free row: the mask
     for name, method in (("dspark", "dspark"), ("dflash", "dflash")):
@@ -161,7 +162,7 @@ def test_more_rewordings_than_templates_are_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("args", [["--draft-taps", t] for t in ("2,1", "1,3", "-1,0", "1,x", "")]
                          + [["--target-layers", "3", "--draft-taps", "0,2"], ["--target-layers", "1"],
-                            ["--target-intermediate", "0"]])
+                            ["--target-intermediate", "0"], ["--target-batch", "0"]])
 def test_draft_taps_outside_the_target_are_refused(tmp_path, capsys, args):
     """The smoke target has 4 layers: taps must increase and stay below its last layer (3)."""
     build = _build_module()
@@ -171,13 +172,32 @@ def test_draft_taps_outside_the_target_are_refused(tmp_path, capsys, args):
     assert not any(tmp_path.iterdir())
 
 
-def test_confidence_probe_correlations_are_exact_on_small_cases():
+def _probe_module():
+    """experiments/demo/target_confidence.py as a module (registered, as its dataclass needs)."""
     sys.path.insert(0, str(ROOT / "experiments" / "demo"))
     spec = importlib.util.spec_from_file_location("target_confidence", ROOT / "experiments" / "demo" / "target_confidence.py")
-    probe = importlib.util.module_from_spec(spec)
+    probe = sys.modules["target_confidence"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    return probe
+
+
+def test_confidence_probe_correlations_are_exact_on_small_cases():
+    probe = _probe_module()
     assert probe.correlations([1, 2, 3, 4], [1, 3, 2, 4]) == {"pearson": 0.8, "spearman": 0.8}
     assert probe.correlations([0.1, 0.5, 0.9], [9.0, 2.0, 1.0]) == {"pearson": -0.918, "spearman": -1.0}
     # ties share their average rank (scipy.stats.spearmanr gives 0.866 here); a constant variable has none
     assert probe.correlations([1, 1, 2], [1, 2, 3]) == {"pearson": 0.866, "spearman": 0.866}
     assert probe.correlations([1, 1, 1], [1, 2, 3]) == {"pearson": None, "spearman": None}
+
+
+def test_confidence_probe_places_each_rounds_first_draft_at_its_token():
+    """Round 1 guesses answer token 1; each round moves on by the tokens it emitted; a round past the
+    answer's last scored token is not counted."""
+    probe = _probe_module()
+    answers = [probe.Answer(tokens=[5] * 6, top1=[0.9, 0.3, 0.99, 0.6, 0.97, 0.5], rounds=[1, 3, 2], accepted=[0, 2, 1]),
+               probe.Answer(tokens=[5, 6], top1=[0.2, 0.96], rounds=[1, 1], accepted=[1, 0])]
+    assert probe.first_draft_by_confidence(answers) == [
+        {"top1_from": 0.0, "rounds": 1, "first_draft_accepted": 0.0},
+        {"top1_from": 0.5, "rounds": 1, "first_draft_accepted": 1.0},
+        {"top1_from": 0.8, "rounds": 0, "first_draft_accepted": None},
+        {"top1_from": 0.95, "rounds": 2, "first_draft_accepted": 1.0}]

@@ -398,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-steps", type=int, help="override the size's target instruction-tuning steps")
     ap.add_argument("--target-layers", type=int, help="override the size's target layers (at least 2)")
     ap.add_argument("--target-intermediate", type=int, help="override the size's target MLP width")
+    ap.add_argument("--target-batch", type=int, help="override the sequences per target pretraining and tuning step")
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
     ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
     ap.add_argument("--draft-intermediate", type=int, help="override the drafts' MLP width (default: the target's)")
@@ -436,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--target-intermediate {args.target_intermediate}: give a positive MLP width")
     size["layers"] = args.target_layers or size["layers"]
     size["intermediate"] = args.target_intermediate or size["intermediate"]
+    if args.target_batch is not None and args.target_batch < 1:
+        ap.error(f"--target-batch {args.target_batch}: give at least 1 sequence per step")
+    size["batch"] = args.target_batch or size["batch"]
     stored = args.out / "target" / "config.json"
     if stored.is_file() and (args.out / "target" / "model.safetensors").is_file():  # a build that goes on
         made = json.loads(stored.read_text())

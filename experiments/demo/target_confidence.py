@@ -7,8 +7,11 @@ between near-equal tokens a draft must reproduce a close call. Per prompt set (`
 - the share of answer tokens whose top-1 probability is under 0.5;
 - the answers' distinct 4-gram ratio (1 = no repetition).
 With `--draft` (a draft folder or short name, such as demo-dspark) it also gives the draft's
-acceptance length per set at T = 0, the share of rounds whose first drafted token is rejected, and
-how the acceptance correlates with the target's confidence, prompt by prompt (Pearson and Spearman).
+acceptance length per set at T = 0, the share of rounds whose first drafted token is rejected, how
+the acceptance correlates with the target's confidence, prompt by prompt (Pearson and Spearman), and
+how often the first drafted token is accepted at each level of the target's top-1 probability for
+that token: equal rates on every set mean the draft generalises, and only the target's confidence
+differs between the sets.
 With `--tune-steps N` the target is first instruction-tuned N steps more, to see whether a target
 that knows its data better is surer of prompts it never saw; with `--tune-rewordings` those steps
 also draw the instructions reworded by the build's templates (the answers unchanged).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,23 +42,53 @@ from dspark.engine import Engine, GenerationConfig  # noqa: E402
 from dspark.train import TrainArgs, train_target  # noqa: E402
 from harness.provenance import provenance  # noqa: E402
 
+TOP1_LEVELS = (0.5, 0.8, 0.95)  # the bounds of the top-1 probability levels (under 0.5, 0.5 to 0.8, ...)
+
+
+@dataclass
+class Answer:
+    tokens: list[int]  # the greedy answer, the prefill token first
+    top1: list[float]  # the target's top-1 probability for each answer token
+    rounds: list[int]  # tokens emitted per round (none for plain decoding)
+    accepted: list[int]  # drafted tokens accepted per round
+
 
 @torch.inference_mode()
-def answer_confidence(engine: Engine, prompt: list[int], stop: tuple[int, ...]) -> tuple[list[int], list[float], list[int]]:
+def answer_confidence(engine: Engine, prompt: list[int], stop: tuple[int, ...]) -> Answer:
     """The target's greedy answer (plain, or speculative with the same tokens), its top-1 probability
-    at each answer token, and the engine's acceptance lengths (none for plain decoding)."""
+    at each answer token, and the engine's rounds (none for plain decoding)."""
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=128, temperature=0.0, stop_token_ids=stop))
     target, ids = engine.target, torch.tensor([prompt + result.tokens])
     hidden, _ = target(ids, None, target.new_cache(ids.shape[1]), ids.shape[1])
     probs = target.logits(hidden[0, len(prompt) - 1 : -1]).softmax(-1).amax(-1).tolist()
-    return result.tokens, probs, result.acceptance_lengths
+    return Answer(result.tokens, probs, result.acceptance_lengths, result.accepted_counts)
 
 
-def summary(answers: list[tuple[list[int], list[float], list[int]]]) -> dict:
-    top1 = [p for _, probs, _ in answers for p in probs]
+def summary(answers: list[Answer]) -> dict:
+    top1 = [p for a in answers for p in a.top1]
     return {"mean_top1": round(sum(top1) / len(top1), 3),
             "share_top1_under_half": round(sum(x < 0.5 for x in top1) / len(top1), 3),
-            "distinct_4gram": round(sum(build.distinct_4gram_ratio(a) for a, _, _ in answers) / len(answers), 3)}
+            "distinct_4gram": round(sum(build.distinct_4gram_ratio(a.tokens) for a in answers) / len(answers), 3)}
+
+
+def first_draft_by_confidence(answers: list[Answer]) -> list[dict]:
+    """Per level of the target's top-1 probability for the token a round's first draft guesses
+    (the token after the round's anchor): the rounds, and the share whose first draft is accepted.
+    Round 1 guesses answer token 1 (token 0 comes from the prefill); each round moves on by the
+    tokens it emitted."""
+    bounds = (0.0, *TOP1_LEVELS, float("inf"))
+    counts = [[0, 0] for _ in bounds[1:]]
+    for a in answers:
+        position = 1
+        for emitted, accepted in zip(a.rounds, a.accepted):
+            if position >= len(a.top1):
+                break
+            level = next(i for i, upper in enumerate(bounds[1:]) if a.top1[position] < upper)
+            counts[level][0] += 1
+            counts[level][1] += accepted > 0
+            position += emitted
+    return [{"top1_from": low, "rounds": n, "first_draft_accepted": round(ok / n, 3) if n else None}
+            for low, (n, ok) in zip(bounds, counts)]
 
 
 def ranks(v: torch.Tensor) -> torch.Tensor:
@@ -114,10 +148,12 @@ def main() -> None:
         answers = [answer_confidence(engine, p, stop) for p in prompts]
         figures[name] = summary(answers)
         if args.draft:
-            per_prompt = [(sum(probs) / len(probs), sum(r) / len(r)) for _, probs, r in answers]
-            rounds = [n for _, _, r in answers for n in r]
+            per_prompt = [(sum(a.top1) / len(a.top1), sum(a.rounds) / len(a.rounds)) for a in answers]
+            rounds = [n for a in answers for n in a.rounds]
+            accepted = [n for a in answers for n in a.accepted]
             figures[name]["draft_T0_acceptance_length"] = round(sum(rounds) / len(rounds), 3)
-            figures[name]["share_rounds_first_draft_rejected"] = round(sum(n == 1 for n in rounds) / len(rounds), 3)
+            figures[name]["share_rounds_first_draft_rejected"] = round(sum(n == 0 for n in accepted) / len(accepted), 3)
+            figures[name]["first_draft_by_target_top1"] = first_draft_by_confidence(answers)
             figures[name]["per_prompt"] = correlations(*zip(*per_prompt))
             pooled += per_prompt
     if pooled:
