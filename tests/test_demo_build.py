@@ -201,3 +201,26 @@ def test_confidence_probe_places_each_rounds_first_draft_at_its_token():
         {"top1_from": 0.5, "rounds": 1, "first_draft_accepted": 1.0},
         {"top1_from": 0.8, "rounds": 0, "first_draft_accepted": None},
         {"top1_from": 0.95, "rounds": 2, "first_draft_accepted": 1.0}]
+
+
+def test_acceptance_prediction_fits_per_depth_and_level_and_counts_rounds_exactly(monkeypatch, capsys):
+    _probe_module()
+    spec = importlib.util.spec_from_file_location("predict_acceptance", ROOT / "experiments" / "demo" / "predict_acceptance.py")
+    pa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pa)
+    # an answer of 7 tokens, rounds of 2 drafts: the first (answer tokens 1, 2) accepts 1 draft; the second
+    # (tokens 3, 4) both; the third (token 6) none. Levels: under .5, .5, .8, .95, .99 and over.
+    answer = pa.Answer(tokens=[1] * 7, top1=[0.9, 0.3, 0.99, 0.97, 0.6, 0.9, 0.99], rounds=[2, 3, 1], accepted=[1, 2, 0])
+    assert pa.fit_rates([answer], depths=2) == [[1.0, None, None, 1.0, 0.0], [None, 1.0, None, None, 0.0]]
+    certain, never = [[1.0] * 5] * 6, [[0.0] * 5] * 6
+    assert pa.expected_rounds([0.99] * 15, certain, [0.0] * 5) == 2  # 7 tokens a round cover 14
+    assert pa.expected_rounds([0.99] * 15, never, [0.0] * 5) == 14
+    # a first draft accepted half the time on a 3-token answer: 1 round, or 2 when the draft is rejected
+    assert pa.expected_rounds([0.9] * 3, [[0.5] * 5] + [[0.0] * 5] * 5, [0.0] * 5) == 1.5
+    # a level the fit never saw takes the rate of the shallowest depth that saw it
+    assert pa.expected_rounds([0.9] * 3, [[None] * 5, [0.0] * 5], [0.5] * 5) == 1.5
+    assert pa.predicted_acceptance([answer], certain) == 6.0  # one round covers tokens 1..6
+    monkeypatch.setattr(sys, "argv", ["predict_acceptance.py", "--corpus", "none.json", "--targets", "nowhere"])
+    with pytest.raises(SystemExit) as exc:  # a folder without a target is refused before any work
+        pa.main()
+    assert exc.value.code == 2 and "nowhere: no target/ there" in capsys.readouterr().err
