@@ -224,3 +224,31 @@ def test_acceptance_prediction_fits_per_depth_and_level_and_counts_rounds_exactl
     with pytest.raises(SystemExit) as exc:  # a folder without a target is refused before any work
         pa.main()
     assert exc.value.code == 2 and "nowhere: no target/ there" in capsys.readouterr().err
+
+
+def test_rebuild_comparison_holds_acceptance_lengths_to_the_tolerance(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("compare_figures", ROOT / "experiments" / "demo" / "compare_figures.py")
+    cf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cf)
+    shipped = json.loads(cf.SHIPPED.read_text())
+
+    def run(**changes):
+        path = tmp_path / "figures.json"
+        path.write_text(json.dumps({k: v for k, v in {**shipped, **changes}.items() if v is not None}))
+        code = cf.main([str(path)])
+        return code, capsys.readouterr()
+
+    code, out = run()
+    assert code == 0 and json.loads(out.out)["holds"] is True
+    assert run(dspark_T0_acceptance_length=shipped["dspark_T0_acceptance_length"] + 0.29)[0] == 0
+    code, out = run(ngram_T1_acceptance_length=shipped["ngram_T1_acceptance_length"] - 0.31)
+    rows = {r["figure"]: r for r in json.loads(out.out)["figures"]}
+    assert code == 1 and rows["ngram_T1_acceptance_length"]["held"] is False
+    assert rows["dspark_T0_acceptance_length"]["held"] is True
+    assert run(target_T0_distinct_4gram=0.1)[0] == 0  # shown, not held
+    assert run(greedy_outputs_equal_plain=False)[0] == 1
+    for changes, says in (({"dflash_T1_acceptance_length": None}, "no dflash_T1_acceptance_length"),
+                          ({"size": "smoke"}, "a smoke build")):
+        with pytest.raises(SystemExit) as exc:
+            run(**changes)
+        assert exc.value.code == 2 and says in capsys.readouterr().err
