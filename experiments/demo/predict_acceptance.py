@@ -10,7 +10,10 @@ by level of the target's top-1 probability for that token. So the model here is:
    top-1 probability for that token;
 2. check it: predict the pair's own acceptance length on the other sets from the target's top-1
    probabilities alone, beside the measured figure;
-3. predict, for each `--targets` folder, the held-out acceptance length from that target's greedy
+3. ask how good the draft would have to be: the pair's held-out acceptance length predicted if every
+   draft were accepted whose token the target gives at least 0.99, 0.95, 0.8 or 0.5 (the other
+   rates as fitted);
+4. predict, for each `--targets` folder, the held-out acceptance length from that target's greedy
    answers.
 The prediction is exact for the model (a recursion over answer positions, not sampling): the expected
 rounds to cover each answer, with the same 128-token limit, pooled over the prompts as the engine's
@@ -115,6 +118,10 @@ def main() -> None:
         figures["check"][name] = {"measured": round(sum(rounds) / len(rounds), 3),
                                   "predicted": predicted_acceptance(got, rates)}
 
+    figures["held_out_if_never_missed_from"] = {
+        str(bound): predicted_acceptance(answers["held_out"], [[1.0 if lv > i else r for lv, r in enumerate(row)]
+                                                               for row in rates])
+        for i, bound in reversed(list(enumerate(LEVELS)))}
     figures["targets"] = {}
     for folder in args.targets:
         other = load_target(str(folder / "target"), device="cpu", dtype="float32")
