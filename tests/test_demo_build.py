@@ -54,9 +54,10 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     assert run.returncode == 3 and "run the same command again" in run.stderr, run.stderr[-2000:]
     assert (step("dspark"), step("dflash")) == (2, 1)
     assert not (tmp_path / "dspark").exists() and not (tmp_path / "dflash").exists()
-    with pytest.raises(SystemExit) as exc:  # the folder's target has 3 layers: another depth is refused
-        build.main([*common, "--target-layers", "4"])
-    assert exc.value.code == 2
+    for flag, value in (("--target-layers", "4"), ("--target-batch", "4"), ("--pretrain-steps", "11")):
+        with pytest.raises(SystemExit) as exc:  # the folder's target was made otherwise: refused, not ignored
+            build.main([*common, flag, value])
+        assert exc.value.code == 2
     assert build.main(common) == 0
 
     from dspark.checkpoint import load_draft, load_target
@@ -66,6 +67,7 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     assert hf.config.vocab_size == target.model.config.backbone.vocab_size
     assert (hf.config.num_hidden_layers, hf.config.intermediate_size) == (3, 48)  # --target-layers, --target-intermediate
     assert json.loads((tmp_path / "target.settings.json").read_text())["batch"] == 3  # --target-batch
+    assert json.loads((tmp_path / "dspark.settings.json").read_text())["batch"] == 2  # the drafts keep the size's
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "target")
     assert tok.chat_template and len(tok) == target.model.config.backbone.vocab_size - 1  # one free row: the mask
     for name, method in (("dspark", "dspark"), ("dflash", "dflash")):
@@ -163,8 +165,9 @@ def test_more_rewordings_than_templates_are_refused(tmp_path, capsys):
 @pytest.mark.parametrize("args", [["--draft-taps", t] for t in ("2,1", "1,3", "-1,0", "1,x", "")]
                          + [["--target-layers", "3", "--draft-taps", "0,2"], ["--target-layers", "1"],
                             ["--target-intermediate", "0"], ["--target-batch", "0"]])
-def test_draft_taps_outside_the_target_are_refused(tmp_path, capsys, args):
-    """The smoke target has 4 layers: taps must increase and stay below its last layer (3)."""
+def test_bad_build_flags_are_refused(tmp_path, capsys, args):
+    """Taps must increase and stay below the target's last layer (the smoke target's is 3); target
+    shapes and batches must be positive. Each is refused before anything is written."""
     build = _build_module()
     with pytest.raises(SystemExit) as exc:
         build.main(["--out", str(tmp_path), "--smoke", *args])
@@ -203,27 +206,36 @@ def test_confidence_probe_places_each_rounds_first_draft_at_its_token():
         {"top1_from": 0.95, "rounds": 2, "first_draft_accepted": 1.0}]
 
 
-def test_acceptance_prediction_fits_per_depth_and_level_and_counts_rounds_exactly(monkeypatch, capsys):
+def test_acceptance_prediction_fits_per_depth_and_level_and_counts_rounds_exactly(tmp_path, capsys):
     _probe_module()
     spec = importlib.util.spec_from_file_location("predict_acceptance", ROOT / "experiments" / "demo" / "predict_acceptance.py")
     pa = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pa)
     # an answer of 7 tokens, rounds of 2 drafts: the first (answer tokens 1, 2) accepts 1 draft; the second
-    # (tokens 3, 4) both; the third (token 6) none. Levels: under .5, .5, .8, .95, .99 and over.
+    # (tokens 3, 4) both; the third (token 6, and a token past the answer) none. Levels: under .5, .5, .8, .95, .99.
     answer = pa.Answer(tokens=[1] * 7, top1=[0.9, 0.3, 0.99, 0.97, 0.6, 0.9, 0.99], rounds=[2, 3, 1], accepted=[1, 2, 0])
     assert pa.fit_rates([answer], depths=2) == [[1.0, None, None, 1.0, 0.0], [None, 1.0, None, None, 0.0]]
-    certain, never = [[1.0] * 5] * 6, [[0.0] * 5] * 6
-    assert pa.expected_rounds([0.99] * 15, certain, [0.0] * 5) == 2  # 7 tokens a round cover 14
+    # the round at token 6 has no depth-2 token inside the answer: it is not counted there
+    late = pa.Answer(tokens=[1] * 7, top1=[0.9, 0.3, 0.99, 0.97, 0.6, 0.9, 0.99], rounds=[5, 2], accepted=[4, 2])
+    assert pa.fit_rates([late], depths=5)[1] == [None, None, None, None, 1.0]  # round 1 only
+    with pytest.raises(ValueError, match="more than the 1 depths"):  # the draft drafts more a round than fitted
+        pa.fit_rates([answer], depths=1)
+    certain, never = [[1.0] * 5] * 7, [[0.0] * 5] * 7
+    assert pa.expected_rounds([0.99] * 15, certain, [0.0] * 5) == 2  # rounds of 8 tokens cover 14
     assert pa.expected_rounds([0.99] * 15, never, [0.0] * 5) == 14
     # a first draft accepted half the time on a 3-token answer: 1 round, or 2 when the draft is rejected
-    assert pa.expected_rounds([0.9] * 3, [[0.5] * 5] + [[0.0] * 5] * 5, [0.0] * 5) == 1.5
-    # a level the fit never saw takes the rate of the shallowest depth that saw it
+    assert pa.expected_rounds([0.9] * 3, [[0.5] * 5] + [[0.0] * 5] * 6, [0.0] * 5) == 1.5
+    # a level the fit never saw takes the fallback rate
     assert pa.expected_rounds([0.9] * 3, [[None] * 5, [0.0] * 5], [0.5] * 5) == 1.5
     assert pa.predicted_acceptance([answer], certain) == 6.0  # one round covers tokens 1..6
-    monkeypatch.setattr(sys, "argv", ["predict_acceptance.py", "--corpus", "none.json", "--targets", "nowhere"])
-    with pytest.raises(SystemExit) as exc:  # a folder without a target is refused before any work
-        pa.main()
-    assert exc.value.code == 2 and "nowhere: no target/ there" in capsys.readouterr().err
+    # the fallback is the shallowest depth that saw the level: depth 2's 0.5 for depth 1's gap
+    assert pa.predicted_acceptance([pa.Answer([1] * 3, [0.9] * 3, [], [])], [[None] * 5, [0.5] * 5]) == round(2 / 1.5, 3)
+    missing = tmp_path / "nowhere"
+    for argv, says in ((["--corpus", str(missing)], "no such file"),
+                       (["--corpus", str(ROOT / "README.md"), "--targets", str(missing)], "no target/model.safetensors")):
+        with pytest.raises(SystemExit) as exc:  # refused before any work
+            pa.main(argv)
+        assert exc.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_rebuild_comparison_holds_acceptance_lengths_to_the_tolerance(tmp_path, capsys):
@@ -252,3 +264,12 @@ def test_rebuild_comparison_holds_acceptance_lengths_to_the_tolerance(tmp_path, 
         with pytest.raises(SystemExit) as exc:
             run(**changes)
         assert exc.value.code == 2 and says in capsys.readouterr().err
+    for bad, says in (("1", "not the figures.json"), (json.dumps({**shipped, "dspark_T0_acceptance_length": None}),
+                                                      "no number for dspark_T0_acceptance_length")):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(SystemExit) as exc:
+            cf.main([str(tmp_path / "bad.json")])
+        assert exc.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cf.main([str(cf.SHIPPED), "--tolerance", "-1"])
+    assert exc.value.code == 2 and "--tolerance -1" in capsys.readouterr().err

@@ -324,7 +324,7 @@ def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device:
     if (resumed := load_checkpoint(ckpt, target)) is not None:  # an interrupted build goes on from here
         draft, start, opt_state = resumed
     log = _progress(name, size["draft_steps"], lambda parts: f"tau {parts[0].tau:.2f} ce {parts[0].ce:.3f}")
-    batch, lr = size.get("draft_batch", size["batch"]), size.get("draft_lr", 1e-3)
+    batch, lr = size["draft_batch"], size.get("draft_lr", 1e-3)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for the training matmuls (GPU only)
     try:
@@ -439,14 +439,20 @@ def main(argv: list[str] | None = None) -> int:
     size["intermediate"] = args.target_intermediate or size["intermediate"]
     if args.target_batch is not None and args.target_batch < 1:
         ap.error(f"--target-batch {args.target_batch}: give at least 1 sequence per step")
+    size.setdefault("draft_batch", size["batch"])  # the drafts keep the size's batch
     size["batch"] = args.target_batch or size["batch"]
     stored = args.out / "target" / "config.json"
     if stored.is_file() and (args.out / "target" / "model.safetensors").is_file():  # a build that goes on
         made = json.loads(stored.read_text())
+        recorded = args.out / "target.settings.json"
+        made |= {f"recorded_{k}": v for k, v in json.loads(recorded.read_text()).items()} if recorded.is_file() else {}
         for flag, key, value in (("--target-layers", "num_hidden_layers", args.target_layers),
-                                 ("--target-intermediate", "intermediate_size", args.target_intermediate)):
-            if value is not None and value != made[key]:
-                ap.error(f"{flag} {value}: {stored.parent} already holds a target with {made[key]}; "
+                                 ("--target-intermediate", "intermediate_size", args.target_intermediate),
+                                 ("--target-batch", "recorded_batch", args.target_batch),
+                                 ("--pretrain-steps", "recorded_pretrain_steps", args.pretrain_steps),
+                                 ("--target-steps", "recorded_target_steps", args.target_steps)):
+            if value is not None and key in made and value != made[key]:
+                ap.error(f"{flag} {value}: {stored.parent} already holds a target made with {made[key]}; "
                          "give another --out or leave the flag out")
         size["layers"] = made["num_hidden_layers"]  # the drafts tap the stored target
     if args.draft_taps is not None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 SHIPPED = Path(__file__).resolve().parent / "figures.json"
 TOLERANCE = 0.3
+HELD = ("_acceptance_length", "_distinct_4gram", "_equal_plain")  # the figures compared
 
 
 def compare(new: dict, reference: dict, tolerance: float) -> tuple[list[dict], bool]:
@@ -41,15 +43,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", type=Path, default=SHIPPED, help="the figures to reproduce (default: the shipped ones)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE, help="tokens per round either way")
     args = ap.parse_args(argv)
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        ap.error(f"--tolerance {args.tolerance}: give a number of tokens per round, 0 or more")
     loaded = []
     for path in (args.figures, args.reference):
         try:
             loaded.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as exc:
             ap.error(f"{path}: cannot read it as JSON ({exc}); give the figures.json a full build wrote")
+        figures = loaded[-1]
+        held = [k for k in figures if k.endswith(HELD)] if isinstance(figures, dict) else []
+        bad = [k for k in held if k != "greedy_outputs_equal_plain" and not isinstance(figures[k], (int, float))]
+        if not held or bad or "greedy_outputs_equal_plain" not in held:
+            ap.error(f"{path}: not the figures.json of a build evaluated to the end "
+                     f"({'no number for ' + ', '.join(bad) if bad else 'figures missing'})")
     new, reference = loaded
-    missing = [k for k in reference if k.endswith(("_acceptance_length", "_distinct_4gram", "_equal_plain"))
-               and k not in new]
+    missing = [k for k in reference if k.endswith(HELD) and k not in new]
     if missing:
         ap.error(f"{args.figures}: no {', '.join(missing)}; give the figures.json of a build evaluated to the end")
     if new.get("size") != reference.get("size"):

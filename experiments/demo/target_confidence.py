@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,10 +48,29 @@ TOP1_LEVELS = (0.5, 0.8, 0.95)  # the bounds of the top-1 probability levels (un
 
 @dataclass
 class Answer:
+    """A greedy answer with what the probes need of it: per token, how sure the target was; per
+    speculative round, what the engine emitted and accepted."""
     tokens: list[int]  # the greedy answer, the prefill token first
     top1: list[float]  # the target's top-1 probability for each answer token
     rounds: list[int]  # tokens emitted per round (none for plain decoding)
     accepted: list[int]  # drafted tokens accepted per round
+
+
+def level(top1: float, bounds: tuple[float, ...] = TOP1_LEVELS) -> int:
+    """The index of the level a top-1 probability falls in: 0 under bounds[0], len(bounds) from bounds[-1]."""
+    return sum(top1 >= bound for bound in bounds)
+
+
+def round_starts(answer: Answer) -> Iterator[tuple[int, int]]:
+    """(answer position the round's first draft guesses, drafts accepted) for each round whose first
+    draft guesses a token of the answer. Round 1 guesses token 1 (token 0 comes from the prefill);
+    each round moves on by the tokens it emitted."""
+    position = 1
+    for emitted, accepted in zip(answer.rounds, answer.accepted):
+        if position >= len(answer.top1):
+            return
+        yield position, accepted
+        position += emitted
 
 
 @torch.inference_mode()
@@ -73,22 +93,14 @@ def summary(answers: list[Answer]) -> dict:
 
 def first_draft_by_confidence(answers: list[Answer]) -> list[dict]:
     """Per level of the target's top-1 probability for the token a round's first draft guesses
-    (the token after the round's anchor): the rounds, and the share whose first draft is accepted.
-    Round 1 guesses answer token 1 (token 0 comes from the prefill); each round moves on by the
-    tokens it emitted."""
-    bounds = (0.0, *TOP1_LEVELS, float("inf"))
-    counts = [[0, 0] for _ in bounds[1:]]
+    (the token after the round's anchor): the rounds, and the share whose first draft is accepted."""
+    counts = [[0, 0] for _ in range(len(TOP1_LEVELS) + 1)]
     for a in answers:
-        position = 1
-        for emitted, accepted in zip(a.rounds, a.accepted):
-            if position >= len(a.top1):
-                break
-            level = next(i for i, upper in enumerate(bounds[1:]) if a.top1[position] < upper)
-            counts[level][0] += 1
-            counts[level][1] += accepted > 0
-            position += emitted
+        for position, accepted in round_starts(a):
+            counts[level(a.top1[position])][0] += 1
+            counts[level(a.top1[position])][1] += accepted > 0
     return [{"top1_from": low, "rounds": n, "first_draft_accepted": round(ok / n, 3) if n else None}
-            for low, (n, ok) in zip(bounds, counts)]
+            for low, (n, ok) in zip((0.0, *TOP1_LEVELS), counts)]
 
 
 def ranks(v: torch.Tensor) -> torch.Tensor:
