@@ -5,7 +5,8 @@ between near-equal tokens a draft must reproduce a close call. Per prompt set (`
 `unseen_same_style`, `held_out`; 128 new tokens, CPU float32) this prints:
 - the mean top-1 probability along the target's greedy answers;
 - the share of answer tokens whose top-1 probability is under 0.5;
-- the answers' distinct 4-gram ratio (1 = no repetition).
+- the answers' distinct 4-gram ratio (1 = no repetition);
+- both per answer, so that confidence bought by looping answers shows.
 With `--draft` (a draft folder or short name, such as demo-dspark) it also gives the draft's
 acceptance length per set at T = 0, the share of rounds whose first drafted token is rejected, how
 the acceptance correlates with the target's confidence, prompt by prompt (Pearson and Spearman), and
@@ -88,7 +89,10 @@ def summary(answers: list[Answer]) -> dict:
     top1 = [p for a in answers for p in a.top1]
     return {"mean_top1": round(sum(top1) / len(top1), 3),
             "share_top1_under_half": round(sum(x < 0.5 for x in top1) / len(top1), 3),
-            "distinct_4gram": round(sum(build.distinct_4gram_ratio(a.tokens) for a in answers) / len(answers), 3)}
+            "distinct_4gram": round(sum(build.distinct_4gram_ratio(a.tokens) for a in answers) / len(answers), 3),
+            # per answer (mean top-1, distinct 4-gram ratio): where the confidence comes from loops
+            "per_answer": [(round(sum(a.top1) / len(a.top1), 3), round(build.distinct_4gram_ratio(a.tokens), 3))
+                           for a in answers]}
 
 
 def first_draft_by_confidence(answers: list[Answer]) -> list[dict]:
