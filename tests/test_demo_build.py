@@ -24,7 +24,7 @@ def _build_module():
     return build
 
 
-def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
+def test_smoke_build_produces_loadable_models_and_figures(tmp_path, capsys):
     build = _build_module()
     pin = json.loads(build.corpus_mod.PIN.read_text())
     try:
@@ -54,10 +54,11 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path):
     assert run.returncode == 3 and "run the same command again" in run.stderr, run.stderr[-2000:]
     assert (step("dspark"), step("dflash")) == (2, 1)
     assert not (tmp_path / "dspark").exists() and not (tmp_path / "dflash").exists()
-    for flag, value in (("--target-layers", "4"), ("--target-batch", "4"), ("--pretrain-steps", "11")):
+    for flag, value in (("--target-layers", "4"), ("--target-batch", "4"), ("--pretrain-steps", "11"),
+                        ("--target-steps", "21")):
         with pytest.raises(SystemExit) as exc:  # the folder's target was made otherwise: refused, not ignored
             build.main([*common, flag, value])
-        assert exc.value.code == 2
+        assert exc.value.code == 2 and f"{flag} {value}: " in capsys.readouterr().err
     assert build.main(common) == 0
 
     from dspark.checkpoint import load_draft, load_target
@@ -164,7 +165,8 @@ def test_more_rewordings_than_templates_are_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("args", [["--draft-taps", t] for t in ("2,1", "1,3", "-1,0", "1,x", "")]
                          + [["--target-layers", "3", "--draft-taps", "0,2"], ["--target-layers", "1"],
-                            ["--target-intermediate", "0"], ["--target-batch", "0"]])
+                            ["--target-intermediate", "0"], ["--target-batch", "0"],
+                            ["--corpus", str(ROOT / "README.md")]])
 def test_bad_build_flags_are_refused(tmp_path, capsys, args):
     """Taps must increase and stay below the target's last layer (the smoke target's is 3); target
     shapes and batches must be positive. Each is refused before anything is written."""
@@ -231,7 +233,7 @@ def test_acceptance_prediction_fits_per_depth_and_level_and_counts_rounds_exactl
     # the fallback is the shallowest depth that saw the level: depth 2's 0.5 for depth 1's gap
     assert pa.predicted_acceptance([pa.Answer([1] * 3, [0.9] * 3, [], [])], [[None] * 5, [0.5] * 5]) == round(2 / 1.5, 3)
     missing = tmp_path / "nowhere"
-    for argv, says in ((["--corpus", str(missing)], "no such file"),
+    for argv, says in ((["--corpus", str(ROOT / "README.md")], "README.md: not a corpus"),
                        (["--corpus", str(ROOT / "README.md"), "--targets", str(missing)], "no target/model.safetensors")):
         with pytest.raises(SystemExit) as exc:  # refused before any work
             pa.main(argv)
@@ -264,8 +266,10 @@ def test_rebuild_comparison_holds_acceptance_lengths_to_the_tolerance(tmp_path, 
         with pytest.raises(SystemExit) as exc:
             run(**changes)
         assert exc.value.code == 2 and says in capsys.readouterr().err
-    for bad, says in (("1", "not the figures.json"), (json.dumps({**shipped, "dspark_T0_acceptance_length": None}),
-                                                      "no number for dspark_T0_acceptance_length")):
+    for bad, says in (("1", "not the figures.json"),
+                      (json.dumps({**shipped, "dspark_T0_acceptance_length": None}), "no number for dspark_T0"),
+                      (json.dumps({**shipped, "ngram_T1_acceptance_length": float("nan")}), "no number for ngram_T1"),
+                      (json.dumps({**shipped, "dflash_T0_acceptance_length": True}), "no number for dflash_T0")):
         (tmp_path / "bad.json").write_text(bad)
         with pytest.raises(SystemExit) as exc:
             cf.main([str(tmp_path / "bad.json")])

@@ -469,15 +469,16 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(args.seed)
-
     if args.corpus:  # corpus.json, or corpus.json.gz (a quarter of the size, to carry to a GPU machine)
-        text = corpus_mod.read(args.corpus)
-        corpus = json.loads(text)
+        try:
+            corpus, text = corpus_mod.load(args.corpus)
+        except corpus_mod.CorpusFileError as exc:
+            ap.error(f"--corpus {exc}")
     else:
         corpus = corpus_mod.build(json.loads(corpus_mod.PIN.read_text()), corpus_mod.stdlib_dir())
         text = json.dumps(corpus)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(args.seed)
     files = sorted(corpus["files"])[: size.get("files")]
     corpus = {"files": {f: corpus["files"][f] for f in files}, "pairs": corpus["pairs"][: size.get("pairs")]}
     pairs = corpus["pairs"]

@@ -22,6 +22,10 @@ TOLERANCE = 0.3
 HELD = ("_acceptance_length", "_distinct_4gram", "_equal_plain")  # the figures compared
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def compare(new: dict, reference: dict, tolerance: float) -> tuple[list[dict], bool]:
     """One row per figure (name, reference, rebuilt, difference, held: True/False, or None where it is
     only shown), and whether the rebuild holds."""
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{path}: cannot read it as JSON ({exc}); give the figures.json a full build wrote")
         figures = loaded[-1]
         held = [k for k in figures if k.endswith(HELD)] if isinstance(figures, dict) else []
-        bad = [k for k in held if k != "greedy_outputs_equal_plain" and not isinstance(figures[k], (int, float))]
+        bad = [k for k in held if k != "greedy_outputs_equal_plain" and not _finite(figures[k])]
         if not held or bad or "greedy_outputs_equal_plain" not in held:
             ap.error(f"{path}: not the figures.json of a build evaluated to the end "
                      f"({'no number for ' + ', '.join(bad) if bad else 'figures missing'})")

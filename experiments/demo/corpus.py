@@ -45,10 +45,23 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def read(path: Path) -> str:
-    """The JSON text of a corpus written by `main` (corpus.json, or corpus.json.gz compressed)."""
-    raw = path.read_bytes()
-    return (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
+class CorpusFileError(ValueError):
+    """A --corpus file that is not a corpus written by `main`; the message names the file and the fix."""
+
+
+def load(path: Path) -> tuple[dict, str]:
+    """A corpus written by `main` (corpus.json, or corpus.json.gz compressed) and its JSON text, whose
+    sha256 a build records."""
+    try:
+        raw = path.read_bytes()
+        text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
+        corpus = json.loads(text)
+        if not isinstance(corpus, dict) or not {"files", "pairs"} <= corpus.keys():
+            raise ValueError("no files and pairs in it")
+    except (OSError, EOFError, ValueError) as exc:  # gzip, UTF-8 and JSON errors are OSError or ValueError
+        raise CorpusFileError(f"{path}: not a corpus ({exc}); write one with "
+                              "experiments/demo/corpus.py --out corpus.json.gz") from None
+    return corpus, text
 
 
 def sha256(path: Path) -> str:

@@ -97,13 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-set", default="unseen_same_style", choices=("seen", "unseen_same_style", "held_out"))
     ap.add_argument("--targets", type=Path, nargs="*", default=[], help="build folders holding target/ to predict")
     args = ap.parse_args(argv)
-    if not args.corpus.is_file():
-        ap.error(f"--corpus {args.corpus}: no such file; write it with experiments/demo/corpus.py")
     needs = [(args.models, "target"), (args.models, "dspark")] if args.models else []
     for folder, part in needs + [(t, "target") for t in args.targets]:
         if not (folder / part / "model.safetensors").is_file():
             ap.error(f"{folder}: no {part}/model.safetensors there; give a build folder made by build.py")
-    pairs = json.loads(corpus_mod.read(args.corpus))["pairs"]
+    try:
+        pairs = corpus_mod.load(args.corpus)[0]["pairs"]
+    except corpus_mod.CorpusFileError as exc:
+        ap.error(f"--corpus {exc}")
 
     loaded = load_target(str(args.models / "target") if args.models else "demo", device="cpu", dtype="float32")
     target, stop = loaded.model, tuple(loaded.model.config.eos_token_ids)
