@@ -169,7 +169,7 @@ def test_more_rewordings_than_templates_are_refused(tmp_path, capsys):
                             ["--corpus", str(ROOT / "README.md")]])
 def test_bad_build_flags_are_refused(tmp_path, capsys, args):
     """Taps must increase and stay below the target's last layer (the smoke target's is 3); target
-    shapes and batches must be positive. Each is refused before anything is written."""
+    shapes and batches must be positive; the corpus must be one. Each is refused before anything is written."""
     build = _build_module()
     with pytest.raises(SystemExit) as exc:
         build.main(["--out", str(tmp_path), "--smoke", *args])

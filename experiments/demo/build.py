@@ -444,15 +444,15 @@ def main(argv: list[str] | None = None) -> int:
     stored = args.out / "target" / "config.json"
     if stored.is_file() and (args.out / "target" / "model.safetensors").is_file():  # a build that goes on
         made = json.loads(stored.read_text())
-        recorded = args.out / "target.settings.json"
-        made |= {f"recorded_{k}": v for k, v in json.loads(recorded.read_text()).items()} if recorded.is_file() else {}
-        for flag, key, value in (("--target-layers", "num_hidden_layers", args.target_layers),
-                                 ("--target-intermediate", "intermediate_size", args.target_intermediate),
-                                 ("--target-batch", "recorded_batch", args.target_batch),
-                                 ("--pretrain-steps", "recorded_pretrain_steps", args.pretrain_steps),
-                                 ("--target-steps", "recorded_target_steps", args.target_steps)):
-            if value is not None and key in made and value != made[key]:
-                ap.error(f"{flag} {value}: {stored.parent} already holds a target made with {made[key]}; "
+        settings = args.out / "target.settings.json"  # absent where the shipped target was copied in
+        recorded = json.loads(settings.read_text()) if settings.is_file() else {}
+        for flag, value, was in (("--target-layers", args.target_layers, made["num_hidden_layers"]),
+                                 ("--target-intermediate", args.target_intermediate, made["intermediate_size"]),
+                                 ("--target-batch", args.target_batch, recorded.get("batch")),
+                                 ("--pretrain-steps", args.pretrain_steps, recorded.get("pretrain_steps")),
+                                 ("--target-steps", args.target_steps, recorded.get("target_steps"))):
+            if value is not None and was is not None and value != was:
+                ap.error(f"{flag} {value}: {stored.parent} already holds a target made with {was}; "
                          "give another --out or leave the flag out")
         size["layers"] = made["num_hidden_layers"]  # the drafts tap the stored target
     if args.draft_taps is not None:

@@ -41,18 +41,25 @@ def acceptance(engine: Engine, prompts: list[list[int]], temperature: float, sto
     return round(sum(lengths) / len(lengths), 3)
 
 
+def _chat(tok, instructions: list[str]) -> list[list[int]]:
+    return [build.chat_example(tok, text, [])[0].tolist() for text in instructions]
+
+
+def held_out_prompts(tok) -> list[list[int]]:
+    """The demo suite's coding prompts (the issue's figures), chat-formatted token ids."""
+    return _chat(tok, [r.turns[0] for r in load_suite("qualitative", source="demo").rows if r.category == "coding"])
+
+
 def prompt_sets(tok, pairs: list[dict]) -> dict[str, list[list[int]]]:
     """The three prompt sets (chat-formatted token ids): `seen` (from the corpus' `pairs`),
     `unseen_same_style`, `held_out`."""
-    def chat(instructions: list[str]) -> list[list[int]]:
-        return [build.chat_example(tok, text, [])[0].tolist() for text in instructions]
-
     root = corpus_mod.stdlib_dir()
     left_out = [pair for f in sorted((root / "idlelib").glob("*.py")) + sorted((root / "tkinter").glob("*.py"))
                 for pair in corpus_mod.function_pairs(f.read_text(encoding="utf-8"), f.stem)]
-    return {"seen": chat([p["instruction"] for p in pairs[::139][:PROMPTS]]),
-            "unseen_same_style": chat([p["instruction"] for p in left_out[:: max(1, len(left_out) // PROMPTS)][:PROMPTS]]),
-            "held_out": chat([r.turns[0] for r in load_suite("qualitative", source="demo").rows if r.category == "coding"])}
+    unseen = left_out[:: max(1, len(left_out) // PROMPTS)][:PROMPTS]
+    return {"seen": _chat(tok, [p["instruction"] for p in pairs[::139][:PROMPTS]]),
+            "unseen_same_style": _chat(tok, [p["instruction"] for p in unseen]),
+            "held_out": held_out_prompts(tok)}
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus as corpus_mod  # noqa: E402
-from generalization import prompt_sets  # noqa: E402
+from generalization import held_out_prompts, prompt_sets  # noqa: E402
 from target_confidence import TOP1_LEVELS, Answer, answer_confidence, level, round_starts  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["targets"] = {}
     for folder in args.targets:
         other = load_target(str(folder / "target"), device="cpu", dtype="float32")
-        held_out = prompt_sets(AutoTokenizer.from_pretrained(other.path), pairs)["held_out"]
+        held_out = held_out_prompts(AutoTokenizer.from_pretrained(other.path))
         plain = Engine(other.model, None)
         got = [answer_confidence(plain, p, tuple(other.model.config.eos_token_ids)) for p in held_out]
         top1 = [x for a in got for x in a.top1]
