@@ -470,10 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             size[key] = getattr(args, key)
     out, device, t0 = args.out, args.device, time.perf_counter()
     if args.corpus:  # corpus.json, or corpus.json.gz (a quarter of the size, to carry to a GPU machine)
-        try:
-            corpus, text = corpus_mod.load(args.corpus)
-        except corpus_mod.CorpusFileError as exc:
-            ap.error(f"--corpus {exc}")
+        corpus, text = corpus_mod.load_or_refuse(ap, args.corpus)
     else:
         corpus = corpus_mod.build(json.loads(corpus_mod.PIN.read_text()), corpus_mod.stdlib_dir())
         text = json.dumps(corpus)

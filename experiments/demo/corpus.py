@@ -64,6 +64,14 @@ def load(path: Path) -> tuple[dict, str]:
     return corpus, text
 
 
+def load_or_refuse(ap: argparse.ArgumentParser, path: Path) -> tuple[dict, str]:
+    """`load`, or the parser's one-line refusal of --corpus (exit code 2), for every script taking one."""
+    try:
+        return load(path)
+    except CorpusFileError as exc:
+        ap.error(f"--corpus {exc}")
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -68,10 +68,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, required=True, help="corpus.json or corpus.json.gz from corpus.py")
     ap.add_argument("--seed-sets", type=int, default=4, help="sampling seed sets for the held-out prompts at T = 1")
     args = ap.parse_args()
-    try:
-        pairs = corpus_mod.load(args.corpus)[0]["pairs"]
-    except corpus_mod.CorpusFileError as exc:
-        ap.error(f"--corpus {exc}")
+    pairs = corpus_mod.load_or_refuse(ap, args.corpus)[0]["pairs"]
     target = load_target(str(args.models / "target") if args.models else "demo", device="cpu", dtype="float32")
     draft = load_draft(str(args.models / "dspark") if args.models else "demo-dspark", target.model).model
     tok, stop = AutoTokenizer.from_pretrained(target.path), tuple(target.model.config.eos_token_ids)

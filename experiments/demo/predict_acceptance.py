@@ -101,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for folder, part in needs + [(t, "target") for t in args.targets]:
         if not (folder / part / "model.safetensors").is_file():
             ap.error(f"{folder}: no {part}/model.safetensors there; give a build folder made by build.py")
-    try:
-        pairs = corpus_mod.load(args.corpus)[0]["pairs"]
-    except corpus_mod.CorpusFileError as exc:
-        ap.error(f"--corpus {exc}")
+    pairs = corpus_mod.load_or_refuse(ap, args.corpus)[0]["pairs"]
 
     loaded = load_target(str(args.models / "target") if args.models else "demo", device="cpu", dtype="float32")
     target, stop = loaded.model, tuple(loaded.model.config.eos_token_ids)

@@ -138,10 +138,7 @@ def main() -> None:
     if args.draft and args.tune_steps:
         ap.error("--draft with --tune-steps: a draft uses its target's embedding and LM head, which tuning changes; "
                  "measure the tuned target alone")
-    try:
-        pairs = corpus_mod.load(args.corpus)[0]["pairs"]
-    except corpus_mod.CorpusFileError as exc:
-        ap.error(f"--corpus {exc}")
+    pairs = corpus_mod.load_or_refuse(ap, args.corpus)[0]["pairs"]
     loaded = load_target(str(args.models / "target") if args.models else "demo", device="cpu", dtype="float32")
     target, tok = loaded.model, AutoTokenizer.from_pretrained(loaded.path)
     stop = tuple(target.config.eos_token_ids)
