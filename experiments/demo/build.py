@@ -413,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rephrasings", type=int, help="override the reworded copies of each instruction distilled")
     ap.add_argument("--distill-batch", type=int, help="prompts the distillation decodes together (default 256)")
     ap.add_argument("--corpus", type=Path, help="the corpus written by corpus.py on the pinned Python (default: build it)")
-    ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes")
+    ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes "
+                    "(on one H200 two at once take 0.155 s a step each, one alone 0.072: no faster)")
     ap.add_argument("--time-limit", type=float, help="stop the drafts' training this many seconds after it starts, "
                     "on checkpointed steps (exit code 3; the same command resumes)")
     ap.add_argument("--until", choices=("target", "distill", "drafts"),
