@@ -1,15 +1,20 @@
 """Prefill time: the target's forward over a prompt from position 0, and the engine's time to first token.
 
-A prefill from position 0 (`positions=None`) runs attention as SDPA's causal kernel with no mask built;
-the same forward given explicit positions runs the masked path that verification uses. This times both
-per prompt length, with their relative difference ||causal - masked|| / ||masked|| as a check, then the
-engine's TTFT (`GenerationResult.prefill_s`: prefill, first token sampled, and for a drafter its start
-on the tapped features), plain and with a DSpark draft. The forward's FLOPs (linear layers plus causal
-attention, no LM head) over the time give TFLOP/s, set beside a bf16 matrix product of 8192^3 timed in
-the same run: the machine's own ceiling. Eager, as the engine runs a prefill: short prompts are bound by
-kernel launches, not by the GPU.
+A prefill from position 0 (`positions=None`) runs attention as SDPA's causal kernel with no mask built
+(in half precision). The same forward given explicit positions runs SDPA with a boolean mask, the path of
+any forward of more than 16 query rows per sequence at explicit positions, and the prefill's path before
+the causal one. Per prompt length this times both, with their relative difference
+||causal - masked|| / ||masked|| (reported, not asserted), then the engine's time to first token
+(`GenerationResult.prefill_s`: prefill, first token sampled, and for a drafter its start on the tapped
+features), plain and with a DSpark draft, the two interleaved; and the draft's start alone. The forward's
+FLOPs (linear layers plus causal attention, no LM head) over its time give TFLOP/s, set beside an 8192^3
+matrix product in the target's dtype timed by CUDA events in the same run: the machine's own ceiling.
+Times are medians with their minimum and maximum; eager, as the engine runs a prefill.
 
-    python benchmarks/prefill_bench.py [--target qwen3-8b] [--lengths 512 2048 8192] [--json out.json]
+`--fp32-lengths` also runs those lengths with the same weights in float32 (TF32 off) and gives each
+path's relative distance from it: how much of the causal-masked gap is the half precision's own rounding.
+
+    python benchmarks/prefill_bench.py [--target qwen3-8b] [--lengths 512 2048 8192] [--fp32-lengths 512] [--json F]
     python benchmarks/prefill_bench.py --target demo --device cpu --lengths 64 256   # a CPU smoke run
 
 Random weights at the published shapes (`dspark.presets`), or the shipped demo pair with `--target demo`.
@@ -20,16 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
 from dspark.checkpoint import load_draft, load_target
 from dspark.config import BackboneConfig
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.presets import DRAFTS, TARGETS, build_random
+from dspark.target import Qwen3Target
+from harness.engine_bench import cuda_median_ms, host_times_ms
 from harness.provenance import provenance
 
 
@@ -42,25 +48,49 @@ def forward_flops(b: BackboneConfig, length: int) -> float:
     return b.num_layers * (2 * linear * length + attention)
 
 
-def median_s(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    fn()  # warm-up: kernels chosen and compiled outside the timing
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def summary(times_ms: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(times_ms), "min": min(times_ms), "max": max(times_ms)}
+
+
+def relative(a: Tensor, b: Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def matmul_ceiling_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192) -> float | None:
     if device.type != "cuda":
         return None
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    return 2 * n**3 / median_s(lambda: a @ b, device, 10) / 1e12
+    return 2 * n**3 / cuda_median_ms(lambda: a @ b, 10) / 1e9
+
+
+def ttft_ms(engines: dict[str, Engine], ids: list[int], reps: int) -> dict[str, dict[str, float]]:
+    """Each engine's `prefill_s`, the engines taking turns, after one request each that allocates and
+    captures its graphs."""
+    cfg = GenerationConfig(max_new_tokens=1)
+    times = {name: [] for name in engines}
+    for i in range(reps + 1):
+        for name, engine in engines.items():
+            prefill_s = engine.generate(ids, cfg).prefill_s
+            if i:
+                times[name].append(prefill_s * 1e3)
+    return {name: summary(t) for name, t in times.items()}
+
+
+def fp32_distances(target: Qwen3Target, outputs: dict[int, tuple[Tensor, Tensor, Tensor]]) -> dict[int, dict]:
+    """Per length, each path's relative distance from the same weights in float32 with TF32 off. The
+    weights are converted in place and back, which is exact from bf16 or fp16."""
+    dtype, tf32 = target.lm_head.weight.dtype, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target.float()
+    try:
+        found = {}
+        for n, (ids, causal, masked) in outputs.items():
+            ref = target(ids, torch.arange(n, device=ids.device)[None], target.new_cache(n + 1), n)[0]
+            found[n] = {"causal_vs_fp32": relative(causal, ref), "masked_vs_fp32": relative(masked, ref)}
+        return found
+    finally:
+        target.to(dtype)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 @torch.inference_mode()
@@ -69,6 +99,7 @@ def main() -> None:
     ap.add_argument("--target", default="qwen3-8b", choices=[*TARGETS, "demo"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048, 8192, 16384])
+    ap.add_argument("--fp32-lengths", type=int, nargs="*", default=[], help="lengths (of --lengths) to check in float32")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
@@ -77,42 +108,55 @@ def main() -> None:
         target = load_target("demo", device).model
         draft = load_draft("demo-dspark", target).model
     else:
-        draft_cfg = DRAFTS[f"dspark-{args.target}-block7"]() if f"dspark-{args.target}-block7" in DRAFTS else None
+        name = f"dspark-{args.target}-block7"
+        draft_cfg = DRAFTS[name]() if name in DRAFTS else None
         target, draft = build_random(TARGETS[args.target], draft_cfg, args.device, torch.bfloat16)
     b = target.config.backbone
     dtype = target.lm_head.weight.dtype
     ceiling = matmul_ceiling_tflops(device, dtype)
     engines = {"plain": Engine(target)} | ({"dspark": Engine(target, BlockDrafter(draft))} if draft is not None else {})
     gen = torch.Generator().manual_seed(0)
-    rows = []
+    rows, kept = [], {}
     for n in args.lengths:
-        ids = torch.randint(0, min(b.vocab_size, 100_000), (1, n), generator=gen).to(device)
+        ids = torch.randint(0, b.vocab_size, (1, n), generator=gen).to(device)
         positions = torch.arange(n, device=device)[None]
         cache = target.new_cache(n + 1)
         causal = target(ids, None, cache, n)[0]
         masked = target(ids, positions, cache, n)[0]
-        row = {"length": n, "rel_diff": ((causal.float() - masked.float()).norm() / masked.float().norm()).item(),
-               "causal_ms": median_s(lambda: target(ids, None, cache, n), device, args.reps) * 1e3,
-               "masked_ms": median_s(lambda: target(ids, positions, cache, n), device, args.reps) * 1e3}
-        row["causal_tflops"] = forward_flops(b, n) / row["causal_ms"] / 1e9
-        cfg = GenerationConfig(max_new_tokens=1)
-        for name, engine in engines.items():
-            engine.generate(ids[0].tolist(), cfg)  # allocates and captures outside the timing
-            row[f"ttft_{name}_ms"] = statistics.median(
-                engine.generate(ids[0].tolist(), cfg).prefill_s for _ in range(args.reps)) * 1e3
+        if n in args.fp32_lengths:
+            kept[n] = (ids, causal, masked)
+        row = {"length": n, "rel_diff": relative(causal, masked),
+               "causal_ms": summary(host_times_ms(lambda: target(ids, None, cache, n), args.reps, device=device)),
+               "masked_ms": summary(host_times_ms(lambda: target(ids, positions, cache, n), args.reps, device=device))}
+        row["causal_tflops"] = forward_flops(b, n) / row["causal_ms"]["median"] / 1e9
+        row["ttft_ms"] = ttft_ms(engines, ids[0].tolist(), args.reps)
+        if "dspark" in engines:
+            drafter, state = engines["dspark"].drafter, engines["dspark"].state
+            feats = target(ids, None, cache, n, drafter.taps)[1]
+            row["draft_start_ms"] = summary(host_times_ms(lambda: drafter.start(state, feats), args.reps, device=device))
+        for engine in engines.values():
             engine.release()
         rows.append(row)
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+        print(json.dumps(row), flush=True)
+    distances = fp32_distances(target, kept) if kept else {}
+    for row in rows:
+        row |= distances.get(row["length"], {})
     out = {"target": args.target, "dtype": str(dtype), "matmul_ceiling_tflops": ceiling, "rows": rows,
            "provenance": provenance(args.device)}
-    print(f"\n{'length':>7} {'causal ms':>10} {'masked ms':>10} {'x':>5} {'TFLOP/s':>8} {'of ceiling':>10} "
-          + " ".join(f"{'TTFT ' + name + ' ms':>16}" for name in engines))
+    names = list(engines) + (["draft start"] if "dspark" in engines else [])
+    print(f"\n{'length':>7} {'causal ms':>10} {'masked ms':>10} {'x':>5} {'TFLOP/s':>8} {'of ceiling':>10} {'rel diff':>9} "
+          + " ".join(f"{'TTFT ' + name if name != 'draft start' else name:>16}" for name in names))
     for r in rows:
         share = f"{r['causal_tflops'] / ceiling:.0%}" if ceiling else "-"
-        print(f"{r['length']:>7} {r['causal_ms']:>10.2f} {r['masked_ms']:>10.2f} {r['masked_ms'] / r['causal_ms']:>5.2f} "
-              f"{r['causal_tflops']:>8.1f} {share:>10} " + " ".join(f"{r[f'ttft_{name}_ms']:>16.2f}" for name in engines))
+        cells = [r["ttft_ms"][name]["median"] for name in engines] + ([r["draft_start_ms"]["median"]]
+                                                                      if "draft_start_ms" in r else [])
+        print(f"{r['length']:>7} {r['causal_ms']['median']:>10.2f} {r['masked_ms']['median']:>10.2f} "
+              f"{r['masked_ms']['median'] / r['causal_ms']['median']:>5.2f} {r['causal_tflops']:>8.1f} {share:>10} "
+              f"{r['rel_diff']:>9.4f} " + " ".join(f"{c:>16.2f}" for c in cells))
     if ceiling:
-        print(f"ceiling: bf16 matrix product 8192^3 in this run, {ceiling:.0f} TFLOP/s")
+        print(f"ceiling: {dtype} matrix product 8192^3 in this run, {ceiling:.0f} TFLOP/s")
+    for n, d in distances.items():
+        print(f"float32 check at {n}: causal {d['causal_vs_fp32']:.4f}, masked {d['masked_vs_fp32']:.4f} from float32")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

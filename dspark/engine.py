@@ -72,7 +72,8 @@ class GenerationResult:
         }
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for `device` (a no-op on the CPU, where the work is synchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -316,7 +317,7 @@ class Engine:
             self._history.extend(emitted)
         if timer is not None:
             timer.next_round()
-        _sync(self.device)
+        synchronize(self.device)
         result.decode_s = time.perf_counter() - t1
         if timer is not None:
             result.round_ms = timer.results()

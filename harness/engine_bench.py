@@ -19,7 +19,7 @@ import torch
 from dspark.checkpoint import pick_dtype, read_config
 from dspark.config import DraftConfig, TargetConfig
 from dspark.drafters import BlockDrafter
-from dspark.engine import Engine, GenerationConfig, StepRunner
+from dspark.engine import Engine, GenerationConfig, StepRunner, synchronize
 from dspark.errors import DSparkError
 from dspark.presets import DRAFTS, TARGETS, build_random
 from dspark.profiling import Ranges
@@ -82,19 +82,26 @@ def cuda_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], No
     return statistics.median(times)
 
 
-def host_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None) -> float:
-    """Median wall time of `fn` including its host work, synchronised before and after."""
+def host_times_ms(fn: Callable[[], object], repeats: int, before: Callable[[], None] | None = None,
+                  device: torch.device = torch.device("cuda")) -> list[float]:
+    """Wall times of `repeats` runs of `fn` including its host work, synchronised before and after, after
+    three warm-up runs."""
     times = []
     for i in range(repeats + 3):
         if before:
             before()
-        torch.cuda.synchronize()
+        synchronize(device)
         t = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        synchronize(device)
         if i >= 3:
             times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def host_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None) -> float:
+    """Median wall time of `fn` including its host work (`host_times_ms`)."""
+    return statistics.median(host_times_ms(fn, repeats, before))
 
 
 def copy_bandwidth_tbps(gib: float, repeats: int) -> float:
