@@ -143,13 +143,14 @@ def main() -> None:
         row |= distances.get(row["length"], {})
     out = {"target": args.target, "dtype": str(dtype), "matmul_ceiling_tflops": ceiling, "rows": rows,
            "provenance": provenance(args.device)}
-    names = list(engines) + (["draft start"] if "dspark" in engines else [])
+    columns = [(f"TTFT {name}", lambda r, name=name: r["ttft_ms"][name]) for name in engines]
+    if "dspark" in engines:
+        columns.append(("draft start", lambda r: r["draft_start_ms"]))
     print(f"\n{'length':>7} {'causal ms':>10} {'masked ms':>10} {'x':>5} {'TFLOP/s':>8} {'of ceiling':>10} {'rel diff':>9} "
-          + " ".join(f"{'TTFT ' + name if name != 'draft start' else name:>16}" for name in names))
+          + " ".join(f"{label:>16}" for label, _ in columns))
     for r in rows:
         share = f"{r['causal_tflops'] / ceiling:.0%}" if ceiling else "-"
-        cells = [r["ttft_ms"][name]["median"] for name in engines] + ([r["draft_start_ms"]["median"]]
-                                                                      if "draft_start_ms" in r else [])
+        cells = [cell(r)["median"] for _, cell in columns]
         print(f"{r['length']:>7} {r['causal_ms']['median']:>10.2f} {r['masked_ms']['median']:>10.2f} "
               f"{r['masked_ms']['median'] / r['causal_ms']['median']:>5.2f} {r['causal_tflops']:>8.1f} {share:>10} "
               f"{r['rel_diff']:>9.4f} " + " ".join(f"{c:>16.2f}" for c in cells))
