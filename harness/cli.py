@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -12,9 +13,16 @@ from rich.console import Console
 from rich.table import Table
 
 from dspark.errors import DSparkError
+from harness.console import show
 from harness.provenance import provenance
+from harness.threads import apply as apply_threads
+from harness.threads import choose as choose_threads
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# typer re-exports BadParameter; its base is the usage error, of click or of the copy of click that newer typer ships.
+UsageError = typer.BadParameter.__mro__[1]
+
+# Plain (click) help: flags read as `--ngram` or `--ignore-eos / --no-ignore-eos`, and it reads in a log.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Measure how much DSpark speculative decoding speeds up a model, and where GPU time goes.")
 out = Console()
 err = Console(stderr=True)
@@ -39,6 +47,9 @@ def _parse_ids(text: str) -> list[int]:
         raise DSparkError("--prompt-ids is empty; give at least one token id")
     return ids
 
+
+THREADS_HELP = ("Intra-op CPU threads (default: OMP_NUM_THREADS when set; else on the CPU 1 for a target of at "
+                "most 200 MB of weights, as the demo, every core for a larger one).")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -76,6 +87,7 @@ def generate(
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16."),
     no_cuda_graphs: bool = typer.Option(False, "--no-cuda-graphs", help="Run every step eagerly (the reference)."),
+    threads: Optional[int] = typer.Option(None, help=THREADS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ):
     """Generate from one prompt, plainly or speculatively, and report the rounds."""
@@ -91,6 +103,8 @@ def generate(
         raise DSparkError("--chat applies to --prompt text; --prompt-ids are used exactly as given")
     dev = _device(device)
     loaded = load_target(target, dev, dtype)
+    n_threads, _ = choose_threads(threads, dev, loaded.path)
+    apply_threads(n_threads)
     tokenizer = _load_tokenizer(loaded.path, needed=prompt is not None)
     if prompt_ids is not None:
         ids = _parse_ids(prompt_ids)
@@ -123,6 +137,7 @@ def generate(
                                        "seed": seed, "max_new_tokens": max_new_tokens, "device": dev,
                                        "dtype": str(loaded.model.lm_head.weight.dtype).removeprefix("torch."),
                                        "confidence_threshold": confidence_threshold, "ignore_eos": ignore_eos,
+                                       "threads": n_threads,
                                        "cuda_graphs": dev.startswith("cuda") and not no_cuda_graphs},
                           "provenance": provenance(dev)}))
         return
@@ -186,7 +201,9 @@ def engine_bench(
     skip_hf: bool = typer.Option(False, "--skip-hf", help="Skip the transformers generate peer."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ):
-    """Step costs of the native engine at real shapes (random weights) against the bandwidth limit."""
+    """Step costs of the native engine at real shapes (random weights) against the bandwidth limit.
+
+    Needs a CUDA GPU (it times device kernels against the GPU's own copy bandwidth); exits 2 without one."""
     from harness.engine_bench import BenchArgs, dumps, run_engine_bench, table_rows
 
     args = BenchArgs(target=target, draft=draft, context_len=context_len, dtype=dtype, repeats=repeats,
@@ -230,12 +247,12 @@ def train_draft(
     markov_rank: int = typer.Option(64, min=1, help="Rank of the Markov head (dspark mode)."),
     taps: Optional[str] = typer.Option(None, help="Tapped target layers, e.g. 1,3,5 (default: 5 evenly spaced)."),
     mask_token_id: Optional[int] = typer.Option(None, help="Mask token (default: the first id the tokenizer leaves free)."),
-    steps: int = typer.Option(1000, min=1),
+    steps: int = typer.Option(1000, min=1, help="Optimizer steps to train for (the total, resumed steps included)."),
     batch: int = typer.Option(8, min=1, help="Sequences per optimizer step."),
-    lr: float = typer.Option(6e-4, min=0.0),
+    lr: float = typer.Option(6e-4, min=0.0, help="Peak learning rate of AdamW (linear warm-up over 4 % of the steps, then cosine decay)."),
     num_anchors: int = typer.Option(64, min=1, help="Blocks drawn per sequence."),
-    checkpoint_every: int = typer.Option(200, min=1),
-    seed: int = typer.Option(0),
+    checkpoint_every: int = typer.Option(200, min=1, help="Save a resumable checkpoint every this many steps."),
+    seed: int = typer.Option(0, help="Seeds the draft's initial weights and each step's batch and blocks."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
     time_limit: Optional[float] = typer.Option(
         None, min=0.0, help="Stop after this many seconds of training, on a checkpointed step (exit code 3; "
@@ -316,6 +333,7 @@ def make_tiny_cmd(
 
 @app.command()
 def run(
+    ctx: typer.Context,
     split: str = typer.Option("qualitative", help="SPEED-Bench config: qualitative, throughput_1k ... throughput_32k."),
     category: Optional[str] = typer.Option(None, help="Categories to run, comma-separated (default: all)."),
     experiment: str = typer.Option("demo", help="A shipped experiment (demo, qwen3-8b) or a TOML file."),
@@ -324,44 +342,49 @@ def run(
     dataset_revision: Optional[str] = typer.Option(None, help="Pin the hub dataset's revision (commit or tag)."),
     systems: Optional[str] = typer.Option(None, help="Run only these systems of the experiment, comma-separated."),
     backend: Optional[str] = typer.Option(None, help="native (default: the experiment's)."),
-    num_prompts: Optional[int] = typer.Option(None, help="Prompts to run (default: the experiment's, else all)."),
-    disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Take prompts in file order."),
+    num_prompts: Optional[int] = typer.Option(None, help="Prompts to run (default: the experiment's, else all). "
+                                              "More than the selection holds runs all of them, with a notice."),
+    disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Take prompts in file order (a flag)."),
     seed: Optional[int] = typer.Option(None, help="Shuffle and sampling seed (default: the experiment's)."),
-    output_len: Optional[int] = typer.Option(None, help="Most tokens generated per request."),
+    output_len: Optional[int] = typer.Option(None, help="Most tokens generated per request, at least 1 (default: "
+                                             "the experiment's)."),
     temperature: Optional[str] = typer.Option(None, help="Temperatures, comma-separated (default: the experiment's)."),
     turns: Optional[str] = typer.Option(None, help="first: each row's first turn; all: every turn, with the "
-                                        "model's own replies as history."),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Generate output-len tokens whatever the stop tokens."),
+                                        "model's own replies as history (default: the experiment's)."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Generate output-len tokens whatever the stop "
+                                    "tokens (a flag)."),
     concurrency: int = typer.Option(1, help="Requests in flight (the native backend serves one at a time)."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16."),
+    threads: Optional[int] = typer.Option(None, help=THREADS_HELP),
     out_dir: Optional[str] = typer.Option(None, "--out", help="Run folder (default: results/<experiment>-<split>-<time>)."),
-    resume: Optional[str] = typer.Option(None, help="Finish the run in this folder (same arguments)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve every system (format, fit, method); generate nothing."),
+    resume: Optional[str] = typer.Option(None, help="Finish the unfinished run in this folder, with the options it "
+                                         "was started with (an option given as well must equal the run's)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve every system (format, fit, method); generate "
+                                 "nothing (a flag)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary (or the dry run) as JSON."),
     profiled: Optional[str] = typer.Option(None, hidden=True, help="Set by `profile` for its child runs."),
 ):
     """Run SPEED-Bench prompts through every system of an experiment and compare them."""
-    from harness.run import RunOptions, print_tables
+    from harness.run import RunOptions, print_tables, resume_options
     from harness.run import dry_run as resolve_all
     from harness.run import run as run_all
 
     if turns not in (None, "first", "all"):
         raise DSparkError(f"--turns {turns}: use first or all")
-    try:
-        temps = None if temperature is None else [float(t) for t in temperature.split(",") if t.strip()]
-    except ValueError:
-        raise DSparkError(f"--temperature must be numbers separated by commas, got '{temperature}'") from None
-    opts = RunOptions(split=split, categories=[c.strip() for c in category.split(",")] if category else None,
-                      experiment=experiment, dataset_path=dataset_path, dataset_revision=dataset_revision,
-                      systems=[s.strip() for s in systems.split(",")] if systems else None, backend=backend,
-                      num_prompts=num_prompts, output_len=output_len, temperatures=temps, turns=turns,
-                      ignore_eos=ignore_eos, concurrency=concurrency, seed=seed, disable_shuffle=disable_shuffle,
-                      device=_device(device), dtype=dtype, out=out_dir, resume=resume, profiled=profiled)
+    opts = RunOptions(split=split, categories=_names(category), experiment=experiment, dataset_path=dataset_path,
+                      dataset_revision=dataset_revision, systems=_names(systems), backend=backend,
+                      num_prompts=num_prompts, output_len=output_len, temperatures=_temperatures(temperature),
+                      turns=turns, ignore_eos=ignore_eos, concurrency=concurrency, seed=seed,
+                      disable_shuffle=disable_shuffle, device=_device(device), dtype=dtype, threads=threads,
+                      out=out_dir, resume=resume, profiled=profiled)
     if profiled not in (None, "nsys", "torch"):
         raise DSparkError(f"--profiled {profiled}: nsys or torch")
     if out_dir and resume:
         raise DSparkError("give --out for a new run or --resume for an unfinished one, not both")
+    if resume:
+        opts = resume_options(opts, {RUN_FIELDS.get(n, n) for n, v in ctx.params.items()
+                                     if ctx.get_parameter_source(n).name != "DEFAULT"})
     if dry_run:
         rows = resolve_all(opts, err if as_json else out)
         if as_json:
@@ -372,8 +395,24 @@ def run(
     path, summary = run_all(opts, err)
     if as_json:
         print(json.dumps({"run_dir": str(path), **summary}))
-    else:
-        print_tables(summary, out, f"{experiment}: {split} {category or 'all categories'} ({path})")
+        return
+    cats = ", ".join(opts.categories) if opts.categories else "all categories"
+    print_tables(summary, out, f"{opts.experiment}: {opts.split} {cats} ({path})")
+    out.print(f"wrote {path}: " + ", ".join(Path(f).name for f in summary["files"]), highlight=False, soft_wrap=True)
+
+
+RUN_FIELDS = {"category": "categories", "temperature": "temperatures", "out_dir": "out"}  # CLI name -> RunOptions
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else None
+
+
+def _temperatures(text: str | None) -> list[float] | None:
+    try:
+        return None if text is None else [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise DSparkError(f"--temperature must be numbers separated by commas, got '{text}'") from None
 
 
 @app.command()
@@ -383,22 +422,29 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
 ):
     """Print the comparison tables of saved runs again (recomputed from their requests)."""
-    from harness.report import summarize_folder, table
+    from harness.report import summarize_folder, table, warnings
 
     summaries = {}
     for d in run_dirs:
         if not (d / "requests.jsonl").is_file():
             raise DSparkError(f"{d}: no requests.jsonl; give a folder written by dspark-bench run")
         summaries[str(d)] = summarize_folder(d)
+    present = sorted({r["category"] for s in summaries.values() for r in s["rows"]} - {"overall"})
+    if category != "overall" and category not in present:
+        raise DSparkError(f"--category {category}: not in {'these runs' if len(summaries) > 1 else 'this run'}; "
+                          f"it has overall, {', '.join(present)}" if present else
+                          f"--category {category}: the run has no finished request yet")
     if as_json:
         print(json.dumps(summaries))
         return
     for name, summary in summaries.items():
-        out.print(table(summary, f"{name} ({category})", category))
+        show(out, table(summary, f"{name} ({category})", category))
+        for line in warnings(summary):
+            out.print(f"warning: {name}: {line}", style="yellow", highlight=False, soft_wrap=True)
     if len(summaries) > 1:
         merged = {"rows": [dict(r, system=f"{Path(name).name}/{r['system']}") for name, s in summaries.items()
                            for r in s["rows"]]}
-        out.print(table(merged, f"comparison ({category})", category))
+        show(out, table(merged, f"comparison ({category})", category))
 
 
 @app.command()
@@ -425,6 +471,7 @@ def profile(
     seed: Optional[int] = typer.Option(None, help="As for run."),
     device: str = typer.Option("auto", help="As for run."),
     dtype: str = typer.Option("auto", help="As for run."),
+    threads: Optional[int] = typer.Option(None, help="As for run."),
     out_dir: Optional[str] = typer.Option(None, "--out", help="Profile folder (default: results/<experiment>-<split>-"
                                           "<time>-profile)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
@@ -448,7 +495,7 @@ def profile(
     run_args = ["--split", split, "--experiment", experiment, "--device", dev, "--dtype", dtype]
     for flag, value in (("--category", category), ("--dataset-path", dataset_path), ("--num-prompts", num_prompts),
                         ("--output-len", output_len), ("--temperature", temperature), ("--turns", turns),
-                        ("--seed", seed)):
+                        ("--seed", seed), ("--threads", threads)):
         if value is not None:
             run_args += [flag, str(value)]
     run_args += ["--ignore-eos"] * ignore_eos + ["--disable-shuffle"] * disable_shuffle
@@ -463,32 +510,50 @@ def profile(
         print(json.dumps({"profile_dir": str(folder), **result}))
     else:
         _print_comparison(result, f"profile ({kind}): {folder}")
+        out.print(f"wrote: {folder}/ (profile.json; per system: its run folder, trace, summary and log)",
+                  highlight=False, soft_wrap=True)
 
 
 def _print_comparison(result: dict, title: str) -> None:
+    """One column per system. Times in ms: each step range's total over the timed requests, its calls,
+    per call and per generated token; per-token launch and GPU figures where the trace has kernels."""
     rows = result["rows"]
     cats = sorted({c for r in rows for c in r["categories"]})
     ranges = list(dict.fromkeys(k for r in rows for k in r["ranges_ns"]))
-    t = Table(title=title)
-    t.add_column("")
+    t = Table(title=title, caption="total: summed over the timed requests; per call: total / calls; per token: total / "
+              "output tokens; absent: the system has no such step", caption_justify="left")
+    t.add_column("figure")
     for r in rows:
         t.add_column(r["name"], justify="right")
+
+    def add(label: str, cell) -> None:
+        cells = [cell(r) for r in rows]
+        if any(c not in ("-", "absent") for c in cells):
+            t.add_row(label, *cells)
+
     for c in cats:
-        t.add_row(f"{c} share", *[f"{100 * r['categories'][c]['share']:.1f}%" if c in r["categories"] else "-"
-                                  for r in rows])
-        t.add_row(f"{c} kernels", *[str(r["categories"][c]["instances"]) if c in r["categories"] else "-"
-                                    for r in rows])
+        add(f"{c}: share of GPU time", lambda r: f"{100 * r['categories'][c]['share']:.1f}%" if c in r["categories"]
+            else "-")
+        add(f"{c}: kernels", lambda r: str(r["categories"][c]["instances"]) if c in r["categories"] else "-")
     for name in ranges:
-        t.add_row(f"{name} ms", *[f"{r['ranges_ns'][name] / 1e6:.1f}" if r["ranges_ns"].get(name) is not None
-                                  else "absent" for r in rows])
-    for key, label in (("output_tokens", "output tokens"), ("kernels_per_token", "kernels / token"),
-                       ("graph_launches_per_token", "graph launches / token"), ("gpu_us_per_token", "GPU us / token")):
-        t.add_row(label, *["-" if r[key] is None else f"{r[key]:.1f}" if isinstance(r[key], float) else str(r[key])
-                           for r in rows])
-    out.print(t)
+        def ms(r, per: str = ""):
+            total, calls = r["ranges_ns"].get(name), r["ranges_calls"].get(name)
+            if total is None:
+                return "absent"
+            divisor = {"": 1, "call": calls, "token": r["output_tokens"]}[per]
+            return f"{total / divisor / 1e6:.3f}" if divisor else "-"
+        add(f"{name}: total ms", ms)
+        add(f"{name}: calls", lambda r: "absent" if r["ranges_calls"].get(name) is None else str(r["ranges_calls"][name]))
+        add(f"{name}: ms per call", lambda r: ms(r, "call"))
+        add(f"{name}: ms per token", lambda r: ms(r, "token"))
+    for key, label, digits in (("output_tokens", "output tokens", 0), ("kernels_per_token", "kernels per token", 1),
+                               ("graph_launches_per_token", "graph launches per token", 2),
+                               ("gpu_us_per_token", "GPU time per token, us", 1)):
+        add(label, lambda r: "-" if r[key] is None else f"{r[key]:.{digits}f}")
+    show(out, t)
     for r in rows:
         for d in r["diagnosis"]:
-            out.print(f"{r['name']}: {d}", style="yellow", highlight=False)
+            out.print(f"{r['name']}: {d}", style="yellow", highlight=False, soft_wrap=True)
 
 
 trace_app = typer.Typer(help="Read Nsight Systems exports (and PyTorch profiler traces) with our own parser.",
@@ -510,25 +575,51 @@ def trace_summarize(
     if as_json:
         print(json.dumps(s))
         return
-    for key, cols in (("nvtx", ("range", "instances", "total_ns", "med_ns")),
-                      ("kernels", ("name", "category", "instances", "total_ns", "med_ns")),
-                      ("categories", ("category", "instances", "total_ns", "share")),
-                      ("projection", ("range", "range_instances", "proj_total_ns", "gpu_ops"))):
+    for key, cols in SUMMARY_TABLES:
         if not s[key]:
-            out.print(f"{key}: {'not in this trace' if s[key] is None else 'no rows'}", style="dim")
+            out.print(f"{key}: {'not in this trace' if s[key] is None else 'no rows'}", style="dim", highlight=False)
             continue
-        t = Table(title=f"{key} ({file.name})")
-        for c in cols:
-            t.add_column(c, justify="left" if c in ("range", "name", "category") else "right",
-                         overflow="ellipsis", max_width=60 if c == "name" else None)
+        t = Table(title=f"{key} ({file.name}){', the 25 largest' if len(s[key]) > 25 else ''}")
+        for header, _, _ in cols:
+            t.add_column(header, justify="left" if header in ("range", "kernel", "category") else "right",
+                         overflow="ellipsis", max_width=60 if header == "kernel" else None)
         for row in s[key][:25]:
-            t.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols])
-        out.print(t)
-    out.print(f"launches: {s['launches']}", highlight=False)
+            t.add_row(*[fmt(row[field]) for _, field, fmt in cols])
+        show(out, t)
+    launches = s["launches"]
+    graphs = launches["kernels_from_graphs_share"]
+    if s["kernels"] is None:
+        out.print("launches: no GPU kernels in this trace (a CPU run)", highlight=False)
+    else:
+        out.print(f"launches: {launches['kernels']} kernels, {launches['graph_launches']} graph launches"
+                  + ("" if graphs is None else f", {100 * graphs:.1f}% of kernels run from graphs"), highlight=False)
     out.print(f"exported by: Nsight Systems {s['nsys_version']}" if s.get("nsys_version") else
               f"format: {s['schema'].get('format', '?')}", highlight=False)
+    if s.get("unavailable"):
+        out.print(f"not in this kind of trace: {', '.join(s['unavailable'])}", style="dim", highlight=False)
     for d in s["diagnosis"]:
-        out.print(f"diagnosis: {d}", style="yellow", highlight=False)
+        out.print(f"diagnosis: {d}", style="yellow", highlight=False, soft_wrap=True)
+
+
+def _ms(ns) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3f}"
+
+
+def _text(v) -> str:
+    return "-" if v is None else str(v)
+
+
+# (header, summary field, formatter) per table of `trace summarize`; times in ms
+SUMMARY_TABLES = (
+    ("nvtx", (("range", "range", _text), ("calls", "instances", _text), ("total ms", "total_ns", _ms),
+              ("per call ms", "avg_ns", _ms), ("median ms", "med_ns", _ms))),
+    ("kernels", (("kernel", "name", _text), ("category", "category", _text), ("calls", "instances", _text),
+                 ("total ms", "total_ns", _ms), ("per call ms", "avg_ns", _ms), ("median ms", "med_ns", _ms))),
+    ("categories", (("category", "category", _text), ("kernels", "instances", _text), ("total ms", "total_ns", _ms),
+                    ("share", "share", lambda v: "-" if v is None else f"{100 * v:.1f}%"))),
+    ("projection", (("range", "range", _text), ("calls", "range_instances", _text),
+                    ("GPU total ms", "proj_total_ns", _ms), ("GPU ops", "gpu_ops", _text))),
+)
 
 
 @trace_app.command("compare")
@@ -547,14 +638,31 @@ def trace_compare(
 
 
 def main() -> None:
+    """Every refusal is one line on stderr and exit code 2: our own (DSparkError) and click's usage errors
+    (a bad value, an unknown option), which click would print as three."""
     try:
-        app()
+        code = app(standalone_mode=False, prog_name="dspark-bench")
     except DSparkError as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
+        _refuse(str(exc))
+    except UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command: its help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
+        command = exc.ctx.command_path if exc.ctx is not None else "dspark-bench"
+        hint = ""
+        if "unexpected extra argument" in exc.format_message() and re.search(r"\((true|false|yes|no|1|0)\b",
+                                                                           exc.format_message(), re.I):
+            hint = "; a flag takes no value (write --ignore-eos, not --ignore-eos true)"
+        _refuse(f"{exc.format_message()}{hint} (see {command} --help)")
+    except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted", highlight=False)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse(message: str) -> None:
+    err.print(f"error: {' '.join(message.split())}", highlight=False, markup=False, soft_wrap=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

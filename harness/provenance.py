@@ -10,6 +10,8 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
+from harness.threads import usable_cores
+
 PACKAGES = ("dspark-bench", "torch", "transformers", "safetensors", "tokenizers", "vllm")
 
 
@@ -48,7 +50,8 @@ def git_revision() -> dict:
 def device_info(device: str) -> dict:
     import torch
 
-    info = {"device": device, "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+    info = {"device": device, "cpu": platform.processor() or platform.machine(), "cores": usable_cores(),
+            "threads": torch.get_num_threads(), "load_avg": list(os.getloadavg())}
     if device.startswith("cuda") and torch.cuda.is_available():
         index = torch.device(device).index or 0
         props = torch.cuda.get_device_properties(index)

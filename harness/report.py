@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from rich.table import Table
 
 from harness.metrics import acceptance, latency_stats, speedup, speedup_macro
-from harness.results import read_requests
+from harness.results import MANIFEST, read_requests
 
 BASELINE = "plain"  # the method of the baseline system
 
@@ -40,6 +41,10 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
            **acceptance(lengths, proposals, accepted)}
     for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
         row |= latency_stats(name, [r[name] for r in records])
+    row |= spread("tpot_ms", [r["tpot_ms"] for r in records])
+    loads = [x for r in records for x in r.get("load_avg") or []]
+    row |= {"load_avg_before": (records[0].get("load_avg") or [None])[0],
+            "load_avg_after": (records[-1].get("load_avg") or [None])[-1], "load_avg_max": max(loads, default=None)}
     for kind in ("propose", "verify", "accept", "decode", "host"):
         per_round = [ms for r in records for ms in r["round_ms"].get(kind, [])]
         row[f"mean_{kind}_ms"] = sum(per_round) / len(per_round) if per_round else None
@@ -53,14 +58,36 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
     return row
 
 
+def spread(name: str, values: list) -> dict:
+    """The sample standard deviation of a per-request figure and its coefficient of variation (std / mean):
+    part of it is the prompts' real differences, the rest is timing noise."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2:
+        return {f"std_{name}": None, f"cv_{name}": None}
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+    return {f"std_{name}": std, f"cv_{name}": std / mean if mean else None}
+
+
+def expected_requests(jobs: list[tuple[str, float, str]]) -> list[dict]:
+    """The run's plan, as its manifest keeps it: requests per system x temperature x category, from one
+    (system, temperature, category) per request."""
+    counts = Counter(jobs)
+    return [{"system": s, "temperature": t, "category": c, "requests": n} for (s, t, c), n in counts.items()]
+
+
 MACRO = ("spec_decode_acceptance_length", "spec_decode_acceptance_rate", "mean_ttft_ms", "mean_tpot_ms",
          "mean_e2el_ms", "output_throughput")
 
 
-def summarize(records: list[dict]) -> dict:
+def summarize(records: list[dict], expected: list[dict] | None = None, cores: int | None = None) -> dict:
     """{"rows": [...]}: one row per system x temperature x category, then each system x temperature's
     `overall`: the macro average over categories (speedup: their geometric mean, with a bootstrap
-    interval stratified by category), with pooled counts."""
+    interval stratified by category), with pooled counts.
+
+    `expected` (the manifest's plan) gives each row `requests_expected` and the summary
+    `requests_done` / `requests_expected` / `complete`; `cores` is what `load_avg_max` is held against
+    (a load above it means other work competed for the machine while it was timed)."""
     base_system = next((r["system"] for r in records if r["method"] == BASELINE), None)
     has_baseline = base_system is not None
     baseline = {(r["question_id"], r["turn"], r["temperature"]): r for r in records if r["system"] == base_system}
@@ -90,10 +117,33 @@ def summarize(records: list[dict]) -> dict:
                 else None
             overall |= macro or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
             rows += per_cat + [overall]
-    return {"rows": rows, "baseline": base_system,
+    plan = {(e["system"], float(e["temperature"]), e["category"]): e["requests"] for e in expected or []}
+    for row in rows:
+        key = (row["system"], float(row["temperature"]))
+        row["requests_expected"] = (sum(n for (s, t, _), n in plan.items() if (s, t) == key) if row["category"] ==
+                                    "overall" else plan.get(key + (row["category"],))) if plan else None
+        ci = row["speedup_ci95"]
+        row["speedup_ci95_spans_1"] = bool(ci and ci[0] <= 1 <= ci[1]) if row["system"] != base_system else None
+    loads = [r["load_avg_max"] for r in rows if r["load_avg_max"] is not None]
+    return {"rows": rows, "baseline": base_system, "requests_done": len(records),
+            "requests_expected": sum(plan.values()) if plan else None,
+            "complete": len(records) >= sum(plan.values()) if plan else None,
+            "cores": cores, "load_avg_max": max(loads, default=None),
             "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
                      "speedups, its interval a bootstrap stratified by category); counts, tokens, time and "
                      "percentiles pool every request; pooled_acceptance_length pools every round"}
+
+
+def warnings(summary: dict) -> list[str]:
+    """What a reader must know before trusting the figures: an unfinished run, a loaded machine."""
+    out = []
+    if summary.get("complete") is False:
+        out.append(f"incomplete run: {summary['requests_done']} of {summary['requests_expected']} requests done "
+                   "(finish it with dspark-bench run --resume DIR)")
+    if summary.get("cores") and (summary.get("load_avg_max") or 0) > summary["cores"]:
+        out.append(f"noisy timing: the load average reached {summary['load_avg_max']:.1f} on {summary['cores']} "
+                   "cores while requests were timed (other work competed for the CPU); compare speedups with care")
+    return out
 
 
 def _fmt(v, digits: int = 2) -> str:
@@ -104,7 +154,8 @@ def _fmt(v, digits: int = 2) -> str:
     return str(v)
 
 
-COLUMNS = [("system", "system"), ("T", "temperature"), ("tokens", "output_tokens"), ("time s", "wall_s"),
+COLUMNS = [("system", "system"), ("T", "temperature"), ("requests", "requests"), ("tokens", "output_tokens"),
+           ("time s", "wall_s"),
            ("TPOT ms", "mean_tpot_ms"), ("speedup", "speedup"), ("95% CI", "speedup_ci95"),
            ("AL", "spec_decode_acceptance_length"),
            ("accept", "spec_decode_acceptance_rate"), ("rounds", "num_rounds"), ("= plain", "matches_baseline")]
@@ -116,6 +167,11 @@ def _cells(row: dict) -> list[str]:
         v = row[key]
         if key == "speedup_ci95":
             cells.append("-" if not v else f"{v[0]:.2f}-{v[1]:.2f}")
+        elif key == "speedup":
+            cells.append(_fmt(v) + ("*" if row.get("speedup_ci95_spans_1") else ""))
+        elif key == "requests":
+            expected = row.get("requests_expected")
+            cells.append(f"{v}/{expected}" if expected is not None and v < expected else str(v))
         elif key == "matches_baseline":
             cells.append("-" if v is None else f"{v}/{row['matches_baseline_of']}")
         elif key == "temperature":
@@ -127,9 +183,19 @@ def _cells(row: dict) -> list[str]:
     return cells
 
 
+LEGEND = ("T: temperature; requests: requests summarised (done/expected while the run is unfinished); "
+          "tokens: output tokens of those requests; time s: their summed end-to-end latency; TPOT ms: mean time "
+          "per output token after the first; speedup: geometric mean over prompts of plain decoding's TPOT / "
+          "this system's, paired by prompt (* when its 95% interval spans 1: no clear speedup or slowdown); "
+          "95% CI: a bootstrap interval of the speedup over prompts; AL: acceptance length, tokens per verify "
+          "round; accept: accepted / proposed draft tokens; rounds: verify rounds; = plain: greedy outputs equal "
+          "to plain decoding's, of those compared")
+
+
 def table(summary: dict, title: str, category: str = "overall") -> Table:
-    t = Table(title=title, caption="AL: acceptance length (tokens per round); accept: accepted / proposed; "
-              "= plain: greedy outputs equal plain decoding's", caption_justify="left")
+    if summary.get("complete") is False:
+        title += f"\nINCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done"
+    t = Table(title=title, caption=LEGEND, caption_justify="left")
     for header, _ in COLUMNS:
         t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header == "system")
     for row in summary["rows"]:
@@ -146,7 +212,8 @@ def markdown(summary: dict, title: str) -> str:
                   "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(_cells(r)) + " |" for r in summary["rows"] if r["category"] == cat]
         lines.append("")
-    lines.append(summary["notes"])
+    lines += [f"**Warning**: {w}" for w in warnings(summary)] + ([""] if warnings(summary) else [])
+    lines += [LEGEND, "", summary["notes"]]
     return "\n".join(lines) + "\n"
 
 
@@ -160,8 +227,15 @@ def to_csv(summary: dict) -> str:
     return buf.getvalue()
 
 
+
+
 def summarize_folder(run_dir: Path) -> dict:
-    return summarize(read_requests(run_dir))  # read only: a torn last line is skipped, not cut
+    """The summary of a run folder's requests (read only: a torn last line is skipped, not cut), held
+    against the plan and core count in its manifest."""
+    manifest_file = Path(run_dir) / MANIFEST
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    return summarize(read_requests(run_dir), manifest.get("requests_expected"),
+                     (manifest.get("provenance") or {}).get("cores"))
 
 
 def plot(summary: dict, path: Path, title: str) -> None:

@@ -12,27 +12,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dspark.checkpoint import read_config, resolve_path
 from dspark.config import TargetConfig
 from dspark.engine import GenerationConfig
 from dspark.errors import DSparkError
-from harness import datasets
+from harness import datasets, threads
 from harness.backends import NativeBackend, model_record, peak_memory, reset_peak_memory, resolve_system, tokenizer_record
 from harness.experiments import Experiment, load_experiment
 from harness.metrics import first_difference
 from harness.profile import capture_window
+from harness.console import RunProgress, show
 from harness.provenance import provenance
-from harness.report import markdown, plot, summarize, table, to_csv
-from harness.results import RunFolder, read_requests, request_key
+from harness.report import expected_requests, markdown, plot, summarize_folder, table, to_csv, warnings
+from harness.results import MANIFEST, REQUESTS, RunFolder, read_requests, request_key
 
 
 @dataclass
@@ -54,9 +55,44 @@ class RunOptions:
     disable_shuffle: bool = False
     device: str = "cpu"
     dtype: str = "auto"
+    threads: int | None = None  # intra-op threads (None: `harness.threads.choose`)
     out: str | None = None
     resume: str | None = None
     profiled: str | None = None  # "nsys" or "torch": warm every system first, capture only the timed requests
+
+
+NOT_RECORDED = ("out", "resume", "profiled")  # where and how this invocation runs, not what the run is
+FLAGS = {"categories": "--category", "temperatures": "--temperature"}  # the rest: --field-name
+
+
+def flag(field: str) -> str:
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def recorded_options(opts: RunOptions) -> dict:
+    """The options a run was started with, as the manifest keeps them for `--resume DIR`."""
+    return {k: v for k, v in asdict(opts).items() if k not in NOT_RECORDED}
+
+
+def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
+    """`--resume DIR` continues with the options in DIR's manifest. An option given on the command line
+    (`given`: RunOptions field names) must equal the recorded one; the first that differs is refused
+    by its flag. A manifest from before options were recorded keeps the old rule: the arguments given
+    are the run's (its settings are compared later)."""
+    folder = RunFolder(Path(opts.resume))
+    manifest = folder.manifest()
+    if manifest is None:
+        raise DSparkError(f"--resume {folder.path}: no manifest.json there; not a run folder")
+    recorded = manifest.get("options")
+    if recorded is None:
+        return opts
+    known = {f.name for f in fields(RunOptions)}
+    for name in sorted((given & known) - set(NOT_RECORDED)):
+        if getattr(opts, name) != recorded.get(name):
+            raise DSparkError(f"--resume {folder.path}: {flag(name)} was {json.dumps(recorded.get(name))} in this "
+                              f"run, now {json.dumps(getattr(opts, name))}; drop {flag(name)} to continue the run "
+                              "as it was started")
+    return replace(opts, **{k: v for k, v in recorded.items() if k in known})
 
 
 def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
@@ -77,9 +113,11 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     temps = opts.temperatures if opts.temperatures is not None else list(exp.temperatures)
     if any(t < 0 for t in temps):
         raise DSparkError("--temperature must be >= 0")
-    output_len = opts.output_len or exp.output_len
+    output_len = exp.output_len if opts.output_len is None else opts.output_len
     if output_len < 1:
         raise DSparkError(f"--output-len is {output_len}; give at least 1")
+    if opts.num_prompts is not None and opts.num_prompts < 1:
+        raise DSparkError(f"--num-prompts is {opts.num_prompts}; give at least 1")
     return {
         "experiment": exp.name, "experiment_sha256": exp.sha256, "target": exp.target, "backend": backend,
         "split": opts.split, "categories": opts.categories, "dataset_path": opts.dataset_path,
@@ -135,6 +173,8 @@ def default_out(settings: dict) -> Path:
 
 
 def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
+    """Every pending request of the run, each recorded as it finishes; then the summaries. `console`
+    gets the progress and notices (the caller prints the tables)."""
     from transformers import AutoTokenizer
 
     exp = load_experiment(opts.experiment)
@@ -146,12 +186,20 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
                          settings["dataset_revision"])
     rows = datasets.select(data.rows, opts.split, settings["categories"], settings["num_prompts"], settings["seed"],
                            settings["shuffle"])
+    if settings["num_prompts"] is not None and len(rows) < settings["num_prompts"]:
+        console.print(f"notice: {settings['num_prompts']} prompts asked for, but {opts.split} "
+                      f"{', '.join(settings['categories'] or ['(all categories)'])} has {len(rows)}: running "
+                      f"{len(rows)}", style="yellow", highlight=False, soft_wrap=True)
     backend = NativeBackend(exp.target, opts.device, opts.dtype)
+    n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.loaded.path)
+    threads.apply(n_threads)
     tokenizer = AutoTokenizer.from_pretrained(backend.loaded.path)
     if not getattr(tokenizer, "chat_template", None):
         raise DSparkError(f"{exp.target}: the tokenizer has no chat template; SPEED-Bench prompts need one")
     stop = () if settings["ignore_eos"] else backend.loaded.stop_token_ids
     turns_of = {r.question_id: (list(r.turns) if settings["turns"] == "all" else [r.turns[0]]) for r in rows}
+    jobs = [(name, temp, row, turn) for name in settings["systems"] for temp in settings["temperatures"]
+            for row in rows for turn in range(len(turns_of[row.question_id]))]
 
     prepared = {name: backend.prepare(exp.system(name)) for name in settings["systems"]}
     models = backend.models()
@@ -162,21 +210,29 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
               "tokenizer": tokenizer_record(backend.loaded.path, tokenizer)}
     if opts.resume:
         folder.check_inputs(inputs)
+        if folder.manifest().get("threads", {}).get("count", n_threads) != n_threads:
+            raise DSparkError(f"--resume {folder.path}: the run used {folder.manifest()['threads']['count']} "
+                              f"thread(s), this one would use {n_threads}; pass --threads "
+                              f"{folder.manifest()['threads']['count']} (or unset OMP_NUM_THREADS)")
     else:
-        folder.create({"settings": settings, "experiment": {"path": exp.path, "sha256": exp.sha256,
-                                                             "systems": [asdict(s) for s in exp.systems]},
+        folder.create({"settings": settings, "options": recorded_options(opts),
+                       "experiment": {"path": exp.path, "sha256": exp.sha256,
+                                      "systems": [asdict(s) for s in exp.systems]},
                        **inputs, "methods": {n: p.method for n, p in prepared.items()},
+                       "threads": {"count": n_threads, "chosen_by": threads_by},
+                       "prompts_selected": len(rows), "requests_expected": expected_requests(
+                           [(name, temp, row.category) for name, temp, row, _ in jobs]),
                        "profiled": opts.profiled or False, "provenance": provenance(opts.device)})
     records = read_requests(folder.path, repair=True)
     done = {request_key(r) for r in records}
     replies = {(r["system"], r["question_id"], r["temperature"], r["turn"]): r["output_text"] for r in records}
     base_name = next((n for n in settings["systems"] if prepared[n].method == "plain"), None)  # sorted first
     baseline = {(r["question_id"], r["turn"], r["temperature"]): r for r in records if r["system"] == base_name}
-    jobs = [(name, temp, row, turn) for name in settings["systems"] for temp in settings["temperatures"]
-            for row in rows for turn in range(len(turns_of[row.question_id]))]
     pending = [j for j in jobs if (j[0], j[2].question_id, j[3], j[1]) not in done]
     if opts.resume:
-        console.print(f"resuming {folder.path}: {len(jobs) - len(pending)} of {len(jobs)} requests already done")
+        console.print(f"resuming {folder.path}: {len(jobs) - len(pending)} of {len(jobs)} requests already done",
+                      highlight=False, soft_wrap=True)
+    console.print(f"threads: {n_threads} ({threads_by})", highlight=False, soft_wrap=True)
 
     # the longest request: every user turn, and at most output_len tokens (plus template) per reply
     longest = min(max(len(_prompt_ids(tokenizer, turns_of[r.question_id], [])) + len(turns_of[r.question_id])
@@ -197,27 +253,26 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
     if opts.profiled:  # everything untimed happens before the capture window opens
         for name, temp, _, _ in pending:
             warm(name, temp)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, transient=True)
     try:
-        with progress, capture_window(opts.profiled, folder.path, opts.device):
-            task = progress.add_task("run", total=len(pending))
+        with RunProgress(console, len(pending)) as progress, capture_window(opts.profiled, folder.path, opts.device):
             for name, temp, row, turn in pending:
                 p = prepared[name]
                 cfg = GenerationConfig(max_new_tokens=settings["output_len"], temperature=temp,
                                        seed=request_seed(settings["seed"], row.question_id, turn, temp),
                                        stop_token_ids=stop, confidence_threshold=p.system.confidence_threshold)
                 if (name, temp) not in warmed:
-                    progress.update(task, description=f"{name} T={temp:g} (warm-up)")
+                    progress.step(f"{name} T={temp:g}", "(warm-up)")
                     for other, q in prepared.items():  # one system's caches and graphs on the device at a time
                         if other != name and not opts.profiled:
                             q.engine.release()
                     warm(name, temp)
-                progress.update(task, description=f"{name} T={temp:g} {row.category}")
+                progress.step(f"{name} T={temp:g}", row.category)
                 previous = [replies[(name, row.question_id, temp, t)] for t in range(turn)]
                 ids = _prompt_ids(tokenizer, turns_of[row.question_id][: turn + 1], previous)
+                load_before = os.getloadavg()[0]
                 result = backend.generate(p, ids, cfg)
                 record = _record(name, p.method, row, turn, temp, cfg.seed, ids, result, tokenizer, opts.device)
+                record["load_avg"] = [load_before, os.getloadavg()[0]]
                 if temp == 0 and base_name is not None and name != base_name:
                     base = baseline.get((row.question_id, turn, temp))
                     if base is not None and base["prompt_sha256"] == record["prompt_sha256"]:
@@ -226,9 +281,12 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
                 replies[(name, row.question_id, temp, turn)] = record["output_text"]
                 if name == base_name:
                     baseline[(row.question_id, turn, temp)] = record
-                progress.advance(task)
+                progress.advance()
     except KeyboardInterrupt:
-        console.print(f"interrupted: finished requests are in {folder.path}; continue with --resume {folder.path}")
+        write_summaries(folder)  # of the finished requests, marked incomplete
+        console.print(f"interrupted: {len(read_requests(folder.path))} finished requests and their summaries are in "
+                      f"{folder.path}; continue with: dspark-bench run --resume {folder.path}", highlight=False,
+                      soft_wrap=True)
         raise
     summary = write_summaries(folder)
     return folder.path, summary
@@ -253,17 +311,22 @@ def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float,
 
 
 def write_summaries(folder: RunFolder) -> dict:
-    summary = summarize(read_requests(folder.path))
+    """summary.json, .csv, .md and .png from the requests; the summary carries what it was written to."""
     manifest = folder.manifest() or {}
+    summary = summarize_folder(folder.path)
     folder.write_json("summary.json", {"settings": manifest.get("settings"), **summary})
     folder.write_text("summary.csv", to_csv(summary))
     folder.write_text("summary.md", markdown(summary, f"run {folder.path.name}"))
+    written = [MANIFEST, REQUESTS, "summary.json", "summary.csv", "summary.md"]
     if summary["rows"]:
         plot(summary, folder.path / "summary.png", f"run {folder.path.name}")
-    return summary
+        written.append("summary.png")
+    return summary | {"files": [str(folder.path / name) for name in written]}
 
 
 def print_tables(summary: dict, console: Console, title: str) -> None:
-    console.print(table(summary, title))
+    show(console, table(summary, title))
+    for line in warnings(summary):
+        console.print(f"warning: {line}", style="yellow", highlight=False, soft_wrap=True)
     if summary["baseline"] is None:
         console.print("no speedup: plain decoding was not among the systems", style="dim")

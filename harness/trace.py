@@ -470,26 +470,28 @@ def load_inputs(paths: list[Path]) -> list[dict]:
 
 
 def compare(items: list[dict]) -> dict:
-    """Side by side: kernel-category shares and instances, step ranges' presence and time, and per
-    generated token (when the tokens are known) kernel launches, graph launches and GPU time."""
+    """Side by side: kernel-category shares and instances, step ranges' presence, total time and calls,
+    and per generated token (when the tokens are known) kernel launches, graph launches and GPU time
+    (these three only where the trace has kernels: a CPU-only trace has none to count)."""
     rows = []
     for it in items:
         s = it["summary"]
         ranges = {r["range"]: r for r in s["nvtx"]}
-        steps = {name: ranges[name]["total_ns"] if name in ranges else None for name in STEP_RANGES}
-        propose = {r: v["total_ns"] for r, v in ranges.items() if r and r.endswith("_propose")}
+        names = list(STEP_RANGES) + [r for r in ranges if r and r.endswith("_propose")]
+        tokens = it["output_tokens"]
+        gpu = s["categories"] is not None  # None: the profiler saw no GPU work (a CPU run)
         gpu_ns = sum(c["total_ns"] for c in s["categories"] or [])
-        tokens = it["output_tokens"] if "kernels" not in s.get("unavailable", []) else None  # a CPU-only trace
         rows.append({
             "name": it["name"],
             "categories": {c["category"]: {"share": c["share"], "instances": c["instances"]}
                            for c in s["categories"] or []},
-            "ranges_ns": steps | propose,
+            "ranges_ns": {n: ranges[n]["total_ns"] if n in ranges else None for n in names},
+            "ranges_calls": {n: ranges[n]["instances"] if n in ranges else None for n in names},
             "kernels": s["launches"]["kernels"], "graph_launches": s["launches"]["graph_launches"],
-            "gpu_ns": gpu_ns, "output_tokens": tokens,
-            "kernels_per_token": s["launches"]["kernels"] / tokens if tokens else None,
-            "graph_launches_per_token": s["launches"]["graph_launches"] / tokens if tokens else None,
-            "gpu_us_per_token": gpu_ns / tokens / 1e3 if tokens else None,
+            "gpu_ns": gpu_ns if gpu else None, "output_tokens": tokens,
+            "kernels_per_token": s["launches"]["kernels"] / tokens if tokens and gpu else None,
+            "graph_launches_per_token": s["launches"]["graph_launches"] / tokens if tokens and gpu else None,
+            "gpu_us_per_token": gpu_ns / tokens / 1e3 if tokens and gpu else None,
             "diagnosis": s["diagnosis"],
         })
     return {"rows": rows}

@@ -258,3 +258,33 @@ def test_inspect_against_a_mismatched_target(tiny_dir, other_targets, monkeypatc
     code, out, err = run_cli(monkeypatch, capfd, "generate", "--target", other_targets / target, "--draft",
                              tiny_dir / "dspark", "--prompt-ids", "1,2,3", "--max-new-tokens", 4)
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and problem in err
+
+
+# ---- help: every option described, flags that read as flags ---------------------------------------
+
+def _commands(group, path=("dspark-bench",)):
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, path + (name,))
+        else:
+            yield " ".join(path + (name,)), cmd
+
+
+def test_every_option_of_every_command_has_help_and_flags_take_no_value(monkeypatch, capfd):
+    import typer
+
+    from harness.cli import app
+
+    commands = dict(_commands(typer.main.get_command(app)))
+    assert {"dspark-bench run", "dspark-bench train-draft", "dspark-bench trace summarize"} <= set(commands)
+    for path, cmd in commands.items():
+        for param in cmd.params:
+            if getattr(param, "hidden", False) or param.param_type_name != "option":
+                continue
+            assert param.help, f"{path} {param.opts[0]} has no help"
+    code, out, _ = run_cli(monkeypatch, capfd, "generate", "--help")
+    assert code == 0 and re.search(r"^  --ngram +Draft with n-gram", out, re.M) and "<bool>" not in out
+    code, out, _ = run_cli(monkeypatch, capfd, "engine-bench", "--help")
+    assert code == 0 and "Needs a CUDA GPU" in " ".join(out.split())
+    code, _, err = run_cli(monkeypatch, capfd, "generate", "--target", "demo", "--ngram", "true", "--prompt", "x")
+    assert code == 2 and err.startswith("error: Got unexpected extra argument(s) (true); a flag takes no value") and len(err.splitlines()) == 1

@@ -39,8 +39,25 @@ def test_profile_torch_captures_only_the_timed_requests(tmp_path, monkeypatch, c
         assert "kernels" in summary["unavailable"] and summary["kernels"] is None and summary["diagnosis"] == []
     dspark = result["rows"][1]
     assert dspark["ranges_ns"]["target_verify"] > 0 and dspark["kernels_per_token"] is None  # no GPU on a CPU
+    assert [r["output_tokens"] for r in result["rows"]] == [sum(r["output_tokens"] for r in read_requests(out / s))
+                                                          for s in ("plain", "dspark")]
     code, stdout, _ = run_cli(monkeypatch, capfd, "trace", "compare", out, "--json")
     assert code == 0 and [r["name"] for r in json.loads(stdout)["rows"]] == ["plain", "dspark"]
+    # the tables a person reads: ms with the unit in the label, calls, per call and per token, tokens filled
+    code, stdout, _ = run_cli(monkeypatch, capfd, "trace", "compare", out)
+    lines = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in stdout.splitlines()
+             if line.count("│") == 4}
+    verify = dspark["ranges_ns"]["target_verify"]
+    calls = dspark["ranges_calls"]["target_verify"]
+    assert lines["target_verify: total ms"] == ["absent", f"{verify / 1e6:.3f}"]
+    assert lines["target_verify: calls"] == ["absent", str(calls)]
+    assert lines["target_verify: ms per call"][1] == f"{verify / calls / 1e6:.3f}"
+    assert lines["target_verify: ms per token"][1] == f"{verify / dspark['output_tokens'] / 1e6:.3f}"
+    assert lines["output tokens"] == [str(r["output_tokens"]) for r in result["rows"]]
+    assert "kernels per token" not in lines  # a CPU trace has no kernels: no row of dashes
+    code, stdout, _ = run_cli(monkeypatch, capfd, "trace", "summarize", out / "dspark" / "trace.torch.json")
+    assert code == 0 and "total ms" in stdout and "per call ms" in stdout and "{" not in stdout
+    assert "launches: no GPU kernels in this trace (a CPU run)" in stdout
     code, _, err = run_cli(monkeypatch, capfd, "profile", "--torch", "--device", "cpu", "--out", out)
     assert code == 2 and "never overwrite" in err
 

@@ -1,0 +1,77 @@
+"""What a person sees of a command, on a terminal and in a log file alike.
+
+On a terminal Rich fits tables to the window and draws a live progress bar. Off a terminal (piped,
+redirected, under CI) Rich would cut every table to 80 columns and print no progress until the end,
+so there a table is printed at the width it needs, and progress is a plain line at each change of
+step and every `interval_s` seconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def show(console: Console, renderable) -> None:
+    """Print `renderable` whole: fitted to a terminal, or as wide as it needs in a log."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    width = Measurement.get(console, console.options.update_width(10_000), renderable).maximum
+    wide = Console(file=console.file, width=max(width, console.width), highlight=False, color_system=None)
+    wide.print(renderable)
+
+
+class RunProgress:
+    """`with RunProgress(console, total) as p: p.step("plain T=0", "coding"); ...; p.advance()`.
+
+    Off a terminal a plain line is printed when the label changes, every `interval_s` seconds while
+    it runs, and once at the end: `[12/64 requests, 31 s] dspark T=0`."""
+
+    def __init__(self, console: Console, total: int, interval_s: float = 15.0):
+        self.console, self.total, self.interval_s = console, total, interval_s
+        self.done, self.label = 0, ""
+        self.start = self.last_line = time.monotonic()
+        self.bar = None
+        if console.is_terminal:
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=console, transient=True)
+            self.task = self.bar.add_task("run", total=total)
+
+    def __enter__(self) -> RunProgress:
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        elif self.total:
+            self._line("stopped" if exc[0] is not None else "finished")
+
+    def step(self, label: str, detail: str = "") -> None:
+        """Now running `label` (a system at a temperature); `detail` (a category, the warm-up) shows
+        on the bar and in the line a new label prints."""
+        changed = label != self.label
+        self.label = label
+        text = f"{label} {detail}".strip()
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+        elif changed:
+            self._line(text)
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        elif time.monotonic() - self.last_line >= self.interval_s:
+            self._line()
+
+    def _line(self, what: str | None = None) -> None:
+        self.last_line = time.monotonic()
+        what = what or self.label
+        self.console.print(f"[{self.done}/{self.total} requests, {self.last_line - self.start:.0f} s] {what}",
+                           highlight=False, markup=False, soft_wrap=True)

@@ -1,0 +1,62 @@
+"""How many intra-op threads a CPU run uses, chosen on purpose and recorded.
+
+PyTorch's default is one thread per core. For a model as small as the demo pair each decode step
+is a few hundred tiny operations, and a second thread buys nothing on an idle 2-core machine and
+costs many times over when another process competes for the cores (its threads wait on each
+other at every operation): `benchmarks/threads.py` measures it, `benchmarks/RESULTS.md` records
+it. So, in order:
+
+1. `--threads N` is used as given;
+2. a thread count the user set in the environment (OMP_NUM_THREADS, MKL_NUM_THREADS) is respected:
+   torch has already read it;
+3. on the CPU, a target whose weights are at most `SMALL_MODEL_BYTES` runs on one thread, a larger
+   one on every core this process may use;
+4. on a GPU, torch's default stays (the host threads only launch work).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dspark.errors import DSparkError
+
+SMALL_MODEL_BYTES = 200_000_000  # the demo target is 13.6 MB; a 50 M-parameter float32 model is 200 MB
+ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def weights_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+
+
+def choose(requested: int | None, device: str, target_folder: Path | None) -> tuple[int, str]:
+    """(thread count, why): the rule above. Reads no weights, only their files' sizes."""
+    import torch
+
+    if requested is not None:
+        if requested < 1:
+            raise DSparkError(f"--threads is {requested}; give at least 1")
+        return requested, "--threads"
+    for var in ENV_VARS:
+        if os.environ.get(var):
+            return torch.get_num_threads(), f"{var}={os.environ[var]}"
+    if not device.startswith("cpu"):
+        return torch.get_num_threads(), "torch default (GPU run)"
+    size = weights_bytes(target_folder) if target_folder is not None else None
+    if size is not None and size <= SMALL_MODEL_BYTES:
+        return 1, f"auto: target weights {size / 1e6:.0f} MB <= {SMALL_MODEL_BYTES / 1e6:.0f} MB"
+    return usable_cores(), "auto: every usable core (a large target)"
+
+
+def apply(count: int) -> None:
+    import torch
+
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
