@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from dspark import kernels as K
-from harness.provenance import provenance
+from harness.runs.provenance import provenance
 
 SHAPES = [  # (name, batch, q heads, kv heads, head dim, query rows, keys, dtype)
     ("demo-train-target", 32, 4, 2, 64, 450, 450, torch.float32),

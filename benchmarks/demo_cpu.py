@@ -1,7 +1,7 @@
 """Wall time of the demo target + DSpark on the CPU: load both, then 8 held-out coding prompts x 128
 new tokens through the chat template (the demo pair's target: under 60 s on 2 cores, loading included).
 
-    python benchmarks/demo_cpu.py [--threads 2] [--draft demo-dspark] [--prompts 8] [--tokens 128]
+    python benchmarks/demo_cpu.py [--threads 1] [--draft demo-dspark] [--prompts 8] [--tokens 128]
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import torch
 from dspark.checkpoint import load_draft, load_target
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
-from harness.datasets import load
+from dspark.tokenizer import chat_prompt_ids, conversation
+from harness.specs.datasets import load
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--draft", default="demo-dspark")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
@@ -38,8 +39,7 @@ def main() -> None:
     cfg = GenerationConfig(max_new_tokens=args.tokens, temperature=0.0, stop_token_ids=target.stop_token_ids)
     tokens, rounds = 0, []
     for r in rows:
-        ids = tok.apply_chat_template([{"role": "user", "content": r.turns[0]}], add_generation_prompt=True,
-                                      enable_thinking=False, tokenize=True, return_dict=False)
+        ids = chat_prompt_ids(tok, conversation([r.turns[0]]))
         out = engine.generate(ids, cfg)
         tokens += len(out.tokens)
         rounds += out.acceptance_lengths

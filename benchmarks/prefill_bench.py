@@ -36,7 +36,7 @@ from dspark.engine import Engine, GenerationConfig
 from dspark.presets import DRAFTS, TARGETS, build_random
 from dspark.target import Qwen3Target
 from harness.engine_bench import cuda_median_ms, host_times_ms
-from harness.provenance import provenance
+from harness.runs.provenance import provenance
 
 
 def forward_flops(b: BackboneConfig, length: int) -> float:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.provenance import provenance
+from harness.runs.provenance import provenance
 
 BUSY = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from harness.trace import summarize  # noqa: E402
+from harness.profiling.traces import summarize  # noqa: E402
 
 TEMPLATE = ROOT / "tests" / "fixtures" / "nsys" / "engine_dspark.sqlite"
 PID = (1 << 48) | (4242 << 24)

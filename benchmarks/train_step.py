@@ -22,7 +22,7 @@ from dspark.checkpoint import load_target
 from dspark.presets import evenly_spaced_taps
 from dspark.tiny import random_draft, tiny_draft_config
 from dspark.train import LossConfig, TrainArgs, train
-from harness.provenance import provenance
+from harness.runs.provenance import provenance
 
 
 def main() -> None:

@@ -61,3 +61,21 @@ def save_tokenizer(tok, out: Path, model_max_length: int = 4096) -> None:
                                    model_max_length=model_max_length)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The ids of `messages` through the tokenizer's chat template, ready for the assistant's reply,
+    thinking off (Qwen3's switch; templates without it ignore it). Every prompt we generate from goes
+    through here, so runs, training data and the demo build see one template call."""
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False,
+                                              tokenize=True, return_dict=False))
+
+
+def conversation(turns: list[str], replies: list[str] = ()) -> list[dict]:
+    """User turns interleaved with the assistant's replies so far (one fewer than the turns, or none)."""
+    messages = []
+    for i, text in enumerate(turns):
+        messages.append({"role": "user", "content": text})
+        if i < len(replies):
+            messages.append({"role": "assistant", "content": replies[i]})
+    return messages

@@ -32,6 +32,7 @@ from dspark.draft import DraftModel
 from dspark.errors import DSparkError
 from dspark.layers import KVCache
 from dspark.target import Qwen3Target
+from dspark.tokenizer import chat_prompt_ids
 
 
 @dataclass(frozen=True)
@@ -231,8 +232,7 @@ def read_examples(path, tokenizer=None, max_len: int = 1024) -> list[tuple[Tenso
             if tokenizer is None:
                 raise DSparkError(f"{path}:{n}: chat rows need the target's tokenizer")
             msgs = row["messages"]
-            prompt = list(tokenizer.apply_chat_template(msgs[:-1], add_generation_prompt=True, enable_thinking=False,
-                                                        tokenize=True, return_dict=False))
+            prompt = chat_prompt_ids(tokenizer, msgs[:-1])
             response = tokenizer.encode(msgs[-1]["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
         else:
             raise DSparkError(f"{path}:{n}: a row needs prompt_ids/response_ids or messages")

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from dspark.errors import DSparkError
-from harness.datasets import SENTINEL, load, select
+from harness.specs.datasets import SENTINEL, load, select
 
 ROWS = [
     {"question_id": "a" * 32, "category": "coding", "sub_category": "python", "turns": ["Write fizzbuzz."],
@@ -100,7 +100,7 @@ def test_the_demo_suite_and_the_hub_message(monkeypatch):
 
 
 def test_a_torn_last_line_is_skipped_and_cut_only_on_resume(tmp_path):
-    from harness.results import read_requests
+    from harness.runs.folder import read_requests
 
     path = tmp_path / "requests.jsonl"
     path.write_text('{"a": 1}\n{"b": 2}')  # killed before the newline: the record is not trusted

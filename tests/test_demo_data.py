@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from harness.datasets import QUALITATIVE, THROUGHPUT, demo_suite_dir, load
+from harness.specs.datasets import QUALITATIVE, THROUGHPUT, demo_suite_dir, load
 
 COLUMNS = {"question_id", "category", "sub_category", "turns", "source", "src_id", "difficulty", "multiturn"}
 

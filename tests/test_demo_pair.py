@@ -9,7 +9,7 @@ import torch
 from dspark.checkpoint import DEMO_DIR, load_draft, load_target
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
-from harness.datasets import load
+from harness.specs.datasets import load
 
 pytestmark = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built (experiments/demo/build.py)")

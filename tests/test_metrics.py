@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.metrics import acceptance, first_difference, latency_stats, percentile, speedup
+from harness.analysis.metrics import acceptance, first_difference, latency_stats, percentile, speedup
 
 
 def test_acceptance_pooled_over_rounds():
@@ -62,7 +62,7 @@ def test_a_stop_token_accepted_as_a_draft_counts_as_accepted():
 
 
 def test_macro_speedup_and_its_interval_describe_the_same_number():
-    from harness.metrics import speedup_macro
+    from harness.analysis.metrics import speedup_macro
 
     # one category of one prompt at 3x, one of 99 prompts at 1x: the macro speedup is sqrt(3)
     s = speedup_macro([([3.0], [1.0]), ([1.0] * 99, [1.0] * 99)])

@@ -11,8 +11,9 @@ from cli_runner import run_cli
 
 from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
-from harness.profile import PRESETS, child_run_args, find_nsys, nsys_command, plan_flags
-from harness.results import read_requests
+from harness.profiling.nsys import PRESETS, find_nsys, nsys_command, plan_flags
+from harness.profiling.orchestrate import child_run_args
+from harness.runs.folder import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built")
@@ -105,7 +106,7 @@ def test_nsys_flags_follow_what_this_nsys_supports(tmp_path):
 def test_finding_nsys(tmp_path, monkeypatch):
     monkeypatch.delenv("NSYS", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr("harness.profile.STANDARD_PLACES", (str(tmp_path / "none" / "*" / "nsys"),))
+    monkeypatch.setattr("harness.profiling.nsys.STANDARD_PLACES", (str(tmp_path / "none" / "*" / "nsys"),))
     with pytest.raises(DSparkError, match=r"no working nsys found .*--nsys-path.*profile --torch"):
         find_nsys()
     with pytest.raises(DSparkError, match="--nsys-path /no/nsys: does not run"):
@@ -145,7 +146,7 @@ def test_profile_nsys_runs_argument_lists_and_summarises_each_system(tmp_path, m
 
     from rich.console import Console
 
-    from harness.profile import profile_run
+    from harness.profiling.orchestrate import profile_run
 
     fake = tmp_path / "nsys"
     fake.write_text(FAKE_NSYS.format(python=sys.executable, help=HELP,

@@ -8,8 +8,10 @@ import io
 import pytest
 from rich.console import Console
 
-from harness.console import RunProgress, show
-from harness.report import LEGEND, COLUMNS, expected_requests, markdown, summarize, table, warnings
+from harness.analysis.summary import COLUMNS, LEGEND, expected_requests, markdown, summarize, warnings
+from harness.cli.render import show
+from harness.cli.render import summary_table as table
+from harness.runs.progress import RunProgress
 
 
 def _record(system: str, qid: str, tpot: float, load=(0.5, 0.6), category: str = "coding", temperature: float = 0.0):
@@ -38,7 +40,7 @@ def test_spread_load_and_a_speedup_whose_interval_spans_one():
         (1.0, 1.2, 3.5)
     assert summary["load_avg_max"] == 3.5
     (warning,) = warnings(summary)
-    assert "load average reached 3.5 on 2 cores" in warning
+    assert "load average reached 3.5 on 2 cores" in warning and summary["warnings"] == [warning]
     assert warnings(summarize(records, cores=4)) == []  # 3.5 on 4 cores: nothing competed
     cells = {r.split("│")[1].strip(): r for r in _printed(table(summary, "t")).splitlines() if r.count("│") > 5}
     assert "1.00*" in cells["mixed"] and "2.00 " in cells["fast"] and "*" not in cells["fast"]
@@ -94,7 +96,7 @@ def test_off_a_terminal_a_wide_table_prints_every_cell_whole():
 def test_off_a_terminal_progress_is_plain_lines(monkeypatch):
     buf = io.StringIO()
     now = [0.0]
-    monkeypatch.setattr("harness.console.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("harness.runs.progress.time.monotonic", lambda: now[0])
 
     def at(t, action, *args):
         now[0] = t

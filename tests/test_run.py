@@ -19,7 +19,7 @@ from dspark.checkpoint import DEMO_DIR, save_draft, save_target
 from dspark.config import BackboneConfig, TargetConfig
 from dspark.presets import dspark_draft_config
 from dspark.tiny import random_draft, random_target
-from harness.results import read_requests
+from harness.runs.folder import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built")
@@ -86,7 +86,7 @@ def test_resume_from_the_folder_alone_gives_the_uninterrupted_requests(tmp_path,
     """Killed after 5 requests (and a torn last line), then `run --resume DIR` with no other argument:
     the same requests as an uninterrupted run, each once (multi-turn rows included); the interrupted run's summary and `report` say it is incomplete; an
     argument given with --resume must equal the run's."""
-    from harness import backends
+    from harness.backends import native as backends
 
     args = ["run", "--category", "coding,math", "--systems", "plain,dspark", "--num-prompts", "3",
             "--output-len", "10", "--temperature", "0,1", "--turns", "all", "--device", "cpu"]

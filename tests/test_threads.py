@@ -7,7 +7,7 @@ import torch
 
 from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
-from harness.threads import SMALL_MODEL_BYTES, choose, usable_cores
+from harness.runs.threads import SMALL_MODEL_BYTES, choose, usable_cores
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.trace import api_name, kernel_category, summarize
+from harness.profiling.traces import api_name, kernel_category, summarize
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nsys-fuser"
 needs_fixture = pytest.mark.skipif(not (FIXTURE / "nsys_fuser_report1.sqlite").is_file(),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.trace import summarize
+from harness.profiling.traces import summarize
 
 NSYS = Path(__file__).parent / "fixtures" / "nsys"
 CASES = ("engine_plain", "engine_dspark", "fork_unfollowed", "fork_unflushed", "fork_stopped", "spawn")

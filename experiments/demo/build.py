@@ -49,10 +49,10 @@ from dspark.engine import Engine, GenerationConfig  # noqa: E402
 from dspark.presets import evenly_spaced_taps  # noqa: E402
 from dspark.target import Qwen3Target  # noqa: E402
 from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: E402
-from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer  # noqa: E402
+from dspark.tokenizer import SPECIALS, build_tokenizer, chat_prompt_ids, conversation, save_tokenizer  # noqa: E402
 from dspark.train import LossConfig, TrainArgs, TrainingStopped, load_checkpoint, stop_requested, train, train_target  # noqa: E402
-from harness.datasets import file_sha256
-from harness.datasets import load as load_suite
+from harness.specs.datasets import file_sha256
+from harness.specs.datasets import load as load_suite
 
 # pretrain: steps of LM training on windows of the library's source; target_steps: instruction tuning.
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
@@ -68,9 +68,8 @@ SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, in
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": instruction}], add_generation_prompt=True,
-                                           enable_thinking=False, tokenize=True, return_dict=False)
-    ids = list(prompt) + answer_ids
+    prompt = chat_prompt_ids(tokenizer, conversation([instruction]))
+    ids = prompt + answer_ids
     return torch.tensor(ids), torch.tensor([False] * len(prompt) + [True] * len(answer_ids))
 
 

@@ -27,8 +27,8 @@ import build  # noqa: E402
 from dspark.checkpoint import load_draft, load_target  # noqa: E402
 from dspark.drafters import BlockDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
-from harness.datasets import load as load_suite  # noqa: E402
-from harness.provenance import provenance  # noqa: E402
+from harness.specs.datasets import load as load_suite  # noqa: E402
+from harness.runs.provenance import provenance  # noqa: E402
 
 PROMPTS = 18
 

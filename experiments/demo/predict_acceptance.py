@@ -39,7 +39,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from dspark.checkpoint import load_draft, load_target  # noqa: E402
 from dspark.drafters import BlockDrafter  # noqa: E402
 from dspark.engine import Engine  # noqa: E402
-from harness.provenance import provenance  # noqa: E402
+from harness.runs.provenance import provenance  # noqa: E402
 
 LEVELS = (*TOP1_LEVELS, 0.99)  # finer at the top, where most tokens are
 

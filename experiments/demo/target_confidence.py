@@ -42,7 +42,7 @@ from dspark.checkpoint import load_draft, load_target  # noqa: E402
 from dspark.drafters import BlockDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
 from dspark.train import TrainArgs, train_target  # noqa: E402
-from harness.provenance import provenance  # noqa: E402
+from harness.runs.provenance import provenance  # noqa: E402
 
 TOP1_LEVELS = (0.5, 0.8, 0.95)  # the bounds of the top-1 probability levels (under 0.5, 0.5 to 0.8, ...)
 

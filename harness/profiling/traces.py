@@ -20,13 +20,11 @@ exports, are refused.
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.results import read_requests
 
 OLDEST = (2023, 4)  # the oldest nsys whose exports we read (year, release)
 
@@ -357,141 +355,3 @@ def diagnose(summary: dict, capture: dict, expect_method: str | None) -> list[st
         notes.append(f"CUDA graphs were traced whole ({launches['graph_launches']} graph launches, their kernels "
                      "not listed): kernel tables under-count. Profile with --cuda-graph-trace=node.")
     return notes
-
-
-# ---- the PyTorch profiler's Chrome trace, in the same schema ---------------------------------------
-
-def summarize_torch(path: Path, expect_method: str | None = None) -> dict:
-    """The same summary from a PyTorch profiler (Kineto) Chrome trace: ranges are its
-    `user_annotation` events, kernels `kernel`, memory operations `gpu_memcpy`/`gpu_memset`, API calls
-    `cuda_runtime`/`cuda_driver`, projections `gpu_user_annotation`. What a Kineto trace cannot give is
-    null and named in `unavailable`. The events are loaded into an in-memory SQLite database and
-    aggregated by the same SQL as nsys exports."""
-    try:
-        trace = json.loads(Path(path).read_text())
-        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DSparkError(f"{path}: not a PyTorch profiler Chrome trace ({type(exc).__name__})") from None
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE ev (cat TEXT, name TEXT, pid INTEGER, dur INTEGER)")
-    conn.executemany("INSERT INTO ev VALUES (?, ?, ?, ?)",
-                     [(e.get("cat"), e.get("name"), e.get("pid") if isinstance(e.get("pid"), int) else -1,
-                       round(float(e.get("dur", 0)) * 1000)) for e in events])
-
-    def cat_rows(cats: str, keys: list[str], count_name: str = "instances") -> list[dict]:
-        return _rows(conn, _stats(f"SELECT NULL AS domain, name AS range, 'PushPop' AS style, name, dur FROM ev "
-                                  f"WHERE cat IN ({cats})", keys, count_name))
-
-    out: dict = {"file": str(path), "schema": {"format": "pytorch-chrome-trace",
-                                                "schemaVersion": trace.get("schemaVersion")}, "capture": {},
-                           "nsys_version": None}
-    out["nvtx"] = cat_rows("'user_annotation'", ["domain", "range", "style"])
-    out["kernels"] = cat_rows("'kernel'", ["name"])
-    for row in out["kernels"]:
-        row["category"] = kernel_category(row["name"])
-    out["memory_ops"] = cat_rows("'gpu_memcpy', 'gpu_memset'", ["name"], "count")
-    out["categories"] = _categories(out["kernels"], out["memory_ops"])
-    out["api"] = cat_rows("'cuda_runtime', 'cuda_driver'", ["name"], "calls")
-    ranges = {r["range"]: r for r in out["nvtx"]}
-    out["projection"] = [{"domain": None, "range": r["name"], "style": "PushPop",
-                          "range_instances": ranges.get(r["name"], {}).get("instances"),
-                          "range_total_ns": ranges.get(r["name"], {}).get("total_ns"),
-                          "proj_total_ns": r["total_ns"], "gpu_ops": None, "gpu_busy_ns": None}
-                         for r in _rows(conn, _stats("SELECT name, dur FROM ev WHERE cat = 'gpu_user_annotation'",
-                                                     ["name"]))]
-    out["busy"] = []
-    kernels = conn.execute("SELECT COUNT(*) FROM ev WHERE cat = 'kernel'").fetchone()[0]
-    graph = conn.execute("SELECT COUNT(*) FROM ev WHERE cat IN ('cuda_runtime', 'cuda_driver') AND "
-                         "(name LIKE 'cudaGraphLaunch%' OR name LIKE 'cuGraphLaunch%')").fetchone()[0]
-    out["launches"] = {"kernels": kernels, "graph_launches": graph, "kernels_from_graphs_share": None,
-                       "graph_trace_rows": 0}
-    out["processes"] = [{"pid": pid, "name": None, "nvtx_rows": n, "api_rows": a, "kernel_rows": k,
-                         "did_gpu_work": k > 0} for pid, n, a, k in conn.execute(
-        "SELECT pid, SUM(cat = 'user_annotation'), SUM(cat IN ('cuda_runtime', 'cuda_driver')), SUM(cat = 'kernel') "
-        "FROM ev WHERE cat IN ('user_annotation', 'cuda_runtime', 'cuda_driver', 'kernel') GROUP BY pid")]
-    unavailable = ["projection.gpu_ops", "projection.gpu_busy_ns", "busy", "launches.kernels_from_graphs_share",
-                   "capture"]
-    if not kernels:
-        unavailable += ["kernels", "categories", "memory_ops", "api", "projection", "launches.graph_launches"]
-    out["unavailable"] = unavailable
-    for key in unavailable:  # what the profiler cannot provide is null, not empty
-        if "." not in key:
-            out[key] = None
-    # a CPU-only trace has no GPU work by design: keep only the notes that do not depend on it
-    out["diagnosis"] = [d for d in diagnose(out, {}, expect_method)
-                        if kernels or not ("kernel rows" in d or "GPU work" in d)]
-    conn.close()
-    return out
-
-
-def summarize_any(path: Path, expect_method: str | None = None) -> dict:
-    """A .sqlite export, a PyTorch profiler .json trace, or a .nsys-rep (exported to SQLite first)."""
-    path = Path(path)
-    if path.suffix == ".json":
-        return summarize_torch(path, expect_method)
-    if path.suffix == ".nsys-rep":
-        from harness.profile import export_sqlite, find_nsys
-
-        sqlite_path = path.parent / (path.name.removesuffix(".nsys-rep") + ".sqlite")
-        if not sqlite_path.is_file() or sqlite_path.stat().st_mtime < path.stat().st_mtime:
-            export_sqlite(find_nsys(), path)
-        path = sqlite_path
-    return summarize(path, expect_method)
-
-
-# ---- comparison across systems --------------------------------------------------------------------
-
-STEP_RANGES = ("prefill", "target_verify", "decode_sample", "ar_decode")
-
-
-def load_inputs(paths: list[Path]) -> list[dict]:
-    """Each input as {"name", "summary", "output_tokens"}: a trace file, or a profile folder written by
-    `dspark-bench profile` (one summary per system, and their requests, which count the tokens)."""
-    items = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            summaries = sorted(path.glob("*.summary.json"))
-            order = path / "profile.json"
-            if order.is_file():  # the systems in the order they ran
-                names = list(json.loads(order.read_text())["commands"])
-                summaries.sort(key=lambda f: names.index(f.name.removesuffix(".summary.json"))
-                               if f.name.removesuffix(".summary.json") in names else len(names))
-            if not summaries:
-                raise DSparkError(f"{path}: no *.summary.json; give trace files or a folder written by "
-                                  "dspark-bench profile")
-            for f in summaries:
-                system = f.name.removesuffix(".summary.json")
-                records = read_requests(path / system)
-                tokens = sum(r["output_tokens"] for r in records) if records else None
-                items.append({"name": system, "summary": json.loads(f.read_text()), "output_tokens": tokens})
-        else:
-            items.append({"name": path.stem, "summary": summarize_any(path), "output_tokens": None})
-    return items
-
-
-def compare(items: list[dict]) -> dict:
-    """Side by side: kernel-category shares and instances, step ranges' presence, total time and calls,
-    and per generated token (when the tokens are known) kernel launches, graph launches and GPU time
-    (these three only where the trace has kernels: a CPU-only trace has none to count)."""
-    rows = []
-    for it in items:
-        s = it["summary"]
-        ranges = {r["range"]: r for r in s["nvtx"]}
-        names = list(STEP_RANGES) + [r for r in ranges if r and r.endswith("_propose")]
-        tokens = it["output_tokens"]
-        gpu = s["categories"] is not None  # None: the profiler saw no GPU work (a CPU run)
-        gpu_ns = sum(c["total_ns"] for c in s["categories"] or [])
-        rows.append({
-            "name": it["name"],
-            "categories": {c["category"]: {"share": c["share"], "instances": c["instances"]}
-                           for c in s["categories"] or []},
-            "ranges_ns": {n: ranges[n]["total_ns"] if n in ranges else None for n in names},
-            "ranges_calls": {n: ranges[n]["instances"] if n in ranges else None for n in names},
-            "kernels": s["launches"]["kernels"], "graph_launches": s["launches"]["graph_launches"],
-            "gpu_ns": gpu_ns if gpu else None, "output_tokens": tokens,
-            "kernels_per_token": s["launches"]["kernels"] / tokens if tokens and gpu else None,
-            "graph_launches_per_token": s["launches"]["graph_launches"] / tokens if tokens and gpu else None,
-            "gpu_us_per_token": gpu_ns / tokens / 1e3 if tokens and gpu else None,
-            "diagnosis": s["diagnosis"],
-        })
-    return {"rows": rows}

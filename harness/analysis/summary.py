@@ -1,5 +1,6 @@
-"""Summaries of a run's requests: per system x temperature x category, a macro `overall`, and the
-comparison table (one row per system, as published DSpark comparisons print it)."""
+"""Summaries of a run's requests: per system x temperature x category, a macro `overall`, the cells
+of the comparison table (one row per system, as published DSpark comparisons print it), Markdown
+and CSV. Imports neither torch nor rich, so notebooks can use it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from rich.table import Table
-
-from harness.metrics import acceptance, latency_stats, speedup, speedup_macro
-from harness.results import MANIFEST, read_requests
+from harness.analysis.metrics import acceptance, latency_stats, speedup, speedup_macro
+from harness.runs.folder import MANIFEST, read_requests
 
 BASELINE = "plain"  # the method of the baseline system
 
@@ -125,13 +124,14 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
         ci = row["speedup_ci95"]
         row["speedup_ci95_spans_1"] = bool(ci and ci[0] <= 1 <= ci[1]) if row["system"] != base_system else None
     loads = [r["load_avg_max"] for r in rows if r["load_avg_max"] is not None]
-    return {"rows": rows, "baseline": base_system, "requests_done": len(records),
+    summary = {"rows": rows, "baseline": base_system, "requests_done": len(records),
             "requests_expected": sum(plan.values()) if plan else None,
             "complete": len(records) >= sum(plan.values()) if plan else None,
             "cores": cores, "load_avg_max": max(loads, default=None),
             "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
                      "speedups, its interval a bootstrap stratified by category); counts, tokens, time and "
                      "percentiles pool every request; pooled_acceptance_length pools every round"}
+    return summary | {"warnings": warnings(summary)}
 
 
 def warnings(summary: dict) -> list[str]:
@@ -161,7 +161,8 @@ COLUMNS = [("system", "system"), ("T", "temperature"), ("requests", "requests"),
            ("accept", "spec_decode_acceptance_rate"), ("rounds", "num_rounds"), ("= plain", "matches_baseline")]
 
 
-def _cells(row: dict) -> list[str]:
+def cells(row: dict) -> list[str]:
+    """A summary row's cells, in COLUMNS' order, as the table and summary.md print them."""
     cells = []
     for _, key in COLUMNS:
         v = row[key]
@@ -192,25 +193,13 @@ LEGEND = ("T: temperature; requests: requests summarised (done/expected while th
           "to plain decoding's, of those compared")
 
 
-def table(summary: dict, title: str, category: str = "overall") -> Table:
-    if summary.get("complete") is False:
-        title += f"\nINCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done"
-    t = Table(title=title, caption=LEGEND, caption_justify="left")
-    for header, _ in COLUMNS:
-        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header == "system")
-    for row in summary["rows"]:
-        if row["category"] == category:
-            t.add_row(*_cells(row))
-    return t
-
-
 def markdown(summary: dict, title: str) -> str:
     lines = [f"# {title}", ""]
     cats = list(dict.fromkeys(r["category"] for r in summary["rows"]))
     for cat in ["overall"] + [c for c in cats if c != "overall"]:
         lines += [f"## {cat}", "", "| " + " | ".join(h for h, _ in COLUMNS) + " |",
                   "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(_cells(r)) + " |" for r in summary["rows"] if r["category"] == cat]
+        lines += ["| " + " | ".join(cells(r)) + " |" for r in summary["rows"] if r["category"] == cat]
         lines.append("")
     lines += [f"**Warning**: {w}" for w in warnings(summary)] + ([""] if warnings(summary) else [])
     lines += [LEGEND, "", summary["notes"]]
@@ -236,34 +225,3 @@ def summarize_folder(run_dir: Path) -> dict:
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
     return summarize(read_requests(run_dir), manifest.get("requests_expected"),
                      (manifest.get("provenance") or {}).get("cores"))
-
-
-def plot(summary: dict, path: Path, title: str) -> None:
-    """summary.png: per-position (joint) acceptance by system, and speedup with its interval, per temperature."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    overall = [r for r in summary["rows"] if r["category"] == "overall"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in overall:
-        rates = r["spec_decode_per_position_acceptance_rates"]
-        if rates:
-            left.plot(range(1, len(rates) + 1), [x if x is not None else float("nan") for x in rates], marker="o",
-                      label=f"{r['system']} T={r['temperature']:g} (AL {r['spec_decode_acceptance_length']:.2f})")
-    left.set(xlabel="draft position", ylabel="share of rounds accepting it", ylim=(0, 1), title="acceptance by position")
-    if left.lines:
-        left.legend(fontsize=7)
-    labels = [f"{r['system']}\nT={r['temperature']:g}" for r in overall]
-    values = [r["speedup"] or 0.0 for r in overall]
-    errors = [[max(0.0, v - (r["speedup_ci95"] or [v, v])[0]) for v, r in zip(values, overall)],
-              [max(0.0, (r["speedup_ci95"] or [v, v])[1] - v) for v, r in zip(values, overall)]]
-    right.bar(range(len(values)), values, yerr=errors, capsize=3, color="tab:blue")
-    right.axhline(1.0, color="grey", linewidth=0.8)
-    right.set_xticks(range(len(values)), labels, fontsize=7)
-    right.set(ylabel="speedup over plain (TPOT)", title="speedup, 95 % interval")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -56,7 +56,7 @@ def shipped() -> dict[str, Path]:
     """Names of the shipped experiments and their files (installed copy, else the source tree's)."""
     found: dict[str, Path] = {}
     installed = resources.files("harness").joinpath("experiments")
-    for folder in (Path(str(installed)), Path(__file__).resolve().parent.parent / "experiments"):
+    for folder in (Path(str(installed)), Path(__file__).resolve().parents[2] / "experiments"):
         if folder.is_dir():
             for f in sorted(folder.glob("*.toml")):
                 found.setdefault(f.stem, f)

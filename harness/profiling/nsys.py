@@ -1,27 +1,16 @@
-"""`dspark-bench profile`: each system of a run in its own process under Nsight Systems (or the PyTorch
-profiler), capturing only the steady state: the child loads its models, sizes its caches, captures
-its graphs and runs its warm-up requests first, then opens the capture window around the timed
-requests (`cudaProfilerStart`/`Stop` with nsys' `--capture-range=cudaProfilerApi`).
-
-Traces are exported to SQLite and summarised by our parser (`harness/trace.py`); the comparison
-across systems is printed at the end. Profiled timings are marked as such in every manifest: they
-are not comparable with unprofiled runs.
-"""
+"""Nsight Systems as a tool: finding a working nsys, the flags this one supports (presets, extra
+flags, what the kernel forbids), the `nsys profile` command line and the SQLite export."""
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.results import RunFolder
-from harness.trace import compare, load_inputs, summarize_any
 
 # The published DSpark traces' options; `lean` keeps files small.
 PRESETS = {
@@ -35,46 +24,6 @@ STANDARD_PLACES = ("/opt/nvidia/nsight-systems/*/bin/nsys", "/opt/nvidia/nsight-
                    "/usr/local/cuda/bin/nsys", "/usr/local/cuda-*/bin/nsys",
                    "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys")
 
-
-@contextlib.contextmanager
-def capture_window(kind: str | None, run_dir: Path, device: str):
-    """Around the timed requests of a profiled child: nsys' cudaProfilerApi range, or a PyTorch
-    profiler whose Chrome trace lands in `run_dir/trace.torch.json`."""
-    if kind is None:
-        yield
-        return
-    import torch
-
-    from dspark import profiling
-
-    if kind == "nsys":
-        if not (device.startswith("cuda") and torch.cuda.is_available()):
-            raise DSparkError("profile --nsys needs a CUDA device; use profile --torch on the CPU")
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        try:
-            yield
-        finally:
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()  # also flushes the CUDA activity buffers before exit
-        return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.startswith("cuda") and torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profiling.torch_ranges(True)
-    prof = torch.profiler.profile(activities=activities)
-    prof.start()
-    try:
-        yield
-    finally:
-        if device.startswith("cuda") and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        prof.stop()
-        profiling.torch_ranges(False)
-        prof.export_chrome_trace(str(run_dir / "trace.torch.json"))
-
-
-# ---- finding and probing nsys ---------------------------------------------------------------------
 
 def find_nsys(explicit: str | None = None) -> Path:
     """`--nsys-path`, then $NSYS, the PATH and the standard install folders (Nsight Systems, and the
@@ -166,46 +115,3 @@ def export_sqlite(nsys: Path, report: Path) -> Path:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise DSparkError(f"nsys export of {report} failed ({tail[0]})")
     return out
-
-
-def child_run_args(run_args: list[str], system: str, out: Path, kind: str) -> list[str]:
-    """The `dspark-bench run` of one system, in a fresh interpreter (spawned, never forked)."""
-    return [sys.executable, "-m", "harness.cli", "run", *run_args, "--systems", system, "--out", str(out),
-            "--profiled", kind]
-
-
-def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, out_dir: Path, console,
-                preset: str = "default", nsys_path: str | None = None, nsys_args: list[str] | None = None) -> dict:
-    """Profile each (system, method) in its own child `run`; returns the comparison of their summaries.
-
-    `out_dir` gets, per system: the child's run folder `<system>/`, its trace (`<system>.nsys-rep` and
-    `<system>.sqlite`, or `<system>/trace.torch.json`), `<system>.summary.json` and `<system>.log`;
-    and `profile.json`: what was run, with which nsys and flags, and what was dropped."""
-    if out_dir.exists():
-        raise DSparkError(f"{out_dir} exists; profiles never overwrite earlier traces (give another --out)")
-    out_dir.mkdir(parents=True)
-    folder = RunFolder(out_dir)
-    plan = None
-    if kind == "nsys":
-        plan = plan_flags(find_nsys(nsys_path), preset, nsys_args or [])
-        for notice in plan.dropped:
-            console.print(f"notice: {notice}", style="yellow")
-    record = {"kind": kind, "preset": preset if plan else None, "nsys": str(plan.nsys) if plan else None,
-              "nsys_version": plan.version if plan else None, "flags": plan.flags if plan else None,
-              "dropped": plan.dropped if plan else [], "commands": {},
-              "note": "profiled timings are not comparable with unprofiled runs"}
-    for system, method in systems:
-        child = child_run_args(run_args, system, out_dir / system, kind)
-        cmd = nsys_command(plan, out_dir / system, child) if plan else child
-        record["commands"][system] = cmd
-        folder.write_json("profile.json", record)
-        console.print(f"profiling {system} ({kind})", highlight=False)
-        with (out_dir / f"{system}.log").open("w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="160")).returncode
-        if rc != 0:
-            tail = (out_dir / f"{system}.log").read_text().strip().splitlines()[-1:] or ["no output"]
-            raise DSparkError(f"profiling {system} failed (exit {rc}: {tail[0]}); see {out_dir / (system + '.log')}")
-        trace = export_sqlite(plan.nsys, out_dir / f"{system}.nsys-rep") if plan else out_dir / system / "trace.torch.json"
-        summary = summarize_any(trace, expect_method=method if method not in ("plain", "ngram") else None)
-        folder.write_json(f"{system}.summary.json", summary)
-    return compare(load_inputs([out_dir]))

@@ -1,9 +1,8 @@
-"""What a person sees of a command, on a terminal and in a log file alike.
+"""Progress of a run, on a terminal and in a log file alike.
 
-On a terminal Rich fits tables to the window and draws a live progress bar. Off a terminal (piped,
-redirected, under CI) Rich would cut every table to 80 columns and print no progress until the end,
-so there a table is printed at the width it needs, and progress is a plain line at each change of
-step and every `interval_s` seconds.
+On a terminal: a live Rich progress bar. Off a terminal (piped, redirected, under CI) Rich would
+print nothing until the end, so there progress is a plain line at each change of step and every
+`interval_s` seconds.
 """
 
 from __future__ import annotations
@@ -11,18 +10,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
-from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-
-def show(console: Console, renderable) -> None:
-    """Print `renderable` whole: fitted to a terminal, or as wide as it needs in a log."""
-    if console.is_terminal:
-        console.print(renderable)
-        return
-    width = Measurement.get(console, console.options.update_width(10_000), renderable).maximum
-    wide = Console(file=console.file, width=max(width, console.width), highlight=False, color_system=None)
-    wide.print(renderable)
 
 
 class RunProgress:

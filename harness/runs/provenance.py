@@ -10,7 +10,7 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-from harness.threads import usable_cores
+from harness.runs.threads import usable_cores
 
 PACKAGES = ("dspark-bench", "torch", "transformers", "safetensors", "tokenizers", "vllm")
 
@@ -35,7 +35,7 @@ def git_revision() -> dict:
     """
     if os.environ.get("DSPARK_GIT_REVISION"):
         return {"commit": os.environ["DSPARK_GIT_REVISION"], "dirty": None}
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         if rev.returncode != 0:

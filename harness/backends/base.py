@@ -1,0 +1,94 @@
+"""What a backend is to a run: the protocol every engine we measure fits (our own engine today; vLLM
+offline, an OpenAI-compatible server, a batched native engine next), and the harness-owned types
+that cross it, so `runs/` never reaches into an engine.
+
+A backend says what it can report (`Capabilities`), prepares a system, warms it up outside any
+timing, generates one request or several in flight, and releases a system's device memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.specs.experiments import System
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    max_concurrency: int  # requests it can have in flight at once
+    step_timing: bool  # per-round propose / verify / accept times (`round_ms`)
+    acceptance: str  # how finely acceptance is known: "round", "request" or "run" (server counters)
+    deterministic_greedy: bool  # greedy tokens repeat exactly, so they can be held against plain decoding's
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request's generation settings, as the harness states them to any backend."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    confidence_threshold: float = 0.0
+
+
+@dataclass
+class RequestResult:
+    """What a backend returns for one request. Round lists are empty where the backend's
+    `Capabilities.acceptance` is coarser than "round"."""
+
+    tokens: list[int]
+    prefill_s: float
+    decode_s: float
+    stop_reason: str = "max_new_tokens"  # or "stop_token"
+    acceptance_lengths: list[int] = field(default_factory=list)  # tokens emitted per round
+    accepted_counts: list[int] = field(default_factory=list)  # drafts accepted per round
+    proposal_lengths: list[int] = field(default_factory=list)  # drafts proposed per round
+    round_ms: dict[str, list[float]] = field(default_factory=dict)  # per step kind, ms per round
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.acceptance_lengths)
+
+
+@dataclass
+class Prepared:
+    """A system ready to serve: the backend's own handle, and the method that actually runs (from the
+    draft's config, checked against the experiment's)."""
+
+    system: System
+    method: str
+    handle: Any
+
+
+class Backend(Protocol):
+    name: str
+    capabilities: Capabilities
+
+    @property
+    def tokenizer_path(self) -> Path: ...  # the folder the target's tokenizer loads from
+
+    @property
+    def max_context(self) -> int: ...  # the target's longest sequence
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+
+    def models(self) -> dict: ...  # provenance of the target's weights (system drafts are added by the run)
+
+    def prepare(self, system: System) -> Prepared: ...
+
+    def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None: ...
+
+    def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult: ...
+
+    def generate_many(self, prepared: Prepared, prompts: list[list[int]],
+                      specs: list[RequestSpec]) -> list[RequestResult]: ...
+
+    def release(self, prepared: Prepared) -> None: ...  # free its caches and graphs (others need the device)
+
+    def reset_peak_memory(self) -> None: ...
+
+    def peak_memory(self) -> int | None: ...  # bytes of device memory at the peak since the reset, if known

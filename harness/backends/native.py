@@ -1,0 +1,86 @@
+"""The `native` backend: our own engine (`dspark/`), one request at a time.
+
+Every system of a native run shares one loaded target, and plain decoding runs on the same engine,
+step code and CUDA-graph path as the drafters (its graph is the one-token `ar_decode` step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from dspark.checkpoint import LoadedTarget, load_target
+from dspark.engine import Engine, GenerationConfig
+from dspark.errors import DSparkError
+from harness.backends.base import Capabilities, Prepared, RequestResult, RequestSpec
+from harness.backends.fingerprints import model_record
+from harness.backends.systems import check_system, make_drafter
+from harness.specs.experiments import System
+
+
+def _config(spec: RequestSpec) -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
+                            stop_token_ids=spec.stop_token_ids, confidence_threshold=spec.confidence_threshold)
+
+
+class NativeBackend:
+    name = "native"
+    capabilities = Capabilities(max_concurrency=1, step_timing=True, acceptance="round", deterministic_greedy=True)
+
+    def __init__(self, target: str, device: str, dtype: str, revision: str | None = None):
+        self.loaded: LoadedTarget = load_target(target, device, dtype, revision)
+        self.device = device
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.loaded.path
+
+    @property
+    def max_context(self) -> int:
+        return self.loaded.model.config.max_position_embeddings
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.loaded.stop_token_ids)
+
+    def models(self) -> dict:
+        return {"target": model_record(self.loaded.path)}
+
+    def prepare(self, system: System) -> Prepared:
+        drafter, method, cfg = make_drafter(system.method, system.draft, self.loaded.model,
+                                            system.num_speculative_tokens)
+        problem = check_system(system, cfg) if cfg is not None else None
+        if problem:
+            raise DSparkError(f"system '{system.name}': {problem}")
+        return Prepared(system, method, Engine(self.loaded.model, drafter, timing=True))
+
+    def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
+        """Caches for the longest request and graph capture, then one short request, all untimed."""
+        cfg = _config(spec)
+        prepared.handle.warmup(max_len, cfg)
+        prepared.handle.generate(prompt, replace(cfg, max_new_tokens=min(16, cfg.max_new_tokens)))
+
+    def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult:
+        r = prepared.handle.generate(prompt, _config(spec))
+        return RequestResult(tokens=r.tokens, prefill_s=r.prefill_s, decode_s=r.decode_s, stop_reason=r.stop_reason,
+                             acceptance_lengths=r.acceptance_lengths, accepted_counts=r.accepted_counts,
+                             proposal_lengths=r.proposal_lengths, round_ms=r.round_ms)
+
+    def generate_many(self, prepared: Prepared, prompts: list[list[int]],
+                      specs: list[RequestSpec]) -> list[RequestResult]:
+        """One after another: this engine serves one request at a time (`max_concurrency` 1)."""
+        return [self.generate(prepared, p, s) for p, s in zip(prompts, specs)]
+
+    def release(self, prepared: Prepared) -> None:
+        prepared.handle.release()
+
+    def reset_peak_memory(self) -> None:
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_memory(self) -> int | None:
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            return int(torch.cuda.max_memory_allocated())
+        return None

@@ -1,0 +1,54 @@
+"""A system of an experiment against what its draft really is: one validator (used by the dry run,
+from configs alone, and by the native backend once the draft is loaded) and one drafter factory (used
+by the backend and by `generate`)."""
+
+from __future__ import annotations
+
+from dspark.checkpoint import check_draft, load_draft, load_draft_config
+from dspark.config import DraftConfig, TargetConfig
+from dspark.drafters import BlockDrafter, Drafter, NgramDrafter
+from dspark.errors import DSparkError
+from harness.specs.experiments import System
+
+NGRAM_TOKENS = 7  # an n-gram proposal's length when the experiment does not set one
+
+
+def check_system(system: System, cfg: DraftConfig) -> str | None:
+    """Why `cfg` (the draft's own config) does not run as `system` says, or None."""
+    if cfg.method != system.method:
+        return f"{system.draft} is a {cfg.method} draft, but the experiment says {system.method}; fix its method"
+    if system.num_speculative_tokens not in (None, cfg.num_drafts):
+        return (f"{system.draft} proposes {cfg.num_drafts} tokens per round, but the experiment says "
+                f"{system.num_speculative_tokens}; fix num_speculative_tokens")
+    return None
+
+
+def make_drafter(method: str, draft: str | None, target, num_speculative_tokens: int | None = None
+                 ) -> tuple[Drafter | None, str, DraftConfig | None]:
+    """(drafter, the method that runs, the draft's config): none for plain decoding, n-gram lookup, or
+    the draft model at `draft` (its method read from its config) on `target`."""
+    if method == "plain":
+        return None, "plain", None
+    if method == "ngram":
+        return NgramDrafter(num_speculative_tokens or NGRAM_TOKENS), "ngram", None
+    loaded = load_draft(draft, target)
+    return BlockDrafter(loaded.model), loaded.config.method, loaded.config
+
+
+def resolve_system(system: System, target_cfg: TargetConfig) -> dict:
+    """What a system would run, from configs and tensor headers alone (no weights read): the dry run."""
+    info = {"system": system.name, "declared_method": system.method, "draft": system.draft}
+    if system.method in ("plain", "ngram"):
+        k = system.num_speculative_tokens or (NGRAM_TOKENS if system.method == "ngram" else 0)
+        return info | {"method": system.method, "format": None, "num_speculative_tokens": k, "fits_target": True,
+                       "problem": None}
+    try:
+        path, cfg = load_draft_config(system.draft)
+        check_draft(path, cfg, f"draft {system.draft}", target_cfg)
+    except DSparkError as exc:
+        return info | {"method": None, "format": None, "fits_target": False, "problem": str(exc)}
+    problem = check_system(system, cfg)
+    return info | {"method": cfg.method, "format": cfg.format, "path": str(path), "block_size": cfg.block_size,
+                   "num_speculative_tokens": cfg.num_drafts, "taps": list(cfg.target_layer_ids),
+                   "markov_rank": cfg.markov_rank, "vllm_method": cfg.vllm_method, "fits_target": problem is None,
+                   "problem": problem}

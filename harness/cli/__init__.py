@@ -1,0 +1,65 @@
+"""`dspark-bench`: the command line, one module per command. Bad input exits 2 with one line; results
+go to stdout, progress and notices to stderr."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import typer
+
+from dspark.errors import DSparkError
+from harness.cli.engine_bench import engine_bench
+from harness.cli.generate import generate
+from harness.cli.inspect import inspect
+from harness.cli.make_tiny import make_tiny_cmd
+from harness.cli.profile import profile
+from harness.cli.render import err
+from harness.cli.report import report
+from harness.cli.run import run
+from harness.cli.trace import trace_app
+from harness.cli.train_draft import train_draft
+
+# typer re-exports BadParameter; its base is the usage error, of click or of the copy of click that newer typer ships.
+UsageError = typer.BadParameter.__mro__[1]
+
+# Plain (click) help: flags read as `--ngram` or `--ignore-eos / --no-ignore-eos`, and it reads in a log.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  help="Measure how much DSpark speculative decoding speeds up a model, and where GPU time goes.")
+app.command()(generate)
+app.command()(inspect)
+app.command("engine-bench")(engine_bench)
+app.command("train-draft")(train_draft)
+app.command("make-tiny")(make_tiny_cmd)
+app.command()(run)
+app.command()(report)
+app.command()(profile)
+app.add_typer(trace_app, name="trace")
+
+
+def main() -> None:
+    """Every refusal is one line on stderr and exit code 2: our own (DSparkError) and click's usage errors
+    (a bad value, an unknown option), which click would print as three."""
+    try:
+        code = app(standalone_mode=False, prog_name="dspark-bench")
+    except DSparkError as exc:
+        _refuse(str(exc))
+    except UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command: its help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
+        command = exc.ctx.command_path if exc.ctx is not None else "dspark-bench"
+        hint = ""
+        if "unexpected extra argument" in exc.format_message() and re.search(r"\((true|false|yes|no|1|0)\b",
+                                                                           exc.format_message(), re.I):
+            hint = "; a flag takes no value (write --ignore-eos, not --ignore-eos true)"
+        _refuse(f"{exc.format_message()}{hint} (see {command} --help)")
+    except (KeyboardInterrupt, typer.Abort):
+        err.print("interrupted", highlight=False)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse(message: str) -> None:
+    err.print(f"error: {' '.join(message.split())}", highlight=False, markup=False, soft_wrap=True)
+    sys.exit(2)

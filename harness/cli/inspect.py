@@ -1,0 +1,67 @@
+"""`dspark-bench inspect`: what a draft is, whether it fits a target, which vLLM method loads it."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from dspark.errors import DSparkError
+from harness.cli.render import out, show
+
+
+def inspect(
+    draft: str = typer.Argument(..., help="Draft model: local folder or hub id."),
+    target: Optional[str] = typer.Option(None, help="Check the draft against this target (config and shapes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+):
+    """Show a draft's format, normalised configuration, parameter counts, fit and vLLM method."""
+    from dspark.checkpoint import check_draft, load_draft_config, read_config, resolve_path
+    from dspark.config import TargetConfig
+
+    path, cfg = load_draft_config(draft)
+    where = f"draft {draft}"
+    target_cfg = TargetConfig.from_hf(read_config(resolve_path(target)), f"target {target}") if target else None
+    try:
+        found = check_draft(path, cfg, where, target_cfg)
+        fits, problem = True, ""
+    except DSparkError as exc:
+        if target_cfg is None:
+            raise
+        fits, problem, found = False, str(exc), None
+    info = {"path": str(path), "format": cfg.format, **cfg.to_dict()}
+    info.pop("extra", None)
+    if found is not None:
+        info["parameters"] = _param_counts(found)
+        info["ships_embeddings"] = "embed_tokens.weight" in found
+    if target_cfg is not None:
+        info["fits_target"] = fits
+        info["target"] = target
+        if problem:
+            info["problem"] = problem
+    if as_json:
+        print(json.dumps(info, default=str))
+    else:
+        table = Table(title=f"{draft}", show_header=False)
+        for k, v in info.items():
+            table.add_row(k, json.dumps(v, default=str) if isinstance(v, (dict, list, tuple)) else str(v))
+        show(out, table)
+    if target_cfg is not None and not fits:
+        raise typer.Exit(1)
+
+
+def _param_counts(found: dict[str, tuple]) -> dict[str, int]:
+    groups = {"embed_tokens": 0, "lm_head": 0, "layers": 0, "fc+norms": 0, "markov_head": 0, "confidence_head": 0}
+    for key, shape in found.items():
+        n = 1
+        for s in shape:
+            n *= s
+        group = key.split(".")[0]
+        if group in ("d2t", "t2d"):
+            continue
+        groups[group if group in groups else "fc+norms"] += n
+    groups["total"] = sum(groups.values())
+    groups["total_without_embeddings"] = groups["total"] - groups["embed_tokens"] - groups["lm_head"]
+    return groups

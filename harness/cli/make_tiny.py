@@ -1,0 +1,21 @@
+"""`dspark-bench make-tiny`: random tiny pairs in every real format (timing and smoke tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from harness.cli.render import out
+
+
+def make_tiny_cmd(
+    out_dir: Path = typer.Argument(..., help="Folder to write the tiny target and drafts into."),
+    seed: int = typer.Option(0, help="Seed of the random weights."),
+):
+    """Save a small random-weight Qwen3 target and drafts in every real format (smoke tests, timing)."""
+    from dspark.tiny import make_tiny
+
+    paths = make_tiny(out_dir, seed)
+    for name, path in paths.items():
+        out.print(f"{name:20s} {path}", highlight=False, soft_wrap=True)

@@ -1,0 +1,133 @@
+"""Options shared by several commands, declared once: the run options (`run` and `profile` take the
+same ones, so a profile's child runs exactly what `run` would), and the parsing of values given as
+text (devices, id lists, comma-separated names and temperatures)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dspark.errors import DSparkError
+from harness.runs.plan import RunOptions
+
+THREADS_HELP = ("Intra-op CPU threads (default: OMP_NUM_THREADS when set; else on the CPU 1 for a target of at "
+                "most 200 MB of weights, as the demo, every core for a larger one).")
+
+# name, type, declaration: the options of a run, in the order `--help` lists them
+RUN_OPTIONS = [
+    ("split", str, typer.Option("qualitative", help="SPEED-Bench config: qualitative, throughput_1k ... "
+                                "throughput_32k.")),
+    ("category", Optional[str], typer.Option(None, help="Categories to run, comma-separated (default: all).")),
+    ("experiment", str, typer.Option("demo", help="A shipped experiment (demo, qwen3-8b) or a TOML file.")),
+    ("dataset_path", Optional[str], typer.Option(None, help="Local SPEED-Bench data: a file, or a folder holding "
+                                                 "<split>.jsonl or <split>/*.parquet (hub, specdec_bench, "
+                                                 "NeMo-Skills).")),
+    ("dataset_revision", Optional[str], typer.Option(None, help="Pin the hub dataset's revision (commit or tag).")),
+    ("systems", Optional[str], typer.Option(None, help="Run only these systems of the experiment, comma-separated.")),
+    ("backend", Optional[str], typer.Option(None, help="native (default: the experiment's).")),
+    ("num_prompts", Optional[int], typer.Option(None, help="Prompts to run (default: the experiment's, else all). "
+                                                "More than the selection holds runs all of them, with a notice.")),
+    ("disable_shuffle", bool, typer.Option(False, "--disable-shuffle", help="Take prompts in file order (a flag).")),
+    ("seed", Optional[int], typer.Option(None, help="Shuffle and sampling seed (default: the experiment's).")),
+    ("output_len", Optional[int], typer.Option(None, help="Most tokens generated per request, at least 1 (default: "
+                                               "the experiment's).")),
+    ("temperature", Optional[str], typer.Option(None, help="Temperatures, comma-separated (default: the "
+                                                "experiment's).")),
+    ("turns", Optional[str], typer.Option(None, help="first: each row's first turn; all: every turn, with the "
+                                          "model's own replies as history (default: the experiment's).")),
+    ("ignore_eos", bool, typer.Option(False, "--ignore-eos", help="Generate output-len tokens whatever the stop "
+                                      "tokens (a flag).")),
+    ("concurrency", int, typer.Option(1, help="Requests in flight (the native backend serves one at a time).")),
+    ("device", str, typer.Option("auto", help="auto, cpu, cuda, cuda:N.")),
+    ("dtype", str, typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.")),
+    ("threads", Optional[int], typer.Option(None, help=THREADS_HELP)),
+]
+FIELDS = {"category": "categories", "temperature": "temperatures"}  # option name -> RunOptions field, where they differ
+
+
+def with_run_options(command):
+    """Give `command` every run option. It is called with `ctx` (a typer.Context parameter it declares),
+    its own options, and `run_options`: {option name: value} of the run options."""
+    own = [p for p in inspect.signature(command).parameters.values() if p.name != "run_options"]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=decl, annotation=kind)
+              for name, kind, decl in RUN_OPTIONS]
+
+    @functools.wraps(command)
+    def wrapper(**values):
+        run_options = {name: values.pop(name) for name, _, _ in RUN_OPTIONS}
+        return command(run_options=run_options, **values)
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + shared
+    wrapper.__signature__ = inspect.Signature(params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    del wrapper.__wrapped__  # typer must read the signature above, not the command's own
+    return wrapper
+
+
+def given_fields(ctx: typer.Context) -> set[str]:
+    """The RunOptions fields whose options were given on the command line (not left at their default)."""
+    return {FIELDS.get(name, name) for name, _, _ in RUN_OPTIONS
+            if ctx.get_parameter_source(name).name != "DEFAULT"}
+
+
+def run_options_from(values: dict, **where) -> RunOptions:
+    """RunOptions from the run options' values (text parsed, the device resolved) and `where` (out,
+    resume, profiled)."""
+    if values["turns"] not in (None, "first", "all"):
+        raise DSparkError(f"--turns {values['turns']}: use first or all")
+    fields = {FIELDS.get(k, k): v for k, v in values.items()}
+    fields |= {"categories": names(values["category"]), "systems": names(values["systems"]),
+               "temperatures": temperatures(values["temperature"]), "device": device(values["device"])}
+    return RunOptions(**fields, **where)
+
+
+def device(text: str) -> str:
+    import torch
+
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text.startswith("cuda") and not torch.cuda.is_available():
+        raise DSparkError(f"--device {text}: no CUDA device is visible; use --device cpu")
+    return text
+
+
+def names(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else None
+
+
+def temperatures(text: str | None) -> list[float] | None:
+    try:
+        return None if text is None else [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise DSparkError(f"--temperature must be numbers separated by commas, got '{text}'") from None
+
+
+def token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise DSparkError(f"--prompt-ids must be comma-separated integers, got '{text}'") from None
+    if not ids:
+        raise DSparkError("--prompt-ids is empty; give at least one token id")
+    return ids
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def load_tokenizer(path: Path, needed: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        # transformers 5 builds an empty tokenizer from a folder with none, rather than failing.
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise FileNotFoundError(f"none of {', '.join(TOKENIZER_FILES)}")
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        if needed:
+            raise DSparkError(f"{path}: no usable tokenizer ({type(exc).__name__}); give --prompt-ids instead") from None
+        return None

@@ -1,0 +1,58 @@
+"""`dspark-bench profile`: every system of a run in its own child run under nsys or the PyTorch
+profiler, the steady state only, then where the time goes side by side. The child runs are given
+the run options as data (the recorded options, as `--resume` reads them), never as rebuilt flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dspark.errors import DSparkError
+from harness.cli import options
+from harness.cli.render import err, out, print_comparison
+
+
+@options.with_run_options
+def profile(
+    run_options: dict,
+    nsys: bool = typer.Option(False, "--nsys", help="Trace each system under Nsight Systems."),
+    torch_profiler: bool = typer.Option(False, "--torch", help="Use the PyTorch profiler instead (CPU or GPU)."),
+    preset: str = typer.Option("default", help="default: -t cuda,nvtx,osrt,cudnn,cublas, Python and CUDA "
+                               "backtraces, fork tracing, graph nodes; lean: -t cuda,nvtx, no CPU sampling."),
+    nsys_path: Optional[str] = typer.Option(None, help="The nsys to use (else $NSYS, the PATH, standard folders)."),
+    nsys_arg: list[str] = typer.Option([], "--nsys-arg", help="Extra flag for nsys profile (repeatable). "
+                                       "--trace-fork=... is read as --trace-fork-before-exec=..., the flag "
+                                       "that makes nsys follow a forked engine process."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Profile folder (default: results/<experiment>-<split>-"
+                                          "<time>-profile)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+):
+    """Profile every system of a run (one trace each, steady state only) and compare where the time goes."""
+    from harness.profiling.orchestrate import profile_run
+    from harness.runs.plan import default_out, recorded_options, resolve_settings
+    from harness.specs.experiments import load_experiment
+
+    if nsys == torch_profiler:
+        raise DSparkError("choose one of --nsys or --torch")
+    kind = "nsys" if nsys else "torch"
+    opts = options.run_options_from(run_options)
+    if kind == "nsys" and not opts.device.startswith("cuda"):
+        raise DSparkError("profile --nsys needs a CUDA device; use --torch on the CPU")
+    exp = load_experiment(opts.experiment)
+    settings = resolve_settings(opts, exp)
+    if out_dir:
+        folder = Path(out_dir)
+    else:
+        default = default_out(settings)
+        folder = default.with_name(default.name + "-profile")
+    result = profile_run([], [(n, exp.system(n).method) for n in settings["systems"]], kind, folder, err,
+                         preset, nsys_path, nsys_arg, run_options=recorded_options(opts))
+    if as_json:
+        print(json.dumps({"profile_dir": str(folder), **result}))
+    else:
+        print_comparison(result, f"profile ({kind}): {folder}")
+        out.print(f"wrote: {folder}/ (profile.json, run-options.json; per system: its run folder, trace, summary "
+                  "and log)", highlight=False, soft_wrap=True)
