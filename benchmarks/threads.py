@@ -1,5 +1,5 @@
 """The README's main command at 1 and 2 intra-op threads, on an idle machine and beside competing
-CPU-bound processes: the measurement behind `harness/threads.py`'s default.
+CPU-bound processes: the measurement behind `harness/runs/threads.py`'s default.
 
     python benchmarks/threads.py [--threads 1,2] [--competitors 0,1] [--num-prompts 8] [--limit-s 900]
         [--out benchmarks/threads_cpu.json]

@@ -100,7 +100,7 @@ def test_the_demo_suite_and_the_hub_message(monkeypatch):
 
 
 def test_a_torn_last_line_is_skipped_and_cut_only_on_resume(tmp_path):
-    from harness.runs.folder import read_requests
+    from harness.analysis.records import read_requests
 
     path = tmp_path / "requests.jsonl"
     path.write_text('{"a": 1}\n{"b": 2}')  # killed before the newline: the record is not trusted

@@ -13,7 +13,7 @@ from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
 from harness.profiling.nsys import PRESETS, find_nsys, nsys_command, plan_flags
 from harness.profiling.orchestrate import child_run_args
-from harness.runs.folder import read_requests
+from harness.analysis.records import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built")

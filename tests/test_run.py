@@ -19,7 +19,7 @@ from dspark.checkpoint import DEMO_DIR, save_draft, save_target
 from dspark.config import BackboneConfig, TargetConfig
 from dspark.presets import dspark_draft_config
 from dspark.tiny import random_draft, random_target
-from harness.runs.folder import read_requests
+from harness.analysis.records import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built")

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from harness.analysis.metrics import acceptance, latency_stats, speedup, speedup_macro
-from harness.runs.folder import MANIFEST, read_requests
+from harness.analysis.records import MANIFEST, read_requests
 
 BASELINE = "plain"  # the method of the baseline system
 

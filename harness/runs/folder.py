@@ -12,35 +12,7 @@ import os
 from pathlib import Path
 
 from dspark.errors import DSparkError
-
-MANIFEST, REQUESTS = "manifest.json", "requests.jsonl"
-
-
-def request_key(record: dict) -> tuple:
-    return (record["system"], record["question_id"], record["turn"], float(record["temperature"]))
-
-
-def read_requests(run_dir: Path, repair: bool = False) -> list[dict]:
-    """Finished requests. A last line without its newline was torn (the process died while writing
-    it): it is skipped, and cut from the file when `repair` (only a resuming run writes)."""
-    path = Path(run_dir) / REQUESTS
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    records, good = [], 0
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a bad complete line is not an interruption: refuse
-            raise DSparkError(f"{path}: a line is not JSON; the file was edited or is not a run") from None
-        good += len(line)
-    if repair and good < len(data):
-        with path.open("r+b") as f:
-            f.truncate(good)
-    return records
-
+from harness.analysis.records import MANIFEST, REQUESTS
 
 class RunFolder:
     def __init__(self, path: Path):

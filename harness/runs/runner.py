@@ -30,7 +30,8 @@ from harness.backends.base import Backend, RequestResult, RequestSpec
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.profiling.capture import capture_window
 from harness.runs import threads
-from harness.runs.folder import MANIFEST, REQUESTS, RunFolder, read_requests, request_key
+from harness.analysis.records import MANIFEST, REQUESTS, read_requests, request_key
+from harness.runs.folder import RunFolder
 from harness.runs.plan import BACKENDS, RunOptions, default_out, recorded_options, request_seed, resolve_settings
 from harness.runs.progress import RunProgress
 from harness.runs.provenance import provenance
