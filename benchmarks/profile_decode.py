@@ -40,12 +40,11 @@ def main() -> None:
     for name, drafter in (("plain decode step", None), ("speculative round", BlockDrafter(draft))):
         engine = Engine(target, drafter)
         engine.generate(prompt, cfg)
-        steps = engine._step_fns(cfg)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 engine.state.position.fill_(args.context)
-                for step_name, step in steps.items():
-                    engine._step(step_name, step)
+                for step in engine.steps:
+                    engine.run_step(step, cfg)
             torch.cuda.synchronize()
         print(f"\n== {name}: kernels per step (GPU time averaged over {args.steps})")
         print(kernel_table(prof, args.steps))

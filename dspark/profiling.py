@@ -1,7 +1,8 @@
 """NVTX ranges pushed on the host around each engine step (around the graph replay when graphs run).
 
 Through the `nvtx` package when it is installed, else `torch.cuda.nvtx`; a no-op without CUDA.
-Range names: warmup, prefill, <method>_propose, target_verify, decode_sample, ar_decode.
+Range names (spelt in `dspark.engine.step`): warmup, prefill, <method>_propose, target_verify,
+decode_sample, ar_decode.
 While `torch_ranges(True)` is on (profiling with the PyTorch profiler), the same names are also
 recorded as `record_function` ranges, on the CPU too.
 """

@@ -65,9 +65,9 @@ def test_graph_path_equals_eager_path(case, threshold):
     for graphs in (False, True):
         drafter = NgramDrafter() if case == "ngram" else None if case == "plain" else BlockDrafter(draft)
         engine = Engine(target, drafter, use_graphs=graphs)
-        assert bool(engine.runner.graphs) is False
+        assert bool(engine.captured) is False
         runs.append(engine.generate(prompt, cfg))
-        assert bool(engine.runner.graphs) is graphs  # the graph path really replayed graphs
+        assert bool(engine.captured) is graphs  # the graph path really replayed graphs
     eager, graphed = runs
     assert graphed.tokens == eager.tokens
     assert graphed.acceptance_lengths == eager.acceptance_lengths
@@ -83,12 +83,12 @@ def test_graph_path_is_lossless():
         expected = exact_joint(target, PROMPT, 1.0)
         engine = Engine(target.float().cuda(), BlockDrafter(draft.float().cuda()), use_graphs=True)
         counts, lengths, _ = sampled_joint(engine, 1.0, 0.0, N_SAMPLES)
-        assert engine.runner.graphs
+        assert engine.captured
         assert chi_square_p(counts, expected) > 1e-3
 
 
 def test_engine_bench_runs_on_a_tiny_pair(tiny_dir):
-    from harness.engine_bench import BenchArgs, run_engine_bench
+    from harness.microbench.engine import BenchArgs, run_engine_bench
 
     out = run_engine_bench(BenchArgs(target=str(tiny_dir / "target"), draft=str(tiny_dir / "dspark"), context_len=64,
                                      repeats=5, copy_gib=0.25, hf_new_tokens=4, dtype="float32"))
@@ -112,4 +112,4 @@ def test_a_longer_request_reallocates_and_recaptures(speculative):
         prompt = torch.randint(0, 63, (n,), generator=g).tolist()
         cfg = GenerationConfig(max_new_tokens=new, temperature=0.0)
         assert engine.generate(prompt, cfg).tokens == eager.generate(prompt, cfg).tokens
-    assert engine.max_len >= 620 and engine.runner.graphs
+    assert engine.max_len >= 620 and engine.captured

@@ -22,7 +22,7 @@ def engine_bench(
     """Step costs of the native engine at real shapes (random weights) against the bandwidth limit.
 
     Needs a CUDA GPU (it times device kernels against the GPU's own copy bandwidth); exits 2 without one."""
-    from harness.engine_bench import BenchArgs, dumps, run_engine_bench, table_rows
+    from harness.microbench.engine import BenchArgs, dumps, run_engine_bench, table_rows
 
     args = BenchArgs(target=target, draft=draft, context_len=context_len, dtype=dtype, repeats=repeats,
                      skip_hf=skip_hf)

@@ -22,7 +22,6 @@ from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig, StepRunner, synchronize
 from dspark.errors import DSparkError
 from dspark.presets import DRAFTS, TARGETS, build_random
-from dspark.profiling import Ranges
 from dspark.sampling import Streams
 from dspark.steps import DecodeState, TargetSteps
 
@@ -157,21 +156,18 @@ def measure_plain(target, prompt: list[int], reps: int) -> dict:
     of NVTX ranges around the replay (host time included)."""
     ctx, cfg, out = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0), {}
     for graphs in (False, True):
-        engine = Engine(target, None, use_graphs=graphs)
+        engine = Engine(target, None, use_graphs=graphs, nvtx=False)
         engine.generate(prompt, cfg)  # fills the cache with the context and captures the graph
-        key, fn, _ = engine._step_fns(cfg)["ar_decode"]
+        (decode,) = engine.steps
 
         def reset(e=engine):
             e.state.position.fill_(ctx)
 
         out["decode_ms" if graphs else "graphs_off_decode_ms"] = cuda_median_ms(
-            lambda e=engine, k=key, f=fn: e.runner.run(k, f), reps, reset)
-    for name, ranges in (("nvtx_on_decode_ms", Ranges(True)), ("nvtx_off_decode_ms", Ranges(False))):
-        def ranged(r=ranges):
-            with r("ar_decode"):
-                engine.runner.run(key, fn)
-
-        out[name] = host_median_ms(ranged, reps, reset)
+            lambda e=engine: e.run_step(decode, cfg), reps, reset)
+    for name, nvtx in (("nvtx_on_decode_ms", True), ("nvtx_off_decode_ms", False)):
+        engine.nvtx = nvtx
+        out[name] = host_median_ms(lambda: engine.run_step(decode, cfg), reps, reset)
     out["nvtx_overhead_pct"] = 100 * (out["nvtx_on_decode_ms"] / out["nvtx_off_decode_ms"] - 1)
     return out
 
@@ -201,22 +197,22 @@ def measure_speculative(target, draft, prompt: list[int], reps: int) -> dict:
     drafter = BlockDrafter(draft)
     engine = Engine(target, drafter)
     engine.generate(prompt, cfg)
-    steps, state = engine._step_fns(cfg), engine.state
+    state, propose = engine.state, engine.steps[0]
 
     def reset_round():
         state.position.fill_(ctx)
         state.pending_start.fill_(ctx - 4)
         state.pending_count.fill_(4)
 
-    pkey, pfn, _ = steps[f"{drafter.method}_propose"]
-
     def whole_round():
-        for name, step in steps.items():
-            engine._step(name, step)
+        for step in engine.steps:
+            engine.run_step(step, cfg)
         state.round_out.tolist()
 
-    return {"draft_ms": cuda_median_ms(lambda: engine.runner.run(pkey, pfn), reps, reset_round),
-            "round_ms": host_median_ms(whole_round, reps, reset_round)}
+    engine.nvtx = False  # the draft step alone, as the plain step is timed: no range around it
+    draft_ms = cuda_median_ms(lambda: engine.run_step(propose, cfg), reps, reset_round)
+    engine.nvtx = True
+    return {"draft_ms": draft_ms, "round_ms": host_median_ms(whole_round, reps, reset_round)}
 
 
 def hf_generate_tok_s(target, prompt: list[int], new_tokens: int) -> float | None:
