@@ -1,5 +1,8 @@
-"""Loading targets and drafts from local folders or hub ids, checking them, and saving the draft formats.
+"""Loading targets and drafts from local folders or hub ids, checking them, and saving them.
 
+What differs between the draft formats (config fields, tensor names, extra files, how to write
+one) is in `dspark.formats`, one module per format; this module resolves folders, reads weights,
+checks names and shapes, builds the models (fused once loaded) and dispatches to the format.
 Weights come from safetensors only; the one non-safetensors file a format may carry (z-lab's
 `mask_embedding.pt`) is read with `torch.load(weights_only=True)`. Every problem a user can cause
 (missing file, unreadable config, missing tensor, wrong shape, draft for another target) raises a
@@ -17,13 +20,15 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from dspark import formats
 from dspark.config import DraftConfig, TargetConfig
 from dspark.draft import DraftModel
 from dspark.errors import DSparkError
+from dspark.formats.common import KeyTable
 from dspark.target import Qwen3Target
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.txt", "*.model", "*.jinja"]
-IGNORED_KEYS = ("rotary_emb.inv_freq", "t2d", "verifier_lm_head", "verifier_norm")
+TARGET_KEYS = KeyTable()  # Hugging Face Qwen3ForCausalLM names are the model's
 
 
 # Short names of the demo models that ship inside the package (built by experiments/demo/build.py).
@@ -84,8 +89,9 @@ def read_weights(path: Path) -> dict[str, Tensor]:
 
 
 def check_tensors(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str,
-                  optional: tuple[str, ...] = ()) -> None:
-    """Every expected tensor present with its shape, nothing unknown; one line for the first problem."""
+                  optional: tuple[str, ...] = (), keys: KeyTable = TARGET_KEYS) -> None:
+    """Every expected tensor present with its shape, nothing unknown but what the format's key table
+    ignores; one line for the first problem. `found` has the model's names (`keys.to_model`)."""
     for key, shape in expected.items():
         if key not in found:
             if key.startswith(optional):
@@ -93,7 +99,7 @@ def check_tensors(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[i
             raise DSparkError(f"{where}: tensor '{key}' is missing from the checkpoint")
         if tuple(found[key]) != tuple(shape):
             raise DSparkError(f"{where}: tensor '{key}' has shape {list(found[key])}, expected {list(shape)} from its config")
-    unknown = [k for k in found if k not in expected and not any(k.endswith(s) for s in IGNORED_KEYS)]
+    unknown = [k for k in found if k not in expected and not keys.is_ignored(k)]
     if unknown:
         raise DSparkError(f"{where}: unexpected tensor '{unknown[0]}' (of {len(unknown)}); does the config match the weights?")
 
@@ -117,10 +123,11 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _assign(module: nn.Module, tensors: dict[str, Tensor], where: str, optional: tuple[str, ...] = ()) -> None:
+def _assign(module: nn.Module, tensors: dict[str, Tensor], where: str, optional: tuple[str, ...] = (),
+            keys: KeyTable = TARGET_KEYS) -> None:
     """Load `tensors` into `module` after checking every name and shape."""
     expected = module.state_dict()
-    check_tensors(shapes(module), {k: tuple(v.shape) for k, v in tensors.items()}, where, optional)
+    check_tensors(shapes(module), {k: tuple(v.shape) for k, v in tensors.items()}, where, optional, keys)
     for key, value in tensors.items():
         if key in expected and expected[key].is_floating_point() and not value.is_floating_point():
             raise DSparkError(f"{where}: tensor '{key}' has dtype {value.dtype}, expected a floating-point weight")
@@ -159,7 +166,7 @@ def load_target(name_or_path: str | Path, device: str | torch.device = "cpu", dt
     _assign(model, tensors, f"target {name_or_path}", optional)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model = model.to(device=device, dtype=pick_dtype(dtype, device)).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=pick_dtype(dtype, device)).eval().requires_grad_(False).fuse()
     return LoadedTarget(model, path, hf, _stop_tokens(path, cfg))
 
 
@@ -192,13 +199,14 @@ def check_draft(path: Path, cfg: DraftConfig, where: str, target: TargetConfig |
     """Check a draft's tensors (from file headers) against its config, and the config against `target`."""
     if target is not None:
         cfg.check_target(target, where)
-    found = weight_shapes(path)
+    keys = formats.get(cfg.format).KEYS
+    found = keys.to_model(weight_shapes(path))
     if "d2t" in found and not cfg.reduced_vocab:
         raise DSparkError(f"{where}: has a d2t vocabulary map but draft_vocab_size equals the target vocabulary")
     with torch.device("meta"):
         model = DraftModel(cfg)
     # An absent embedding or head is the target's; the frozen copies DeepSpec ships are checked like any tensor.
-    check_tensors(shapes(model), found, where, _absent_embeddings(found))
+    check_tensors(shapes(model), found, where, _absent_embeddings(found), keys)
     return found
 
 
@@ -207,30 +215,23 @@ def _absent_embeddings(found: dict) -> tuple[str, ...]:
 
 
 def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | None = None) -> LoadedDraft:
-    """Load a draft in any of the three formats and check it against `target`."""
+    """Load a draft in any of the three formats, check it against `target` and fuse it."""
     where = f"draft {name_or_path}"
     path, cfg = load_draft_config(name_or_path, revision)
+    fmt = formats.get(cfg.format)
     check_draft(path, cfg, where, target.config)
-    tensors = read_weights(path)
+    tensors = fmt.KEYS.to_model(read_weights(path))
     has_embed = "embed_tokens.weight" in tensors
     with torch.device("meta"):
         model = DraftModel(cfg)
-    _assign(model, tensors, where, _absent_embeddings(tensors))
+    _assign(model, tensors, where, _absent_embeddings(tensors), fmt.KEYS)
     has_head = "lm_head.weight" in tensors
     if not has_embed:
         model.embed_tokens = None
     if not has_head:
         model.lm_head = None
     device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
-    mask_file = path / "mask_embedding.pt"
-    if mask_file.is_file():
-        try:
-            mask = torch.load(mask_file, weights_only=True, map_location="cpu")
-        except Exception as exc:
-            raise DSparkError(f"{mask_file}: unreadable ({type(exc).__name__}); re-download the checkpoint") from None
-        if not isinstance(mask, Tensor) or mask.numel() != cfg.backbone.hidden_size:
-            raise DSparkError(f"{mask_file}: expected a tensor of {cfg.backbone.hidden_size} values")
-        model.mask_embedding = nn.Parameter(mask.reshape(-1), requires_grad=False)
+    fmt.load_extras(path, model)
     if cfg.reduced_vocab:
         ids = torch.arange(cfg.vocab_size) + model.d2t
         if ids.min() < 0 or ids.max() >= cfg.backbone.vocab_size:
@@ -246,7 +247,7 @@ def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | No
             model.embed_tokens = target.model.embed_tokens
         if not has_head:
             model.share_embeddings(model.embed_tokens, target.lm_head)
-    return LoadedDraft(model, path, cfg, embed_same and head_same)
+    return LoadedDraft(model.fuse(), path, cfg, embed_same and head_same)
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
@@ -274,80 +275,12 @@ def save_target(model: Qwen3Target, out: Path, extra_config: dict | None = None)
     save_file(state, out / "model.safetensors")
 
 
-def _draft_state(model: DraftModel, with_embeddings: bool) -> dict[str, Tensor]:
-    state, seen = {}, set()
-    for k, v in model.state_dict().items():
-        if k != "mask_embedding":  # a tied head (a draft loaded with the target's) is written as its own copy
-            state[k] = v.clone() if v.data_ptr() in seen else v.contiguous()
-            seen.add(v.data_ptr())
-    if not with_embeddings:
-        state = {k: v for k, v in state.items() if not k.startswith(("embed_tokens.", "lm_head."))}
-    return state
-
-
 def save_draft(model: DraftModel, out: Path, fmt: str, target_config: TargetConfig | None = None,
                verifier: str = "", with_embeddings: bool = True) -> None:
-    """Write `model` as a DeepSpec flat, speculators, or z-lab DFlash checkpoint (spec §1).
-    `with_embeddings=False` leaves out the frozen copies of the target's embedding and head (the
-    loader then shares the target's), as z-lab checkpoints always do."""
+    """Write `model` as a DeepSpec flat, speculators, or z-lab DFlash checkpoint (spec §1; see
+    `dspark.formats`). `with_embeddings=False` leaves out the frozen copies of the target's embedding
+    and head (the loader then shares the target's), as z-lab checkpoints always do."""
     cfg = model.config
     out.mkdir(parents=True, exist_ok=True)
-    b = cfg.backbone
     num_target_layers = cfg.num_target_layers or (target_config.backbone.num_layers if target_config else None)
-    if fmt == "deepspec":
-        if not cfg.sample_from_anchor:
-            raise DSparkError("the DeepSpec format is anchor-first; a fill-in draft saves as zlab or speculators")
-        hf = b.hf_fields() | {
-            "architectures": ["Qwen3DSparkModel"], "num_target_layers": num_target_layers,
-            "block_size": cfg.block_size, "target_layer_ids": list(cfg.target_layer_ids),
-            "mask_token_id": cfg.mask_token_id, "markov_rank": cfg.markov_rank,
-            "enable_confidence_head": cfg.confidence_head, "tie_word_embeddings": False,
-            "layer_types": ["full_attention"] * b.num_layers,
-        }
-        if cfg.markov_rank > 0:
-            hf["markov_head_type"] = cfg.markov_head_type
-        if cfg.confidence_head:
-            hf["confidence_head_with_markov"] = cfg.confidence_head_with_markov
-        state = _draft_state(model, with_embeddings)
-    elif fmt == "speculators":
-        kind = "dspark" if cfg.markov_rank > 0 or cfg.sample_from_anchor else "dflash"
-        hf = {
-            "architectures": ["DSparkSpeculator" if kind == "dspark" else "DFlashSpeculator"],
-            "speculators_model_type": kind,
-            "speculators_config": {
-                "algorithm": kind,
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.num_drafts}],
-                "default_proposal_method": "greedy",
-                "verifier": {"name_or_path": verifier, "architectures": ["Qwen3ForCausalLM"]},
-            },
-            "transformer_layer_config": b.hf_fields() | {"layer_types": ["full_attention"] * b.num_layers},
-            "draft_vocab_size": cfg.vocab_size, "block_size": cfg.block_size,
-            "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
-            "mask_token_id": cfg.mask_token_id, "target_hidden_size": b.hidden_size,
-            "sample_from_anchor": cfg.sample_from_anchor,
-        }
-        if kind == "dspark":
-            hf |= {"markov_rank": cfg.markov_rank, "markov_head_type": cfg.markov_head_type or "vanilla",
-                   "enable_confidence_head": cfg.confidence_head,
-                   "confidence_head_with_markov": cfg.confidence_head_with_markov}
-        state = _draft_state(model, with_embeddings)
-        if cfg.reduced_vocab:  # d2t is a buffer of the model, already in the state
-            t2d = torch.zeros(b.vocab_size, dtype=torch.bool)
-            t2d[model.target_ids().cpu()] = True
-            state["t2d"] = t2d
-    elif fmt == "zlab":
-        if cfg.sample_from_anchor or cfg.markov_rank or cfg.reduced_vocab:
-            raise DSparkError("the z-lab format holds fill-in DFlash drafts over the full vocabulary only")
-        hf = b.hf_fields() | {
-            "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-            "block_size": cfg.block_size, "num_target_layers": num_target_layers, "tie_word_embeddings": True,
-            "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
-            "layer_types": ["full_attention"] * b.num_layers,
-        }
-        state = _draft_state(model, with_embeddings=False)
-        if model.mask_embedding is not None:
-            torch.save(model.mask_embedding.detach().cpu().clone(), out / "mask_embedding.pt")
-    else:
-        raise DSparkError(f"unknown draft format '{fmt}'; use deepspec, speculators or zlab")
-    (out / "config.json").write_text(json.dumps(hf, indent=2))
-    save_file(state, out / "model.safetensors")
+    formats.get(fmt).save(model, out, num_target_layers, verifier, with_embeddings)

@@ -1,26 +1,21 @@
 """Normalised configurations: the Qwen3 target and one draft description for all three formats.
 
-The draft formats differ in where they keep the same facts (see ../shared/docs/dspark-spec.md §1):
-DeepSpec writes a flat Qwen3 config, speculators nests the backbone in `transformer_layer_config`
-and counts tapped layers one higher, z-lab nests the DFlash fields in `dflash_config`. Everything
-downstream sees only `DraftConfig`, whose `target_layer_ids` follow DeepSpec's convention: the
-0-based index of the target decoder layer whose *output* is tapped.
+The draft formats differ in where they keep the same facts (see ../shared/docs/dspark-spec.md §1);
+each format's module in `dspark.formats` reads its config.json into the fields of `DraftConfig`.
+Everything downstream sees only `DraftConfig`, whose `target_layer_ids` follow DeepSpec's
+convention: the 0-based index of the target decoder layer whose *output* is tapped.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from dspark import formats
 from dspark.errors import DSparkError
+from dspark.formats import detect_format
+from dspark.formats.common import require
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
-
-
-def _get(cfg: dict, key: str, where: str) -> Any:
-    if key not in cfg:
-        raise DSparkError(f"{where}: config.json lacks '{key}'; is this a Qwen3 checkpoint?")
-    return cfg[key]
 
 
 def _malformed(where: str, exc: Exception) -> DSparkError:
@@ -61,18 +56,18 @@ class BackboneConfig:
             raise DSparkError(f"{where}: hidden_act '{cfg['hidden_act']}' is not supported (Qwen3 uses silu)")
         if cfg.get("use_sliding_window"):
             raise DSparkError(f"{where}: sliding-window attention is not supported; set use_sliding_window false")
-        hidden = int(_get(cfg, "hidden_size", where))
-        heads = int(_get(cfg, "num_attention_heads", where))
+        hidden = int(require(cfg, "hidden_size", where))
+        heads = int(require(cfg, "num_attention_heads", where))
         return cls(
             hidden_size=hidden,
-            intermediate_size=int(_get(cfg, "intermediate_size", where)),
-            num_layers=int(_get(cfg, "num_hidden_layers", where)),
+            intermediate_size=int(require(cfg, "intermediate_size", where)),
+            num_layers=int(require(cfg, "num_hidden_layers", where)),
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=_rope_theta(cfg, where),
-            vocab_size=int(_get(cfg, "vocab_size", where)),
+            vocab_size=int(require(cfg, "vocab_size", where)),
             attention_bias=bool(cfg.get("attention_bias", False)),
         )
 
@@ -176,83 +171,13 @@ class DraftConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict, where: str = "draft") -> "DraftConfig":
-        parser = {"deepspec": cls._from_deepspec, "speculators": cls._from_speculators, "zlab": cls._from_zlab}
+        """A draft config.json in any of the formats (`dspark.formats` tells which and reads it)."""
         try:
-            out = parser[detect_format(cfg, where)](cfg, where)
+            out = cls(**formats.parse(cfg, where, BackboneConfig.from_hf))
             out.validate(where)
         except (TypeError, ValueError, AttributeError) as exc:  # a field of the wrong type, e.g. "block_size": "7a"
             raise _malformed(where, exc) from None
         return out
-
-    @classmethod
-    def _from_deepspec(cls, cfg: dict, where: str) -> "DraftConfig":
-        rank = int(cfg.get("markov_rank", 0) or 0)
-        conf = bool(cfg.get("enable_confidence_head", False))
-        return cls(
-            format="deepspec",
-            backbone=BackboneConfig.from_hf(cfg, where),
-            block_size=int(_get(cfg, "block_size", where)),
-            target_layer_ids=tuple(int(i) for i in _get(cfg, "target_layer_ids", where)),
-            sample_from_anchor=bool(cfg.get("sample_from_anchor", True)),
-            mask_token_id=int(_get(cfg, "mask_token_id", where)),
-            markov_rank=rank,
-            markov_head_type=(cfg.get("markov_head_type") or "vanilla") if rank > 0 else None,
-            confidence_head=conf,
-            confidence_head_with_markov=conf and rank > 0 and bool(cfg.get("confidence_head_with_markov", True)),
-            num_target_layers=cfg.get("num_target_layers"),
-            architecture=(cfg.get("architectures") or [""])[0],
-        )
-
-    @classmethod
-    def _from_speculators(cls, cfg: dict, where: str) -> "DraftConfig":
-        kind = cfg["speculators_model_type"]
-        layer_cfg = dict(cfg.get("transformer_layer_config") or {})
-        if not layer_cfg:
-            raise DSparkError(f"{where}: speculators config lacks 'transformer_layer_config'")
-        layer_cfg.setdefault("model_type", "qwen3")
-        aux = _get(cfg, "aux_hidden_state_layer_ids", where)
-        rank = int(cfg.get("markov_rank", 0) or 0) if kind == "dspark" else 0
-        conf = kind == "dspark" and bool(cfg.get("enable_confidence_head", False))
-        backbone = BackboneConfig.from_hf(layer_cfg, where)
-        draft_vocab = cfg.get("draft_vocab_size")
-        return cls(
-            format="speculators",
-            backbone=backbone,
-            block_size=int(cfg.get("block_size", 8)),
-            target_layer_ids=tuple(int(i) - 1 for i in aux),
-            sample_from_anchor=bool(cfg.get("sample_from_anchor", kind == "dspark")),
-            mask_token_id=int(_get(cfg, "mask_token_id", where)),
-            markov_rank=rank,
-            markov_head_type=(cfg.get("markov_head_type") or "vanilla") if rank > 0 else None,
-            confidence_head=conf,
-            confidence_head_with_markov=conf and rank > 0 and bool(cfg.get("confidence_head_with_markov", True)),
-            draft_vocab_size=int(draft_vocab) if draft_vocab and int(draft_vocab) != backbone.vocab_size else None,
-            architecture=(cfg.get("architectures") or [""])[0],
-        )
-
-    @classmethod
-    def _from_zlab(cls, cfg: dict, where: str) -> "DraftConfig":
-        dcfg = dict(cfg.get("dflash_config") or {})
-        for key in ("use_swa", "causal"):
-            if dcfg.get(key):
-                raise DSparkError(f"{where}: dflash_config.{key}=true is not supported (non-causal full attention only)")
-        dspark = dcfg.get("projector_type") == "dspark"  # SpecForge-style DSpark knobs nested here
-        rank = int(dcfg.get("markov_rank", 0) or 0) if dspark else 0
-        conf = dspark and bool(dcfg.get("enable_confidence_head", False))
-        return cls(
-            format="zlab",
-            backbone=BackboneConfig.from_hf(cfg, where),
-            block_size=int(_get(cfg, "block_size", where)),
-            target_layer_ids=tuple(int(i) for i in _get(dcfg, "target_layer_ids", where + " dflash_config")),
-            sample_from_anchor=bool(dcfg.get("sample_from_anchor", dspark)),
-            mask_token_id=int(_get(dcfg, "mask_token_id", where + " dflash_config")),
-            markov_rank=rank,
-            markov_head_type=(dcfg.get("markov_head_type") or "vanilla") if rank > 0 else None,
-            confidence_head=conf,
-            confidence_head_with_markov=conf and rank > 0 and bool(dcfg.get("confidence_head_with_markov", True)),
-            num_target_layers=cfg.get("num_target_layers"),
-            architecture=(cfg.get("architectures") or [""])[0],
-        )
 
     def validate(self, where: str) -> None:
         if self.block_size < 2:
@@ -292,22 +217,4 @@ class DraftConfig:
             raise DSparkError(f"{where}: mask_token_id {self.mask_token_id} is outside the target vocabulary")
 
 
-def detect_format(cfg: dict, where: str = "draft") -> str:
-    if cfg.get("speculators_model_type") is not None:
-        kind = cfg["speculators_model_type"]
-        if kind not in ("dspark", "dflash"):
-            raise DSparkError(f"{where}: speculators_model_type '{kind}' is not a DSpark/DFlash draft")
-        return "speculators"
-    arch = (cfg.get("architectures") or [""])[0]
-    if "dflash_config" in cfg or arch == "DFlashDraftModel":
-        if "dflash_config" not in cfg:
-            raise DSparkError(f"{where}: DFlashDraftModel config lacks 'dflash_config'")
-        return "zlab"
-    if arch.endswith("DSparkModel") and "block_size" in cfg:
-        if cfg.get("model_type") not in (None, "qwen3"):
-            raise DSparkError(f"{where}: {arch} with model_type '{cfg.get('model_type')}' is not supported (Qwen3 only)")
-        return "deepspec"
-    raise DSparkError(
-        f"{where}: unknown draft format (architectures={cfg.get('architectures')}); expected a DeepSpec "
-        "Qwen3DSparkModel, a speculators dspark/dflash, or a z-lab DFlashDraftModel config"
-    )
+__all__ = ["MARKOV_HEAD_TYPES", "BackboneConfig", "TargetConfig", "DraftConfig", "detect_format"]

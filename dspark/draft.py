@@ -82,9 +82,47 @@ class DraftModel(nn.Module):
         self.mask_embedding: nn.Parameter | None = None  # z-lab's optional separate mask row
         # Reduced vocabulary: target id = draft id + d2t[draft id].
         self.register_buffer("d2t", torch.zeros(cfg.vocab_size, dtype=torch.long) if cfg.reduced_vocab else None)
+        self.context_kv: tuple[Tensor, Tensor | None] | None = None  # see fuse()
+        self._context_versions: tuple[int, ...] = ()
 
     def init_random(self, std: float = 0.02) -> None:
         init_weights(self, std)
+
+    def fuse(self) -> "DraftModel":
+        """Fuse every layer's projections (q/k/v, gate/up) and stack all layers' [k; v] weights for
+        the context's one matrix product. Called once the weights are final, by the loaders and the
+        random builders; conversions (`.to`, ...) redo it, and so does eval() after in-place training."""
+        for layer in self.layers:
+            layer.fuse()
+        self._stack_context_kv()
+        return self
+
+    def _context_projections(self) -> list[nn.Linear]:
+        return [p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)]
+
+    def _versions(self) -> tuple[int, ...]:
+        return tuple(p.weight._version for p in self._context_projections())
+
+    def _stack_context_kv(self) -> None:
+        """A copy (each layer's fused q/k/v holds these rows too), so in-place changes need it again."""
+        projs = self._context_projections()
+        with torch.inference_mode(False), torch.no_grad():
+            weight = torch.cat([p.weight.detach() for p in projs])
+            bias = torch.cat([p.bias.detach() for p in projs]) if projs[0].bias is not None else None
+        self.context_kv = (weight, bias)
+        self._context_versions = self._versions()
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)  # the layers fuse again themselves
+        if self.context_kv is not None:
+            self._stack_context_kv()
+        return out
+
+    def train(self, mode: bool = True) -> "DraftModel":
+        super().train(mode)
+        if not mode and self.context_kv is not None and self._versions() != self._context_versions:
+            self._stack_context_kv()  # trained in place: the layers' fused views saw it, the copy did not
+        return self
 
     def share_embeddings(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> None:
         """Use the target's embedding and LM head (rows picked by d2t for a reduced vocabulary)."""
@@ -117,22 +155,12 @@ class DraftModel(nn.Module):
         if torch.is_grad_enabled():
             kvs = [torch.cat((a.k_proj(c), a.v_proj(c)), dim=-1) for a in attns]
         else:
-            kvs = kernels.linear(c, *self._context_kv_weight()).chunk(len(attns), dim=-1)
+            if self.context_kv is None or self._versions() != self._context_versions:
+                raise RuntimeError("DraftModel: the context projections are not fused, or changed in place since; "
+                                   "call fuse() after building, loading or editing the weights (the loaders do)")
+            kvs = kernels.linear(c, *self.context_kv).chunk(len(attns), dim=-1)
         for i, (attn, kv) in enumerate(zip(attns, kvs)):
             attn.store_kv(kv, step, cache, i)
-
-    def _context_kv_weight(self) -> tuple[Tensor, Tensor | None]:
-        """[k; v] weights (and biases) of all layers stacked: a copy made once, rebuilt when the
-        parameters are replaced (loading, dtype or device changes)."""
-        first = self.layers[0].self_attn.k_proj.weight
-        cached = getattr(self, "_ctx_kv", None)
-        if cached is None or cached[0] != (first.data_ptr(), first.dtype, first.device):
-            projs = [p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)]
-            weight = torch.cat([p.weight.detach() for p in projs])
-            bias = torch.cat([p.bias.detach() for p in projs]) if projs[0].bias is not None else None
-            cached = ((first.data_ptr(), first.dtype, first.device), (weight, bias))
-            object.__setattr__(self, "_ctx_kv", cached)
-        return cached[1]
 
     def block_hidden(self, block_ids: Tensor, positions: Tensor, cache: KVCache, kv_len: int,
                      slots: Tensor | None = None, mask: Tensor | None = None) -> Tensor:

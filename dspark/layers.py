@@ -79,41 +79,68 @@ class KVCache:
         return self.k[0].shape[2]
 
 
-def _fused(module: nn.Module, attr: str, parts: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
-    """One weight (and bias) for several projections of the same input, built once and kept.
-
-    The projections' own parameters become views of it, so checkpoints, in-place updates and
-    state dicts see the usual names; loading or converting a module replaces them, and the next
-    call builds the fused tensor again. With autograd on (training) the parts are used as they are.
-    """
-    cached = getattr(module, attr, None)
-    first = parts[0].weight
-    if cached is None or cached[0].data_ptr() != first.data_ptr() or cached[0].dtype != first.dtype:
-        # built as a normal tensor even inside inference mode: the parameters become views of it, and
-        # a model that generated must still train afterwards
-        with torch.inference_mode(False), torch.no_grad():
-            weight = torch.cat([p.weight.detach() for p in parts])
-            bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+def fuse_linears(parts: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    """One weight (and bias) for several projections of the same input; the projections' own
+    parameters become views of it, so checkpoints, in-place updates (training) and state dicts see
+    the usual names and one copy of the numbers."""
+    # built as normal tensors even inside inference mode: a model loaded or converted there must still train
+    with torch.inference_mode(False), torch.no_grad():
+        weight = torch.cat([p.weight.detach() for p in parts])
+        bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
         offset = 0
         for p in parts:
             rows = p.weight.shape[0]
-            p.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=p.weight.requires_grad)
+            _make_view(p, "weight", weight[offset : offset + rows])
             if bias is not None:
-                p.bias = nn.Parameter(bias[offset : offset + rows], requires_grad=p.bias.requires_grad)
+                _make_view(p, "bias", bias[offset : offset + rows])
             offset += rows
-        cached = (weight, bias)
-        object.__setattr__(module, attr, cached)
-    return cached
+    return weight, bias
 
 
-def _project(module: nn.Module, attr: str, parts: list[nn.Linear], x: Tensor) -> Tensor:
-    if torch.is_grad_enabled():
-        return torch.cat([p(x) for p in parts], dim=-1)
-    weight, bias = _fused(module, attr, parts)
-    return kernels.linear(x, weight, bias)
+def _make_view(module: nn.Module, name: str, view: Tensor) -> None:
+    param = getattr(module, name)
+    if param.is_inference():  # made inside inference mode (loaded there): only a new Parameter is a normal tensor
+        setattr(module, name, nn.Parameter(view, requires_grad=param.requires_grad))
+    else:
+        param.data = view  # the same Parameter object: optimizers and callers holding it keep seeing the model's
 
 
-class Attention(nn.Module):
+class FusedProjections(nn.Module):
+    """A module whose projections of one input run as one matrix product once `fuse()` has run.
+
+    The loaders and random builders call `fuse()` (through the model's); a forward without autograd
+    reads the fused tensors and never builds them. Conversions (`.to`, `.cuda`, `.float`, ...) give
+    the parameters new storage, so they fuse again at once. With autograd on (training) the
+    projections run one by one, on the same numbers.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.fused: tuple[Tensor, Tensor | None] | None = None
+
+    def parts(self) -> list[nn.Linear]:
+        raise NotImplementedError
+
+    def fuse(self) -> None:
+        self.fused = fuse_linears(self.parts())
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        if self.fused is not None:
+            self.fuse()
+        return out
+
+    def project(self, x: Tensor) -> Tensor:
+        parts = self.parts()
+        if torch.is_grad_enabled():
+            return torch.cat([p(x) for p in parts], dim=-1)
+        if self.fused is None or self.fused[0].data_ptr() != parts[0].weight.data_ptr():
+            raise RuntimeError(f"{type(self).__name__}: projections not fused (or replaced since); call the "
+                               "model's fuse() after building or loading it (the loaders and builders do)")
+        return kernels.linear(x, *self.fused)
+
+
+class Attention(FusedProjections):
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -126,13 +153,16 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
+    def parts(self) -> list[nn.Linear]:
+        return [self.q_proj, self.k_proj, self.v_proj]
+
     def store_kv(self, kv: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> None:
         """Projected [k | v] rows: k_norm and RoPE at their true positions, then both into the cache."""
         kernels.qk_norm_rope_cache(kv, 0, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight, self.eps,
                                    step.cos, step.sin, step.slots, cache.k[layer], cache.v[layer])
 
     def forward(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
-        qkv = _project(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj], x)
+        qkv = self.project(x)
         q = kernels.qk_norm_rope_cache(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
                                        self.k_norm.weight, self.eps, step.cos, step.sin, step.slots,
                                        cache.k[layer], cache.v[layer])
@@ -141,15 +171,18 @@ class Attention(nn.Module):
         return kernels.linear(out.transpose(1, 2).reshape(b, t, -1), self.o_proj.weight, self.o_proj.bias)
 
 
-class MLP(nn.Module):
+class MLP(FusedProjections):
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
+    def parts(self) -> list[nn.Linear]:
+        return [self.gate_proj, self.up_proj]
+
     def forward(self, x: Tensor) -> Tensor:
-        act = kernels.silu_mul(_project(self, "_gate_up", [self.gate_proj, self.up_proj], x))
+        act = kernels.silu_mul(self.project(x))
         return kernels.linear(act, self.down_proj.weight)
 
 
@@ -166,6 +199,10 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+
+    def fuse(self) -> None:
+        self.self_attn.fuse()
+        self.mlp.fuse()
 
     def forward(self, x: Tensor, delta: Tensor | None, step: AttentionStep, cache: KVCache,
                 layer: int) -> tuple[Tensor, Tensor]:

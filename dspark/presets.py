@@ -57,7 +57,7 @@ def build_random(target_cfg: TargetConfig, draft_cfg: DraftConfig | None, device
                  seed: int = 0, std: float = 0.02) -> tuple[Qwen3Target, DraftModel | None]:
     """Random models allocated straight on `device` and drawn from normal(0, std) there (never zeros or
     uninitialised memory, which can run faster than real data). The draft shares the target's
-    embedding and LM head, as a loaded DeepSpec draft does."""
+    embedding and LM head, as a loaded DeepSpec draft does. Both come back fused, as loaded ones do."""
     with torch.device("meta"):
         target = Qwen3Target(target_cfg)
         draft = DraftModel(draft_cfg, with_embeddings=False) if draft_cfg else None
@@ -75,5 +75,5 @@ def build_random(target_cfg: TargetConfig, draft_cfg: DraftConfig | None, device
         draft = draft.to_empty(device=device).to(dtype)
         draft.init_random(std)
         draft.share_embeddings(target.model.embed_tokens, target.lm_head)
-        draft = draft.eval().requires_grad_(False)
-    return target.eval().requires_grad_(False), draft
+        draft = draft.eval().requires_grad_(False).fuse()
+    return target.eval().requires_grad_(False).fuse(), draft

@@ -35,6 +35,13 @@ class Qwen3Target(nn.Module):
     def init_random(self, std: float = 0.02) -> None:
         init_weights(self, std)
 
+    def fuse(self) -> "Qwen3Target":
+        """Fuse every layer's q/k/v and gate/up projections (see `layers.FusedProjections`); called
+        once the weights are final, by `load_target` and the random builders."""
+        for layer in self.model.layers:
+            layer.fuse()
+        return self
+
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
         b = self.config.backbone
         w = self.lm_head.weight

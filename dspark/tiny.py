@@ -50,11 +50,12 @@ def random_target(cfg: TargetConfig, seed: int = 0, std: float = 0.02, dtype=tor
     torch.manual_seed(seed)
     model = Qwen3Target(cfg)
     model.init_random(std)
-    return model.to(dtype).eval().requires_grad_(False)
+    return model.to(dtype).eval().requires_grad_(False).fuse()
 
 
 def random_draft(cfg: DraftConfig, target: Qwen3Target, seed: int = 1, std: float = 0.02) -> DraftModel:
-    """Random backbone and heads; embedding and LM head copied from the target, as DeepSpec initialises."""
+    """Random backbone and heads; embedding and LM head copied from the target, as DeepSpec initialises.
+    Fused (`DraftModel.fuse`) like a loaded draft."""
     torch.manual_seed(seed)
     model = DraftModel(cfg)
     model.init_random(std)
@@ -63,7 +64,7 @@ def random_draft(cfg: DraftConfig, target: Qwen3Target, seed: int = 1, std: floa
         # Keep every target id reachable the simple way: draft ids map to the first draft_vocab_size ids.
         model.d2t = torch.zeros(cfg.vocab_size, dtype=torch.long)
     model.lm_head.weight.data.copy_(target.lm_head.weight[model.target_ids()])
-    return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False)
+    return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False).fuse()
 
 
 def make_tiny(out: str | Path, seed: int = 0) -> dict[str, Path]:
