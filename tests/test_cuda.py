@@ -65,9 +65,9 @@ def test_graph_path_equals_eager_path(case, threshold):
     for graphs in (False, True):
         drafter = NgramDrafter() if case == "ngram" else None if case == "plain" else BlockDrafter(draft)
         engine = Engine(target, drafter, use_graphs=graphs)
-        assert bool(engine.captured) is False
+        assert bool(engine.runner.graphs) is False
         runs.append(engine.generate(prompt, cfg))
-        assert bool(engine.captured) is graphs  # the graph path really replayed graphs
+        assert bool(engine.runner.graphs) is graphs  # the graph path really replayed graphs
     eager, graphed = runs
     assert graphed.tokens == eager.tokens
     assert graphed.acceptance_lengths == eager.acceptance_lengths
@@ -83,7 +83,7 @@ def test_graph_path_is_lossless():
         expected = exact_joint(target, PROMPT, 1.0)
         engine = Engine(target.float().cuda(), BlockDrafter(draft.float().cuda()), use_graphs=True)
         counts, lengths, _ = sampled_joint(engine, 1.0, 0.0, N_SAMPLES)
-        assert engine.captured
+        assert engine.runner.graphs
         assert chi_square_p(counts, expected) > 1e-3
 
 
@@ -112,4 +112,4 @@ def test_a_longer_request_reallocates_and_recaptures(speculative):
         prompt = torch.randint(0, 63, (n,), generator=g).tolist()
         cfg = GenerationConfig(max_new_tokens=new, temperature=0.0)
         assert engine.generate(prompt, cfg).tokens == eager.generate(prompt, cfg).tokens
-    assert engine.max_len >= 620 and engine.captured
+    assert engine.max_len >= 620 and engine.runner.graphs

@@ -116,9 +116,10 @@ class Engine:
         self._ranges = Ranges(on)
 
     @property
-    def captured(self) -> tuple[tuple, ...]:
-        """The graph keys captured so far: one per step and settings (none without graphs or after `release`)."""
-        return tuple(self._runner.graphs)
+    def runner(self) -> StepRunner:
+        """The step runner, read only: its `graphs` are those captured so far, one per step and settings
+        (none without graphs or after `release`)."""
+        return self._runner
 
     def _allocate(self, max_len: int) -> None:
         """Caches for `max_len` positions plus a scratch slot; graphs bound to older buffers are dropped."""
