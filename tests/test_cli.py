@@ -287,4 +287,5 @@ def test_every_option_of_every_command_has_help_and_flags_take_no_value(monkeypa
     code, out, _ = run_cli(monkeypatch, capfd, "engine-bench", "--help")
     assert code == 0 and "Needs a CUDA GPU" in " ".join(out.split())
     code, _, err = run_cli(monkeypatch, capfd, "generate", "--target", "demo", "--ngram", "true", "--prompt", "x")
-    assert code == 2 and err.startswith("error: Got unexpected extra argument(s) (true); a flag takes no value") and len(err.splitlines()) == 1
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("error: Got unexpected extra argument(s) (true); a flag takes no value")

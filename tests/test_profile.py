@@ -11,9 +11,9 @@ from cli_runner import run_cli
 
 from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
+from harness.analysis.records import read_requests
 from harness.profiling.nsys import PRESETS, find_nsys, nsys_command, plan_flags
 from harness.profiling.orchestrate import child_run_args
-from harness.analysis.records import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built")

@@ -84,8 +84,8 @@ def test_readme_main_command(tmp_path):
 @needs_demo
 def test_resume_from_the_folder_alone_gives_the_uninterrupted_requests(tmp_path, monkeypatch, capfd):
     """Killed after 5 requests (and a torn last line), then `run --resume DIR` with no other argument:
-    the same requests as an uninterrupted run, each once (multi-turn rows included); the interrupted run's summary and `report` say it is incomplete; an
-    argument given with --resume must equal the run's."""
+    the same requests as an uninterrupted run, each once (multi-turn rows included); the interrupted
+    run's summary and `report` say it is incomplete; an argument given with --resume must equal the run's."""
     from harness.backends import native as backends
 
     args = ["run", "--category", "coding,math", "--systems", "plain,dspark", "--num-prompts", "3",

@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from dspark.errors import DSparkError
-from dspark.formats.common import HF_BUFFERS, KeyTable, architecture, draft_state, full_attention, markov_fields, \
-    require, write
+from dspark.formats.common import HF_BUFFERS, KeyTable, architecture, draft_state, full_attention, markov_fields, require, write
 
 NAME = "speculators"
 KINDS = ("dspark", "dflash")

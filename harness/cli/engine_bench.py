@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
 import typer
+from rich.table import Table
 
 from harness.cli.render import out, show
 from harness.runs.provenance import provenance

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from dspark.errors import DSparkError
+from harness.analysis.records import read_requests
 from harness.profiling.nsys import export_sqlite, find_nsys
 from harness.profiling.torch_trace import summarize_torch
 from harness.profiling.traces import summarize
-from harness.analysis.records import read_requests
 
 
 def summarize_any(path: Path, expect_method: str | None = None) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 from dspark.errors import DSparkError
 from harness.analysis.records import MANIFEST, REQUESTS
 
+
 class RunFolder:
     def __init__(self, path: Path):
         self.path = Path(path)

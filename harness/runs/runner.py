@@ -25,12 +25,12 @@ from dspark.errors import DSparkError
 from dspark.tokenizer import chat_prompt_ids, conversation
 from harness.analysis.metrics import first_difference
 from harness.analysis.plots import plot
+from harness.analysis.records import MANIFEST, REQUESTS, read_requests, request_key
 from harness.analysis.summary import expected_requests, markdown, summarize_folder, to_csv
 from harness.backends.base import Backend, RequestResult, RequestSpec
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.profiling.capture import capture_window
 from harness.runs import threads
-from harness.analysis.records import MANIFEST, REQUESTS, read_requests, request_key
 from harness.runs.folder import RunFolder
 from harness.runs.plan import BACKENDS, RunOptions, default_out, recorded_options, request_seed, resolve_settings
 from harness.runs.progress import RunProgress
