@@ -139,7 +139,7 @@ def warnings(summary: dict) -> list[str]:
     out = []
     if summary.get("complete") is False:
         out.append(f"incomplete run: {summary['requests_done']} of {summary['requests_expected']} requests done "
-                   "(finish it with dspark-bench run --resume DIR)")
+                   f"(finish it with dspark-bench run --resume {summary.get('run_dir', 'DIR')})")
     if summary.get("cores") and (summary.get("load_avg_max") or 0) > summary["cores"]:
         out.append(f"noisy timing: the load average reached {summary['load_avg_max']:.1f} on {summary['cores']} "
                    "cores while requests were timed (other work competed for the CPU); compare speedups with care")
@@ -223,5 +223,7 @@ def summarize_folder(run_dir: Path) -> dict:
     against the plan and core count in its manifest."""
     manifest_file = Path(run_dir) / MANIFEST
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
-    return summarize(read_requests(run_dir), manifest.get("requests_expected"),
-                     (manifest.get("provenance") or {}).get("cores"))
+    summary = summarize(read_requests(run_dir), manifest.get("requests_expected"),
+                        (manifest.get("provenance") or {}).get("cores"))
+    summary["run_dir"] = str(run_dir)
+    return summary | {"warnings": warnings(summary)}

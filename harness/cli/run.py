@@ -65,7 +65,7 @@ def print_summary(summary: dict, title: str, category: str = "overall", console:
     show(console, summary_table(summary, title, category))
     for line in summary.get("warnings", []):
         console.print(f"warning: {line}", style="yellow", highlight=False, soft_wrap=True)
-    if summary["baseline"] is None:
+    if summary["baseline"] is None and summary["rows"]:
         console.print("no speedup: plain decoding was not among the systems", style="dim")
 
 
