@@ -40,8 +40,8 @@ class RequestResult:
     `Capabilities.acceptance` is coarser than "round"."""
 
     tokens: list[int]
-    prefill_s: float
-    decode_s: float
+    prefill_s: float | None  # time to the first token (None where the backend cannot tell it apart)
+    decode_s: float  # the rest of the request
     stop_reason: str = "max_new_tokens"  # or "stop_token"
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens emitted per round
     accepted_counts: list[int] = field(default_factory=list)  # drafts accepted per round
@@ -77,6 +77,8 @@ class Backend(Protocol):
     def stop_token_ids(self) -> tuple[int, ...]: ...
 
     def models(self) -> dict: ...  # provenance of the target's weights (system drafts are added by the run)
+
+    def record(self) -> dict: ...  # what the manifest keeps of the backend: its engine, version and options
 
     def prepare(self, system: System) -> Prepared: ...
 

@@ -48,6 +48,10 @@ class NativeBackend:
     def models(self) -> dict:
         return {"target": model_record(self.loaded.path)}
 
+    def record(self) -> dict:
+        return {"engine": "dspark (this package)", "cuda_graphs": self.device.startswith("cuda"),
+                "step_timing": True}
+
     def prepare(self, system: System) -> Prepared:
         drafter, method, cfg = make_drafter(system.method, system.draft, self.loaded.model,
                                             system.num_speculative_tokens)

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends.native import NativeBackend
+from harness.backends.vllm import VllmBackend
 from harness.runs.folder import RunFolder
 from harness.specs.experiments import Experiment
 
-BACKENDS = {"native": NativeBackend}
+BACKENDS = {"native": NativeBackend, "vllm": VllmBackend}
 
 
 @dataclass

@@ -129,7 +129,8 @@ class Session:
                            "threads": {"count": n_threads, "chosen_by": threads_by},
                            "prompts_selected": len(rows), "requests_expected": expected_requests(
                                [(name, temp, row.category) for name, temp, row, _ in jobs]),
-                           "profiled": opts.profiled or False, "provenance": provenance(opts.device)})
+                           "backend": backend.record(), "profiled": opts.profiled or False,
+                           "provenance": provenance(opts.device)})
         records = {request_key(r): r for r in read_requests(folder.path, repair=True)}
         session = cls(opts, settings, folder, rows, turns_of, jobs, backend, tokenizer, prepared, records)
         if opts.resume:
@@ -202,8 +203,8 @@ class Session:
 def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float, seed: int, ids: list[int],
             result: RequestResult, tokenizer) -> dict:
     n = len(result.tokens)
-    ttft = result.prefill_s * 1e3
-    e2el = (result.prefill_s + result.decode_s) * 1e3
+    ttft = None if result.prefill_s is None else result.prefill_s * 1e3  # None: the backend cannot tell
+    e2el = ((result.prefill_s or 0.0) + result.decode_s) * 1e3
     return {
         "system": system, "method": method, "question_id": row.question_id, "category": row.category,
         "turn": turn, "temperature": temp, "seed": seed, "prompt_tokens": len(ids),
@@ -212,7 +213,8 @@ def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float,
         "stop_reason": result.stop_reason, "acceptance_lengths": result.acceptance_lengths,
         "proposal_lengths": result.proposal_lengths,
         "accepted_counts": result.accepted_counts, "num_rounds": result.num_rounds, "ttft_ms": ttft,
-        "tpot_ms": (e2el - ttft) / (n - 1) if n > 1 else None, "e2el_ms": e2el, "round_ms": result.round_ms,
+        "tpot_ms": (e2el - ttft) / (n - 1) if n > 1 and ttft is not None else None, "e2el_ms": e2el,
+        "round_ms": result.round_ms,
         "matches_baseline": None, "time_utc": time.time(),
     }
 
