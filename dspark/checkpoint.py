@@ -91,7 +91,7 @@ def read_weights(path: Path) -> dict[str, Tensor]:
 def check_tensors(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str,
                   optional: tuple[str, ...] = (), keys: KeyTable = TARGET_KEYS) -> None:
     """Every expected tensor present with its shape, nothing unknown but what the format's key table
-    ignores; one line for the first problem. `found` has the model's names (`keys.to_model`)."""
+    ignores; one line for the first problem. `found` maps stored names to shapes."""
     for key, shape in expected.items():
         if key not in found:
             if key.startswith(optional):
@@ -200,7 +200,7 @@ def check_draft(path: Path, cfg: DraftConfig, where: str, target: TargetConfig |
     if target is not None:
         cfg.check_target(target, where)
     keys = formats.get(cfg.format).KEYS
-    found = keys.to_model(weight_shapes(path))
+    found = weight_shapes(path)
     if "d2t" in found and not cfg.reduced_vocab:
         raise DSparkError(f"{where}: has a d2t vocabulary map but draft_vocab_size equals the target vocabulary")
     with torch.device("meta"):
@@ -220,7 +220,7 @@ def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | No
     path, cfg = load_draft_config(name_or_path, revision)
     fmt = formats.get(cfg.format)
     check_draft(path, cfg, where, target.config)
-    tensors = fmt.KEYS.to_model(read_weights(path))
+    tensors = read_weights(path)
     has_embed = "embed_tokens.weight" in tensors
     with torch.device("meta"):
         model = DraftModel(cfg)

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 
 from dspark import formats
 from dspark.errors import DSparkError
-from dspark.formats import detect_format
 from dspark.formats.common import require
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
@@ -217,4 +216,4 @@ class DraftConfig:
             raise DSparkError(f"{where}: mask_token_id {self.mask_token_id} is outside the target vocabulary")
 
 
-__all__ = ["MARKOV_HEAD_TYPES", "BackboneConfig", "TargetConfig", "DraftConfig", "detect_format"]
+__all__ = ["MARKOV_HEAD_TYPES", "BackboneConfig", "TargetConfig", "DraftConfig"]

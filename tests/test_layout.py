@@ -87,6 +87,8 @@ ALLOWED = {
     "harness.specs": ("dspark", "harness.specs"),
     "harness.analysis": ("dspark.errors", "harness.analysis"),
     "harness.backends": ("dspark", "harness.specs", "harness.backends"),
+    "harness.runs": ("dspark", "harness.specs", "harness.backends", "harness.analysis", "harness.runs"),
+    "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.profiling"),
     "harness.microbench": ("dspark", "harness.microbench"),
 }
 
@@ -103,6 +105,13 @@ def test_imports_point_one_way():
             if not name.startswith("harness.cli") and t.startswith("harness.cli"):
                 wrong.append(f"{name} -> {t} (only the CLI imports the CLI)")
     assert wrong == []
+
+
+def test_the_command_line_loads_no_torch_until_a_command_needs_it():
+    """`dspark-bench --help`, `report` and `trace` stay quick: importing the CLI imports no torch (nor vLLM)."""
+    code = "import sys\nimport harness.cli\nprint(sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-1000:]
 
 
 def test_analysis_imports_neither_torch_nor_rich():

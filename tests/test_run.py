@@ -116,7 +116,7 @@ def test_resume_from_the_folder_alone_gives_the_uninterrupted_requests(tmp_path,
     code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", cut, "--output-len", "11")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "--output-len was 10 in this run, now 11; drop --output-len" in err
-    code, out, err = run_cli(monkeypatch, capfd, "run", "--resume", cut, "--output-len", "10")  # equal: accepted
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--resume", cut)  # the folder alone
     assert code == 0, err
     assert f"resuming {cut}: 5 of {len(whole)} requests already done" in err
     resumed = read_requests(cut)
@@ -129,8 +129,9 @@ def test_resume_from_the_folder_alone_gives_the_uninterrupted_requests(tmp_path,
     strip = {key(r): {k: v for k, v in r.items() if k not in TIMING | {"load_avg"}} for r in whole}
     assert {key(r): {k: v for k, v in r.items() if k not in TIMING | {"load_avg"}} for r in resumed} == strip
     assert json.loads((cut / "summary.json").read_text())["complete"] is True
-    code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", cut)
-    assert code == 0 and f"{len(whole)} of {len(whole)} requests already done" in err  # nothing repeated
+    for again in ([], ["--output-len", "10"], ["--seed", "0"]):  # an option equal to the run's (given or resolved)
+        code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", cut, *again)
+        assert code == 0 and f"{len(whole)} of {len(whole)} requests already done" in err, err  # nothing repeated
     assert len(read_requests(cut)) == len(whole)
 
 
@@ -149,6 +150,9 @@ def test_run_refuses_bad_arguments(tmp_path, monkeypatch, capfd):
         (["--num-prompts", "many"], "Invalid value for '--num-prompts'"),
         (["--threads", "0"], "--threads is 0; give at least 1"),
         (["--temperature", "hot"], "--temperature must be numbers"),
+        (["--temperature", ","], "--temperature ',' names no temperature"),
+        (["--systems", ","], "--systems ',' names nothing"),
+        (["--threads", "0", "--dry-run"], "--threads is 0; give at least 1"),
         (["--ignore-eos", "true"], "unexpected extra argument"),
         (["--bogus"], "No such option: --bogus"),
     ]

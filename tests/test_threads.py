@@ -29,7 +29,7 @@ def test_the_rule(tmp_path, monkeypatch, no_thread_env):
     assert choose(None, "cpu", large) == (usable_cores(), "auto: every usable core (a large target)")
     assert choose(None, "cuda", small) == (torch.get_num_threads(), "torch default (GPU run)")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # torch read it at start-up: its count stands
-    assert choose(None, "cpu", small) == (torch.get_num_threads(), "OMP_NUM_THREADS=2")
+    assert choose(None, "cpu", small) == (torch.get_num_threads(), f"OMP_NUM_THREADS=2 (torch uses {torch.get_num_threads()})")
     assert choose(2, "cpu", small) == (2, "--threads")  # the flag wins over the environment
     with pytest.raises(DSparkError, match="--threads is 0; give at least 1"):
         choose(0, "cpu", small)

@@ -2,7 +2,7 @@
 
 Every format module has the same parts: `NAME`; `detect(cfg, where)` (is this config mine? raises
 for a config that claims the format but cannot be one); `parse(cfg, where, backbone)` (the fields
-of the normalised `dspark.config.DraftConfig`); `KEYS` (its tensor key table: renames, ignored
+of the normalised `dspark.config.DraftConfig`); `KEYS` (its tensor key table: the ignored
 tensors); `load_extras(path, model)` (files besides config and safetensors); and
 `save(model, out, num_target_layers, verifier, with_embeddings)`. Loading, resolving and checking
 are `dspark.checkpoint`'s, for all formats alike.

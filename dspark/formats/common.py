@@ -4,10 +4,11 @@ parse for every format), tensor key tables, and writing a draft's config and ten
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
@@ -40,23 +41,38 @@ def markov_fields(src: dict, enabled: bool = True) -> dict:
     }
 
 
+# Stored tensors no weight corresponds to: skipped on load in every format and in targets, as before the
+# formats had modules of their own (speculators' vocabulary maps and verifier copies; HF's rotary buffer)
+SKIPPED = HF_BUFFERS + ("t2d", "verifier_lm_head", "verifier_norm")
+
+
 @dataclass(frozen=True)
 class KeyTable:
-    """How a format's stored tensor names relate to the model's parameter names."""
+    """Which stored tensors a format skips on load (by name suffix); the others are the model's names."""
 
-    ignored: tuple[str, ...] = HF_BUFFERS  # stored tensors no weight corresponds to (suffixes), skipped on load
-    renames: dict[str, str] = field(default_factory=dict)  # stored name -> the model's name
+    ignored: tuple[str, ...] = SKIPPED
 
     def is_ignored(self, key: str) -> bool:
         return any(key.endswith(s) for s in self.ignored)
 
-    def to_model(self, stored: dict) -> dict:
-        """Stored names (of tensors or of shapes) as the model's."""
-        return {self.renames.get(k, k): v for k, v in stored.items()} if self.renames else stored
 
-    def to_stored(self, state: dict) -> dict:
-        back = {v: k for k, v in self.renames.items()}
-        return {back.get(k, k): v for k, v in state.items()} if back else state
+MASK_FILE = "mask_embedding.pt"
+
+
+def load_mask_file(path: Path, model: nn.Module) -> None:
+    """A separate mask row (`mask_embedding.pt`, z-lab's), in any format's folder that has one, read
+    without running pickled code."""
+    mask_file = path / MASK_FILE
+    if not mask_file.is_file():
+        return
+    hidden = model.config.backbone.hidden_size
+    try:
+        mask = torch.load(mask_file, weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise DSparkError(f"{mask_file}: unreadable ({type(exc).__name__}); re-download the checkpoint") from None
+    if not isinstance(mask, Tensor) or mask.numel() != hidden:
+        raise DSparkError(f"{mask_file}: expected a tensor of {hidden} values")
+    model.mask_embedding = nn.Parameter(mask.reshape(-1), requires_grad=False)
 
 
 def draft_state(model: nn.Module, with_embeddings: bool) -> dict[str, Tensor]:
@@ -72,9 +88,9 @@ def draft_state(model: nn.Module, with_embeddings: bool) -> dict[str, Tensor]:
     return state
 
 
-def write(out: Path, hf: dict, state: dict[str, Tensor], keys: KeyTable) -> None:
+def write(out: Path, hf: dict, state: dict[str, Tensor]) -> None:
     (out / "config.json").write_text(json.dumps(hf, indent=2))
-    save_file(keys.to_stored(state), out / "model.safetensors")
+    save_file(state, out / "model.safetensors")
 
 
 def full_attention(num_layers: int) -> list[str]:

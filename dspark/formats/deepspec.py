@@ -13,7 +13,16 @@ from typing import Callable
 from torch import nn
 
 from dspark.errors import DSparkError
-from dspark.formats.common import KeyTable, architecture, draft_state, full_attention, markov_fields, require, write
+from dspark.formats.common import (
+    KeyTable,
+    architecture,
+    draft_state,
+    full_attention,
+    load_mask_file,
+    markov_fields,
+    require,
+    write,
+)
 
 NAME = "deepspec"
 KEYS = KeyTable()
@@ -45,7 +54,7 @@ def parse(cfg: dict, where: str, backbone: Callable) -> dict:
 
 
 def load_extras(path: Path, model: nn.Module) -> None:
-    """No files besides the config and the safetensors."""
+    load_mask_file(path, model)  # none is shipped in this format, but one beside it is read, as for every format
 
 
 def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: str, with_embeddings: bool) -> None:
@@ -64,4 +73,4 @@ def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: s
         hf["markov_head_type"] = cfg.markov_head_type
     if cfg.confidence_head:
         hf["confidence_head_with_markov"] = cfg.confidence_head_with_markov
-    write(out, hf, draft_state(model, with_embeddings), KEYS)
+    write(out, hf, draft_state(model, with_embeddings))

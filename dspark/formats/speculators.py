@@ -16,12 +16,21 @@ import torch
 from torch import nn
 
 from dspark.errors import DSparkError
-from dspark.formats.common import HF_BUFFERS, KeyTable, architecture, draft_state, full_attention, markov_fields, require, write
+from dspark.formats.common import (
+    KeyTable,
+    architecture,
+    draft_state,
+    full_attention,
+    load_mask_file,
+    markov_fields,
+    require,
+    write,
+)
 
 NAME = "speculators"
 KINDS = ("dspark", "dflash")
 # t2d is training-only; the verifier's head and norm are the target's (excluded on save, skipped if present).
-KEYS = KeyTable(ignored=HF_BUFFERS + ("t2d", "verifier_lm_head", "verifier_norm"))
+KEYS = KeyTable()
 
 
 def detect(cfg: dict, where: str) -> bool:
@@ -58,7 +67,7 @@ def parse(cfg: dict, where: str, backbone: Callable) -> dict:
 
 
 def load_extras(path: Path, model: nn.Module) -> None:
-    """No files besides the config and the safetensors (d2t is a tensor there)."""
+    load_mask_file(path, model)  # none is shipped in this format, but one beside it is read, as for every format
 
 
 def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: str, with_embeddings: bool) -> None:
@@ -89,4 +98,4 @@ def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: s
         t2d = torch.zeros(b.vocab_size, dtype=torch.bool)
         t2d[model.target_ids().cpu()] = True
         state["t2d"] = t2d
-    write(out, hf, state, KEYS)
+    write(out, hf, state)

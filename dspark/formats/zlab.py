@@ -11,14 +11,23 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from dspark.errors import DSparkError
-from dspark.formats.common import KeyTable, architecture, draft_state, full_attention, markov_fields, require, write
+from dspark.formats.common import (
+    MASK_FILE,
+    KeyTable,
+    architecture,
+    draft_state,
+    full_attention,
+    load_mask_file,
+    markov_fields,
+    require,
+    write,
+)
 
 NAME = "zlab"
 KEYS = KeyTable()
-MASK_FILE = "mask_embedding.pt"
 
 
 def detect(cfg: dict, where: str) -> bool:
@@ -51,18 +60,7 @@ def parse(cfg: dict, where: str, backbone: Callable) -> dict:
 
 
 def load_extras(path: Path, model: nn.Module) -> None:
-    """The separate mask row, if the folder has one, read without running pickled code."""
-    mask_file = path / MASK_FILE
-    if not mask_file.is_file():
-        return
-    hidden = model.config.backbone.hidden_size
-    try:
-        mask = torch.load(mask_file, weights_only=True, map_location="cpu")
-    except Exception as exc:
-        raise DSparkError(f"{mask_file}: unreadable ({type(exc).__name__}); re-download the checkpoint") from None
-    if not isinstance(mask, Tensor) or mask.numel() != hidden:
-        raise DSparkError(f"{mask_file}: expected a tensor of {hidden} values")
-    model.mask_embedding = nn.Parameter(mask.reshape(-1), requires_grad=False)
+    load_mask_file(path, model)
 
 
 def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: str, with_embeddings: bool) -> None:
@@ -80,4 +78,4 @@ def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: s
     state = draft_state(model, with_embeddings=False)
     if model.mask_embedding is not None:
         torch.save(model.mask_embedding.detach().cpu().clone(), out / MASK_FILE)
-    write(out, hf, state, KEYS)
+    write(out, hf, state)

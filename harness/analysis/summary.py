@@ -41,9 +41,10 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
     for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
         row |= latency_stats(name, [r[name] for r in records])
     row |= spread("tpot_ms", [r["tpot_ms"] for r in records])
-    loads = [x for r in records for x in r.get("load_avg") or []]
-    row |= {"load_avg_before": (records[0].get("load_avg") or [None])[0],
-            "load_avg_after": (records[-1].get("load_avg") or [None])[-1], "load_avg_max": max(loads, default=None)}
+    in_time = sorted(records, key=lambda r: r.get("time_utc") or 0)
+    loads = [x for r in in_time for x in r.get("load_avg") or []]
+    row |= {"load_avg_before": (in_time[0].get("load_avg") or [None])[0],
+            "load_avg_after": (in_time[-1].get("load_avg") or [None])[-1], "load_avg_max": max(loads, default=None)}
     for kind in ("propose", "verify", "accept", "decode", "host"):
         per_round = [ms for r in records for ms in r["round_ms"].get(kind, [])]
         row[f"mean_{kind}_ms"] = sum(per_round) / len(per_round) if per_round else None
@@ -116,17 +117,20 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
                 else None
             overall |= macro or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
             rows += per_cat + [overall]
-    plan = {(e["system"], float(e["temperature"]), e["category"]): e["requests"] for e in expected or []}
+    plan = None if expected is None else {(e["system"], float(e["temperature"]), e["category"]): e["requests"]
+                                          for e in expected}
     for row in rows:
         key = (row["system"], float(row["temperature"]))
         row["requests_expected"] = (sum(n for (s, t, _), n in plan.items() if (s, t) == key) if row["category"] ==
-                                    "overall" else plan.get(key + (row["category"],))) if plan else None
+                                    "overall" else plan.get(key + (row["category"],))) if plan is not None else None
+        if row["speedup_pairs"] < 2:  # one prompt pair has no spread: no interval to show
+            row["speedup_ci95"] = None
         ci = row["speedup_ci95"]
         row["speedup_ci95_spans_1"] = bool(ci and ci[0] <= 1 <= ci[1]) if row["system"] != base_system else None
     loads = [r["load_avg_max"] for r in rows if r["load_avg_max"] is not None]
     summary = {"rows": rows, "baseline": base_system, "requests_done": len(records),
-            "requests_expected": sum(plan.values()) if plan else None,
-            "complete": len(records) >= sum(plan.values()) if plan else None,
+            "requests_expected": sum(plan.values()) if plan is not None else None,
+            "complete": len(records) >= sum(plan.values()) if plan is not None else None,
             "cores": cores, "load_avg_max": max(loads, default=None),
             "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
                      "speedups, its interval a bootstrap stratified by category); counts, tokens, time and "
@@ -195,6 +199,8 @@ LEGEND = ("T: temperature; requests: requests summarised (done/expected while th
 
 def markdown(summary: dict, title: str) -> str:
     lines = [f"# {title}", ""]
+    if summary.get("complete") is False:
+        lines += [f"INCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done", ""]
     cats = list(dict.fromkeys(r["category"] for r in summary["rows"]))
     for cat in ["overall"] + [c for c in cats if c != "overall"]:
         lines += [f"## {cat}", "", "| " + " | ".join(h for h, _ in COLUMNS) + " |",
@@ -225,5 +231,5 @@ def summarize_folder(run_dir: Path) -> dict:
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
     summary = summarize(read_requests(run_dir), manifest.get("requests_expected"),
                         (manifest.get("provenance") or {}).get("cores"))
-    summary["run_dir"] = str(run_dir)
+    summary["run_dir"] = str(Path(run_dir).resolve())
     return summary | {"warnings": warnings(summary)}

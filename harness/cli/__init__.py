@@ -9,16 +9,16 @@ import sys
 import typer
 
 from dspark.errors import DSparkError
-from harness.cli.engine_bench import engine_bench
-from harness.cli.generate import generate
-from harness.cli.inspect import inspect
+from harness.cli.engine_bench import engine_bench as engine_bench_command
+from harness.cli.generate import generate as generate_command
+from harness.cli.inspect import inspect as inspect_command
 from harness.cli.make_tiny import make_tiny_cmd
-from harness.cli.profile import profile
+from harness.cli.profile import profile as profile_command
 from harness.cli.render import err
-from harness.cli.report import report
-from harness.cli.run import run
+from harness.cli.report import report as report_command
+from harness.cli.run import run as run_command
 from harness.cli.trace import trace_app
-from harness.cli.train_draft import train_draft
+from harness.cli.train_draft import train_draft as train_draft_command
 
 # typer re-exports BadParameter; its base is the usage error, of click or of the copy of click that newer typer ships.
 UsageError = typer.BadParameter.__mro__[1]
@@ -26,14 +26,14 @@ UsageError = typer.BadParameter.__mro__[1]
 # Plain (click) help: flags read as `--ngram` or `--ignore-eos / --no-ignore-eos`, and it reads in a log.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Measure how much DSpark speculative decoding speeds up a model, and where GPU time goes.")
-app.command()(generate)
-app.command()(inspect)
-app.command("engine-bench")(engine_bench)
-app.command("train-draft")(train_draft)
+app.command("generate")(generate_command)  # the names keep the command modules reachable as harness.cli.<name>
+app.command("inspect")(inspect_command)
+app.command("engine-bench")(engine_bench_command)
+app.command("train-draft")(train_draft_command)
 app.command("make-tiny")(make_tiny_cmd)
-app.command()(run)
-app.command()(report)
-app.command()(profile)
+app.command("run")(run_command)
+app.command("report")(report_command)
+app.command("profile")(profile_command)
 app.add_typer(trace_app, name="trace")
 
 
@@ -42,6 +42,8 @@ def main() -> None:
     (a bad value, an unknown option), which click would print as three."""
     try:
         code = app(standalone_mode=False, prog_name="dspark-bench")
+        if code == 130:  # typer's own word for a Ctrl-C it caught
+            raise KeyboardInterrupt
     except DSparkError as exc:
         _refuse(str(exc))
     except UsageError as exc:

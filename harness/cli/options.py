@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from pathlib import Path
 from typing import Optional
 
@@ -28,7 +29,7 @@ RUN_OPTIONS = [
                                                  "NeMo-Skills).")),
     ("dataset_revision", Optional[str], typer.Option(None, help="Pin the hub dataset's revision (commit or tag).")),
     ("systems", Optional[str], typer.Option(None, help="Run only these systems of the experiment, comma-separated.")),
-    ("backend", Optional[str], typer.Option(None, help="native (default: the experiment's).")),
+    ("backend", Optional[str], typer.Option(None, help="native (our engine) or vllm (default: the experiment's).")),
     ("num_prompts", Optional[int], typer.Option(None, help="Prompts to run (default: the experiment's, else all). "
                                                 "More than the selection holds runs all of them, with a notice.")),
     ("disable_shuffle", bool, typer.Option(False, "--disable-shuffle", help="Take prompts in file order (a flag).")),
@@ -52,7 +53,9 @@ FIELDS = {"category": "categories", "temperature": "temperatures"}  # option nam
 def with_run_options(command):
     """Give `command` every run option. It is called with `ctx` (a typer.Context parameter it declares),
     its own options, and `run_options`: {option name: value} of the run options."""
-    own = [p for p in inspect.signature(command).parameters.values() if p.name != "run_options"]
+    hints = typing.get_type_hints(command)  # the command module's names, whatever this one imports
+    own = [p.replace(annotation=hints.get(p.name, p.annotation))
+           for p in inspect.signature(command).parameters.values() if p.name != "run_options"]
     shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=decl, annotation=kind)
               for name, kind, decl in RUN_OPTIONS]
 
@@ -80,7 +83,7 @@ def run_options_from(values: dict, **where) -> RunOptions:
     if values["turns"] not in (None, "first", "all"):
         raise DSparkError(f"--turns {values['turns']}: use first or all")
     fields = {FIELDS.get(k, k): v for k, v in values.items()}
-    fields |= {"categories": names(values["category"]), "systems": names(values["systems"]),
+    fields |= {"categories": names(values["category"]), "systems": names(values["systems"], "--systems"),
                "temperatures": temperatures(values["temperature"]), "device": device(values["device"])}
     return RunOptions(**fields, **where)
 
@@ -95,15 +98,25 @@ def device(text: str) -> str:
     return text
 
 
-def names(text: str | None) -> list[str] | None:
-    return [c.strip() for c in text.split(",") if c.strip()] if text else None
+def names(text: str | None, flag: str = "--category") -> list[str] | None:
+    if text is None:
+        return None
+    values = [c.strip() for c in text.split(",") if c.strip()]
+    if not values:
+        raise DSparkError(f"{flag} '{text}' names nothing; give one or more names separated by commas")
+    return values
 
 
 def temperatures(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
     try:
-        return None if text is None else [float(t) for t in text.split(",") if t.strip()]
+        values = [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
         raise DSparkError(f"--temperature must be numbers separated by commas, got '{text}'") from None
+    if not values:
+        raise DSparkError(f"--temperature '{text}' names no temperature; give one or more, e.g. 0,1")
+    return values
 
 
 def token_ids(text: str) -> list[int]:

@@ -91,7 +91,7 @@ def print_trace_summary(s: dict, file_name: str) -> None:
         t = Table(title=f"{key} ({file_name}){', the 25 largest' if len(s[key]) > 25 else ''}")
         for header, _, _ in cols:
             t.add_column(header, justify="left" if header in ("range", "kernel", "category") else "right",
-                         overflow="ellipsis", max_width=60 if header == "kernel" else None)
+                         overflow="ellipsis", max_width=60 if header == "kernel" and out.is_terminal else None)
         for row in s[key][:25]:
             t.add_row(*[fmt(row[field]) for _, field, fmt in cols])
         show(out, t)

@@ -22,8 +22,8 @@ def report(
 
     summaries = {}
     for d in run_dirs:
-        if not (d / "requests.jsonl").is_file():
-            raise DSparkError(f"{d}: no requests.jsonl; give a folder written by dspark-bench run")
+        if not (d / "manifest.json").is_file() and not (d / "requests.jsonl").is_file():
+            raise DSparkError(f"{d}: no manifest.json or requests.jsonl; give a folder written by dspark-bench run")
         summaries[str(d)] = summarize_folder(d)
     present = sorted({r["category"] for s in summaries.values() for r in s["rows"]} - {"overall"})
     if category != "overall" and category not in present:
@@ -38,4 +38,8 @@ def report(
     if len(summaries) > 1:
         merged = {"rows": [dict(r, system=f"{Path(name).name}/{r['system']}") for name, s in summaries.items()
                            for r in s["rows"]]}
+        unfinished = [s for s in summaries.values() if s.get("complete") is False]
+        if unfinished:  # the comparison's title says so too
+            merged |= {"complete": False, "requests_done": sum(s["requests_done"] for s in unfinished),
+                       "requests_expected": sum(s["requests_expected"] for s in unfinished)}
         show(out, summary_table(merged, f"comparison ({category})", category))

@@ -40,10 +40,13 @@ def run(
     opts = options.run_options_from(run_options, out=out_dir, resume=resume, profiled=profiled)
     given = options.given_fields(ctx)
     if options_file is not None:  # a profile's child: the parent's options, then what its command line sets
+        if not options_file.is_file():
+            raise DSparkError(f"--options-file {options_file}: no such file (profile writes it for its children)")
         recorded = RunOptions(**json.loads(options_file.read_text()), out=out_dir, resume=resume, profiled=profiled)
         opts = RunOptions(**{f: getattr(opts if f in given else recorded, f) for f in vars(recorded)})
     if resume:
         opts = resume_options(opts, given)
+    options.device(opts.device)  # a recorded or handed-over device must be here too
     if dry_run:
         rows = _dry_run(opts, err if as_json else out)
         if as_json:

@@ -37,8 +37,9 @@ class RunFolder:
         before = manifest["settings"]
         for key in sorted(set(before) | set(settings)):
             if before.get(key) != settings.get(key):
+                old = "" if "options" in manifest else " (this run predates resuming from the folder alone)"
                 raise DSparkError(f"--resume {self.path}: '{key}' was {json.dumps(before.get(key))}, now "
-                                  f"{json.dumps(settings.get(key))}; resume with the run's own arguments")
+                                  f"{json.dumps(settings.get(key))}; resume with the run's own arguments{old}")
 
     def check_inputs(self, inputs: dict) -> None:
         """Exit unless the prompts, data files and models are those the run started with: a resumed run

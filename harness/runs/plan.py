@@ -11,13 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.backends.native import NativeBackend
-from harness.backends.vllm import VllmBackend
+from harness.backends.registry import CLASSES, backend_class
 from harness.runs.folder import RunFolder
 from harness.specs.experiments import Experiment
-
-BACKENDS = {"native": NativeBackend, "vllm": VllmBackend}
-
 
 @dataclass
 class RunOptions:
@@ -57,11 +53,17 @@ def recorded_options(opts: RunOptions) -> dict:
     return {k: v for k, v in asdict(opts).items() if k not in NOT_RECORDED}
 
 
+# RunOptions fields whose value, left at its default, the settings resolve (compared there on resume)
+RESOLVED = {"output_len": "output_len", "seed": "seed", "turns": "turns", "temperatures": "temperatures",
+            "backend": "backend", "dataset_revision": "dataset_revision", "num_prompts": "num_prompts"}
+
+
 def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
-    """`--resume DIR` continues with the options in DIR's manifest. An option given on the command line
-    (`given`: RunOptions field names) must equal the recorded one; the first that differs is refused
-    by its flag. A manifest from before options were recorded keeps the old rule: the arguments given
-    are the run's (its settings are compared later)."""
+    """`--resume DIR` continues with the options in DIR's manifest and the thread count it used. An
+    option given on the command line (`given`: RunOptions field names) must equal what the run used
+    (as recorded, or as its settings resolved a default); the first that differs is refused by its
+    flag. A manifest from before options were recorded keeps the old rule: the arguments given are
+    the run's (its settings are compared later)."""
     folder = RunFolder(Path(opts.resume))
     manifest = folder.manifest()
     if manifest is None:
@@ -69,21 +71,26 @@ def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
     recorded = manifest.get("options")
     if recorded is None:
         return opts
+    recorded = recorded | {"threads": (manifest.get("threads") or {}).get("count", recorded.get("threads"))}
+    settings = manifest.get("settings") or {}
     known = {f.name for f in fields(RunOptions)}
     for name in sorted((given & known) - set(NOT_RECORDED)):
-        if getattr(opts, name) != recorded.get(name):
-            raise DSparkError(f"--resume {folder.path}: {flag(name)} was {json.dumps(recorded.get(name))} in this "
-                              f"run, now {json.dumps(getattr(opts, name))}; drop {flag(name)} to continue the run "
-                              "as it was started")
+        now, was = getattr(opts, name), recorded.get(name)
+        if now == was or (was is None and name in RESOLVED and now == settings.get(RESOLVED[name])):
+            continue
+        if name == "systems" and was is None and set(now or ()) == set(settings.get("systems") or ()):
+            continue
+        raise DSparkError(f"--resume {folder.path}: {flag(name)} was {json.dumps(was)} in this run, now "
+                          f"{json.dumps(now)}; drop {flag(name)} to continue the run as it was started")
     return replace(opts, **{k: v for k, v in recorded.items() if k in known})
 
 
 def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     """Everything that decides which requests run and how: compared on --resume."""
     backend = opts.backend or exp.backend
-    if backend not in BACKENDS:
-        raise DSparkError(f"--backend {backend} is not available yet; use {', '.join(BACKENDS)}")
-    most = BACKENDS[backend].capabilities.max_concurrency
+    if backend not in CLASSES:
+        raise DSparkError(f"--backend {backend} is not available yet; use {', '.join(CLASSES)}")
+    most = backend_class(backend).capabilities.max_concurrency
     if not 1 <= opts.concurrency <= most:
         at_a_time = "one request" if most == 1 else f"{most} requests"
         raise DSparkError(f"--concurrency {opts.concurrency}: the {backend} backend serves {at_a_time} at a time; "
@@ -103,6 +110,8 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         raise DSparkError(f"--output-len is {output_len}; give at least 1")
     if opts.num_prompts is not None and opts.num_prompts < 1:
         raise DSparkError(f"--num-prompts is {opts.num_prompts}; give at least 1")
+    if opts.threads is not None and opts.threads < 1:
+        raise DSparkError(f"--threads is {opts.threads}; give at least 1")
     return {
         "experiment": exp.name, "experiment_sha256": exp.sha256, "target": exp.target, "backend": backend,
         "split": opts.split, "categories": opts.categories, "dataset_path": opts.dataset_path,

@@ -29,10 +29,11 @@ from harness.analysis.records import MANIFEST, REQUESTS, read_requests, request_
 from harness.analysis.summary import expected_requests, markdown, summarize_folder, to_csv
 from harness.backends.base import Backend, RequestResult, RequestSpec
 from harness.backends.fingerprints import model_record, tokenizer_record
-from harness.profiling.capture import capture_window
+from harness.runs.capture import capture_window
 from harness.runs import threads
 from harness.runs.folder import RunFolder
-from harness.runs.plan import BACKENDS, RunOptions, default_out, recorded_options, request_seed, resolve_settings
+from harness.backends.registry import backend_class
+from harness.runs.plan import RunOptions, default_out, recorded_options, request_seed, resolve_settings
 from harness.runs.progress import RunProgress
 from harness.runs.provenance import provenance
 from harness.specs import datasets
@@ -45,6 +46,9 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
     session = Session.open(opts, console)
     pending = session.pending()
     try:
+        if opts.profiled:  # everything untimed happens before the capture window opens
+            for name, temp, _, _ in pending:
+                session.warm(name, temp)
         with RunProgress(console, len(pending)) as progress, capture_window(opts.profiled, session.folder.path,
                                                                              opts.device):
             for name, temp, row, turn in pending:
@@ -99,7 +103,7 @@ class Session:
             console.print(f"notice: {settings['num_prompts']} prompts asked for, but {opts.split} "
                           f"{', '.join(settings['categories'] or ['(all categories)'])} has {len(rows)}: running "
                           f"{len(rows)}", style="yellow", highlight=False, soft_wrap=True)
-        backend: Backend = BACKENDS[settings["backend"]](exp.target, opts.device, opts.dtype)
+        backend: Backend = backend_class(settings["backend"])(exp.target, opts.device, opts.dtype)
         n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.tokenizer_path)
         threads.apply(n_threads)
         tokenizer = AutoTokenizer.from_pretrained(backend.tokenizer_path)
@@ -116,11 +120,7 @@ class Session:
         inputs = {"dataset": data.origin | {"selected": [r.question_id for r in rows]}, "models": models,
                   "tokenizer": tokenizer_record(backend.tokenizer_path, tokenizer)}
         if opts.resume:
-            folder.check_inputs(inputs)
-            used = folder.manifest().get("threads", {}).get("count", n_threads)
-            if used != n_threads:
-                raise DSparkError(f"--resume {folder.path}: the run used {used} thread(s), this one would use "
-                                  f"{n_threads}; pass --threads {used} (or unset OMP_NUM_THREADS)")
+            folder.check_inputs(inputs)  # (its thread count came with its options)
         else:
             folder.create({"settings": settings, "options": recorded_options(opts),
                            "experiment": {"path": exp.path, "sha256": exp.sha256,
@@ -137,9 +137,6 @@ class Session:
             console.print(f"resuming {folder.path}: {len(jobs) - len(session.pending())} of {len(jobs)} requests "
                           "already done", highlight=False, soft_wrap=True)
         console.print(f"threads: {n_threads} ({threads_by})", highlight=False, soft_wrap=True)
-        if opts.profiled:  # everything untimed happens before the capture window opens
-            for name, temp, _, _ in session.pending():
-                session.warm(name, temp)
         return session
 
     @property
@@ -225,7 +222,8 @@ def write_summaries(folder: RunFolder) -> dict:
     folder.write_json("summary.json", {"settings": (folder.manifest() or {}).get("settings"), **summary})
     folder.write_text("summary.csv", to_csv(summary))
     folder.write_text("summary.md", markdown(summary, f"run {folder.path.name}"))
-    written = [MANIFEST, REQUESTS, "summary.json", "summary.csv", "summary.md"]
+    written = [name for name in (MANIFEST, REQUESTS) if (folder.path / name).is_file()]
+    written += ["summary.json", "summary.csv", "summary.md"]
     if summary["rows"]:
         plot(summary, folder.path / "summary.png", f"run {folder.path.name}")
         written.append("summary.png")

@@ -44,9 +44,9 @@ def choose(requested: int | None, device: str, target_folder: Path | None) -> tu
         if requested < 1:
             raise DSparkError(f"--threads is {requested}; give at least 1")
         return requested, "--threads"
-    for var in ENV_VARS:
-        if os.environ.get(var):
-            return torch.get_num_threads(), f"{var}={os.environ[var]}"
+    set_vars = [f"{var}={os.environ[var]}" for var in ENV_VARS if os.environ.get(var)]
+    if set_vars:
+        return torch.get_num_threads(), f"{', '.join(set_vars)} (torch uses {torch.get_num_threads()})"
     if not device.startswith("cpu"):
         return torch.get_num_threads(), "torch default (GPU run)"
     size = weights_bytes(target_folder) if target_folder is not None else None
