@@ -15,6 +15,7 @@ from harness.backends.registry import CLASSES, backend_class
 from harness.runs.folder import RunFolder
 from harness.specs.experiments import Experiment
 
+
 @dataclass
 class RunOptions:
     split: str = "qualitative"
@@ -53,9 +54,8 @@ def recorded_options(opts: RunOptions) -> dict:
     return {k: v for k, v in asdict(opts).items() if k not in NOT_RECORDED}
 
 
-# RunOptions fields whose value, left at its default, the settings resolve (compared there on resume)
-RESOLVED = {"output_len": "output_len", "seed": "seed", "turns": "turns", "temperatures": "temperatures",
-            "backend": "backend", "dataset_revision": "dataset_revision", "num_prompts": "num_prompts"}
+# RunOptions fields that, left at their default, the settings resolve under the same name (compared there on resume)
+RESOLVED = ("output_len", "seed", "turns", "temperatures", "backend", "dataset_revision", "num_prompts")
 
 
 def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
@@ -76,7 +76,7 @@ def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
     known = {f.name for f in fields(RunOptions)}
     for name in sorted((given & known) - set(NOT_RECORDED)):
         now, was = getattr(opts, name), recorded.get(name)
-        if now == was or (was is None and name in RESOLVED and now == settings.get(RESOLVED[name])):
+        if now == was or (was is None and name in RESOLVED and now == settings.get(name)):
             continue
         if name == "systems" and was is None and set(now or ()) == set(settings.get("systems") or ()):
             continue

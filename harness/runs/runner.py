@@ -11,6 +11,7 @@ a resumed request is the same draw. The runner speaks to its backend only throug
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -29,10 +30,10 @@ from harness.analysis.records import MANIFEST, REQUESTS, read_requests, request_
 from harness.analysis.summary import expected_requests, markdown, summarize_folder, to_csv
 from harness.backends.base import Backend, RequestResult, RequestSpec
 from harness.backends.fingerprints import model_record, tokenizer_record
-from harness.runs.capture import capture_window
-from harness.runs import threads
-from harness.runs.folder import RunFolder
 from harness.backends.registry import backend_class
+from harness.runs import threads
+from harness.runs.capture import capture_window
+from harness.runs.folder import RunFolder
 from harness.runs.plan import RunOptions, default_out, recorded_options, request_seed, resolve_settings
 from harness.runs.progress import RunProgress
 from harness.runs.provenance import provenance
@@ -139,6 +140,14 @@ class Session:
         console.print(f"threads: {n_threads} ({threads_by})", highlight=False, soft_wrap=True)
         return session
 
+    @functools.cached_property
+    def longest(self) -> int:
+        """The longest request: every user turn, and at most output_len tokens (plus template) per reply;
+        never past the target's limit. Computed once, for every system's warm-up."""
+        return min(max(len(chat_prompt_ids(self.tokenizer, conversation(self.turns_of[r.question_id])))
+                       + len(self.turns_of[r.question_id]) * (self.settings["output_len"] + 16) for r in self.rows),
+                   self.backend.max_context + 16)
+
     @property
     def baseline_system(self) -> str | None:
         return next((n for n in self.settings["systems"] if self.prepared[n].method == "plain"), None)  # sorted first
@@ -162,13 +171,9 @@ class Session:
             for other, q in self.prepared.items():
                 if other != name:
                     self.backend.release(q)
-        # the longest request: every user turn, and at most output_len tokens (plus template) per reply
-        longest = min(max(len(chat_prompt_ids(self.tokenizer, conversation(self.turns_of[r.question_id])))
-                          + len(self.turns_of[r.question_id]) * (self.settings["output_len"] + 16) for r in self.rows),
-                      self.backend.max_context + 16)  # no request may exceed the target's limit
         self.backend.reset_peak_memory()
         first = chat_prompt_ids(self.tokenizer, conversation(self.turns_of[self.rows[0].question_id][:1]))
-        self.backend.warmup(self.prepared[name], longest, self.spec(name, temp), first)
+        self.backend.warmup(self.prepared[name], self.longest, self.spec(name, temp), first)
         self.warmed.add((name, temp))
 
     def request(self, name: str, temp: float, row: datasets.Row, turn: int) -> dict:
