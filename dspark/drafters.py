@@ -15,7 +15,7 @@ from torch import Tensor
 
 from dspark.draft import DraftModel
 from dspark.layers import KVCache
-from dspark.sampling import gumbel_noise, probs, sample, sample_logits
+from dspark.sampling import GREEDY_TEMPERATURE, gumbel_noise, probs, sample, sample_logits, top2_margin
 from dspark.steps import DecodeState, scratch_positions, visible_len
 
 
@@ -24,6 +24,7 @@ class Drafter(Protocol):
     taps: tuple[int, ...]  # target layers whose outputs the drafter reads
     block_size: int  # proposal slots per round
     graphable: bool  # propose() is device work only, with no host decision
+    margins: bool  # at T = 0, writes each slot's top-2 logit margin to `state.draft_margin` (for `parity`)
 
     def allocate(self, max_len: int) -> None: ...
 
@@ -39,8 +40,9 @@ class BlockDrafter:
 
     graphable = True
 
-    def __init__(self, model: DraftModel):
+    def __init__(self, model: DraftModel, margins: bool = False):
         self.model = model
+        self.margins = margins
         cfg = model.config
         self.method = cfg.method
         self.taps = cfg.target_layer_ids
@@ -76,7 +78,9 @@ class BlockDrafter:
             draft_ids = sample(q, generator)
             conf = torch.sigmoid(model.confidence_head(hidden, None)) if model.confidence_head else None
         else:
-            q, draft_ids, conf = self._markov_sample(hidden, logits, state.anchor, temperature, generator)
+            q, draft_ids, conf, logits = self._markov_sample(hidden, logits, state.anchor, temperature, generator)
+        if self.margins and temperature <= GREEDY_TEMPERATURE:  # the logits each greedy slot took its arg-max of
+            state.draft_margin.copy_(top2_margin(logits))
         state.draft_tokens[0].copy_(self._to_target[draft_ids])
         if cfg.reduced_vocab:  # verification needs q over the target vocabulary
             state.draft_probs[0].zero_().index_copy_(1, self._to_target, q)
@@ -93,8 +97,9 @@ class BlockDrafter:
         state.num_proposed.copy_(first.view(1))
 
     def _markov_sample(self, hidden: Tensor, logits: Tensor, anchor: Tensor, temperature: float,
-                       generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor | None]:
+                       generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         """Left to right: slot k's logits get the bias of the token sampled at slot k-1 (the anchor for k=0).
+        Returns (q, the drafts, their confidence, the corrected logits).
 
         Only the sampling is sequential (Gumbel-max on the corrected logits, noise drawn for all
         slots at once); the distributions q are formed afterwards in one batched softmax.
@@ -115,7 +120,8 @@ class BlockDrafter:
         if model.confidence_head is not None:  # slot k sees h_k and x_{k-1}, never x_k: batched after the loop
             e = model.markov_head.markov_w1(torch.cat(prevs)) if model.config.confidence_head_with_markov else None
             conf = torch.sigmoid(model.confidence_head(hidden, e))
-        return probs(torch.cat(corrected), temperature), torch.cat(ids), conf
+        corrected = torch.cat(corrected)
+        return probs(corrected, temperature), torch.cat(ids), conf, corrected
 
 
 class NgramDrafter:
@@ -129,6 +135,7 @@ class NgramDrafter:
     method = "ngram"
     taps: tuple[int, ...] = ()
     graphable = False
+    margins = False  # its proposals are lookups, not arg-maxes
 
     def __init__(self, num_tokens: int = 7, min_ngram: int = 2, max_ngram: int = 4):
         self.block_size = num_tokens

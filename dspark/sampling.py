@@ -38,6 +38,13 @@ def gumbel_noise(shape: tuple[int, ...], temperature: float, generator: torch.Ge
     return -temperature * torch.empty(shape, device=device).exponential_(generator=generator).log()
 
 
+def top2_margin(logits: Tensor) -> Tensor:
+    """Per row, how far the arg-max logit leads the runner-up (float32): a greedy choice this close is
+    one that float error in another engine can flip."""
+    top = logits.float().topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
 def sample_logits(logits: Tensor, noise: Tensor | None) -> Tensor:
     """Sample from softmax(logits / T) given `gumbel_noise(..., T)` without forming the softmax."""
     return (logits if noise is None else logits.float() + noise).argmax(-1)

@@ -32,6 +32,7 @@ class DecodeState:
     pending_start: Tensor  # [1] position of the first context row the draft has not seen
     pending_count: Tensor  # [1] how many rows of verify_feats wait for the draft's cache
     round_out: Tensor  # [N+3]: accepted, proposed, then the emitted tokens (accepted drafts, next token)
+    draft_margin: Tensor  # [N] greedy drafts: the top-2 logit margin per slot (written by drafters that record it)
 
     @classmethod
     def allocate(cls, num_drafts: int, vocab: int, feat_dim: int, dtype: torch.dtype, device) -> "DecodeState":
@@ -45,6 +46,7 @@ class DecodeState:
             num_proposed=zeros(1), confidence=zeros(1, n, dt=torch.float32),
             target_probs=zeros(1, n + 1, vocab, dt=torch.float32), verify_feats=zeros(1, n + 1, feat_dim, dt=dtype),
             pending_start=zeros(1), pending_count=zeros(1), round_out=zeros(n + 3),
+            draft_margin=zeros(n, dt=torch.float32),
         )
 
 

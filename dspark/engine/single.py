@@ -21,7 +21,7 @@ from dspark.engine.step import ACCEPT, DECODE, PREFILL, VERIFY, WARMUP, Step, pr
 from dspark.engine.timing import StepTimer, synchronize
 from dspark.errors import DSparkError
 from dspark.profiling import Ranges
-from dspark.sampling import Streams, probs, sample
+from dspark.sampling import GREEDY_TEMPERATURE, Streams, probs, sample
 from dspark.steps import DecodeState, TargetSteps
 from dspark.target import Qwen3Target
 
@@ -42,6 +42,9 @@ class GenerationResult:
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens emitted per round
     accepted_counts: list[int] = field(default_factory=list)  # drafts accepted per round (a stop token included)
     proposal_lengths: list[int] = field(default_factory=list)  # tokens verified per round
+    # with a drafter that records margins, at T = 0: per round, the top-2 logit margin of each slot up to
+    # the first rejected one (the slots where another engine's proposal can first differ)
+    draft_margins: list[list[float]] = field(default_factory=list)
     stop_reason: str = "max_new_tokens"  # or "stop_token"
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -65,6 +68,7 @@ class GenerationResult:
             "acceptance_lengths": self.acceptance_lengths,
             "proposal_lengths": self.proposal_lengths,
             "accepted_counts": self.accepted_counts,
+            "draft_margins": self.draft_margins,
             "num_rounds": self.num_rounds,
             "acceptance_length": self.acceptance_length,
             "stop_reason": self.stop_reason,
@@ -231,6 +235,7 @@ class Engine:
         result.prefill_s = t1 - t0
 
         stop = set(cfg.stop_token_ids)
+        margins = self.drafter is not None and self.drafter.margins and cfg.temperature <= GREEDY_TEMPERATURE
         self._history[:] = prompt_ids + result.tokens
         timer = self._timer = StepTimer(self.device) if self.timing else None
         while len(result.tokens) < cfg.max_new_tokens and result.tokens[-1] not in stop:
@@ -251,6 +256,8 @@ class Engine:
                     break
             result.accepted_counts.append(accepted)
             result.proposal_lengths.append(proposed)
+            if margins:
+                result.draft_margins.append(state.draft_margin[: min(accepted + 1, proposed)].tolist())
             result.acceptance_lengths.append(len(emitted))
             result.tokens.extend(emitted)
             self._history.extend(emitted)

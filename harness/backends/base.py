@@ -47,6 +47,9 @@ class RequestResult:
     accepted_counts: list[int] = field(default_factory=list)  # drafts accepted per round
     proposal_lengths: list[int] = field(default_factory=list)  # drafts proposed per round
     round_ms: dict[str, list[float]] = field(default_factory=dict)  # per step kind, ms per round
+    # at T = 0, where the backend knows them: per round, each slot's top-2 draft logit margin up to the first
+    # rejected slot (how close a greedy draft was to another choice; `parity` tells numerics by it)
+    draft_margins: list[list[float]] = field(default_factory=list)
 
     @property
     def num_rounds(self) -> int:
@@ -83,6 +86,8 @@ class Backend(Protocol):
     def prepare(self, system: System) -> Prepared: ...
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None: ...
+
+    def capture(self, kind: str | None, run_dir: Path): ...  # context manager: a profiled run's capture window
 
     def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult: ...
 

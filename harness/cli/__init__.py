@@ -13,6 +13,7 @@ from harness.cli.engine_bench import engine_bench as engine_bench_command
 from harness.cli.generate import generate as generate_command
 from harness.cli.inspect import inspect as inspect_command
 from harness.cli.make_tiny import make_tiny_cmd
+from harness.cli.parity import parity as parity_command
 from harness.cli.profile import profile as profile_command
 from harness.cli.render import err
 from harness.cli.report import report as report_command
@@ -34,6 +35,7 @@ app.command("make-tiny")(make_tiny_cmd)
 app.command("run")(run_command)
 app.command("report")(report_command)
 app.command("profile")(profile_command)
+app.command("parity")(parity_command)
 app.add_typer(trace_app, name="trace")
 
 

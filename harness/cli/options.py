@@ -30,6 +30,10 @@ RUN_OPTIONS = [
     ("dataset_revision", Optional[str], typer.Option(None, help="Pin the hub dataset's revision (commit or tag).")),
     ("systems", Optional[str], typer.Option(None, help="Run only these systems of the experiment, comma-separated.")),
     ("backend", Optional[str], typer.Option(None, help="native (our engine) or vllm (default: the experiment's).")),
+    ("vllm_arg", Optional[list[str]], typer.Option(None, "--vllm-arg", help="KEY=VALUE: one of vLLM's engine "
+                                                   "arguments (e.g. enforce_eager=false, max_model_len=4096, "
+                                                   "gpu_memory_utilization=0.8; speculative_config.KEY for the "
+                                                   "speculative config), for --backend vllm (repeatable).")),
     ("num_prompts", Optional[int], typer.Option(None, help="Prompts to run (default: the experiment's, else all). "
                                                 "More than the selection holds runs all of them, with a notice.")),
     ("disable_shuffle", bool, typer.Option(False, "--disable-shuffle", help="Take prompts in file order (a flag).")),
@@ -47,7 +51,8 @@ RUN_OPTIONS = [
     ("dtype", str, typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.")),
     ("threads", Optional[int], typer.Option(None, help=THREADS_HELP)),
 ]
-FIELDS = {"category": "categories", "temperature": "temperatures"}  # option name -> RunOptions field, where they differ
+# option name -> RunOptions field, where they differ
+FIELDS = {"category": "categories", "temperature": "temperatures", "vllm_arg": "vllm_args"}
 
 
 def with_run_options(command):
@@ -84,7 +89,8 @@ def run_options_from(values: dict, **where) -> RunOptions:
         raise DSparkError(f"--turns {values['turns']}: use first or all")
     fields = {FIELDS.get(k, k): v for k, v in values.items()}
     fields |= {"categories": names(values["category"]), "systems": names(values["systems"], "--systems"),
-               "temperatures": temperatures(values["temperature"]), "device": device(values["device"])}
+               "temperatures": temperatures(values["temperature"]), "device": device(values["device"]),
+               "vllm_args": list(values["vllm_arg"]) if values["vllm_arg"] else None}
     return RunOptions(**fields, **where)
 
 

@@ -13,17 +13,18 @@ from harness.profiling.torch_trace import summarize_torch
 from harness.profiling.traces import summarize
 
 
-def summarize_any(path: Path, expect_method: str | None = None) -> dict:
-    """A .sqlite export, a PyTorch profiler .json trace, or a .nsys-rep (exported to SQLite first)."""
+def summarize_any(path: Path, expect_method: str | None = None, engine: str | None = None) -> dict:
+    """A .sqlite export, a PyTorch profiler .json trace, or a .nsys-rep (exported to SQLite first).
+    `engine` "vllm": the trace of a vLLM run (its processes are checked; a PyTorch trace is its worker's)."""
     path = Path(path)
     if path.suffix == ".json":
-        return summarize_torch(path, expect_method)
+        return summarize_torch(path, expect_method)  # (vLLM's: its worker's own trace)
     if path.suffix == ".nsys-rep":
         sqlite_path = path.parent / (path.name.removesuffix(".nsys-rep") + ".sqlite")
         if not sqlite_path.is_file() or sqlite_path.stat().st_mtime < path.stat().st_mtime:
             export_sqlite(find_nsys(), path)
         path = sqlite_path
-    return summarize(path, expect_method)
+    return summarize(path, expect_method, engine)
 
 
 STEP_RANGES = ("prefill", "target_verify", "decode_sample", "ar_decode")

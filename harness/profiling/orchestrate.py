@@ -52,6 +52,17 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
               "nsys_version": plan.version if plan else None, "flags": plan.flags if plan else None,
               "dropped": plan.dropped if plan else [], "commands": {},
               "note": "profiled timings are not comparable with unprofiled runs"}
+    env = dict(os.environ, COLUMNS="160")
+    vllm = (run_options or {}).get("backend") == "vllm"
+    if vllm:  # vLLM's model runs in its worker: started by spawn, and followed by nsys across fork and exec
+        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        record["vllm"] = {"worker_multiproc_method": env["VLLM_WORKER_MULTIPROC_METHOD"],
+                          "capture": "vLLM's profiler (LLM.start_profile/stop_profile) around the timed requests: "
+                                     + ("cudaProfilerStart/Stop in the worker" if plan else "its PyTorch profiler")}
+        if plan and "--trace-fork-before-exec=true" not in plan.flags:
+            plan.flags = [f for f in plan.flags if not f.startswith("--trace-fork-before-exec")]
+            plan.flags.append("--trace-fork-before-exec=true")
+            record["flags"] = plan.flags
     for system, method in systems:
         child = child_run_args(run_args, system, out_dir / system, kind)
         cmd = nsys_command(plan, out_dir / system, child) if plan else child
@@ -59,11 +70,12 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
         folder.write_json("profile.json", record)
         console.print(f"profiling {system} ({kind})", highlight=False)
         with (out_dir / f"{system}.log").open("w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="160")).returncode
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
         if rc != 0:
             tail = (out_dir / f"{system}.log").read_text().strip().splitlines()[-1:] or ["no output"]
             raise DSparkError(f"profiling {system} failed (exit {rc}: {tail[0]}); see {out_dir / (system + '.log')}")
         trace = export_sqlite(plan.nsys, out_dir / f"{system}.nsys-rep") if plan else out_dir / system / "trace.torch.json"
-        summary = summarize_any(trace, expect_method=method if method not in ("plain", "ngram") else None)
+        ours = not vllm and method not in ("plain", "ngram")  # vLLM's traces carry none of our step ranges
+        summary = summarize_any(trace, expect_method=method if ours else None, engine="vllm" if vllm else None)
         folder.write_json(f"{system}.summary.json", summary)
     return compare(load_inputs([out_dir]))

@@ -188,11 +188,11 @@ def export_version(path: Path, meta: dict) -> str:
     return version
 
 
-def summarize(path: Path | str, expect_method: str | None = None) -> dict:
+def summarize(path: Path | str, expect_method: str | None = None, engine: str | None = None) -> dict:
     """The trace's summary (see the module docstring); `expect_method` names a speculative method whose
-    `<method>_propose` range must appear. A corrupt or truncated file raises a one-line DSparkError."""
+    `<method>_propose` range must appear; `engine` "vllm" checks that vLLM's own processes are in it. A corrupt or truncated file raises a one-line DSparkError."""
     try:
-        return _summarize(Path(path), expect_method)
+        return _summarize(Path(path), expect_method, engine)
     except sqlite3.DatabaseError as exc:
         if "malformed" in str(exc) or "not a database" in str(exc):
             raise DSparkError(f"{path}: corrupt or truncated export ({exc}); export the .nsys-rep again") from None
@@ -200,7 +200,7 @@ def summarize(path: Path | str, expect_method: str | None = None) -> dict:
                           "nsys version that wrote it") from None
 
 
-def _summarize(path: Path, expect_method: str | None) -> dict:
+def _summarize(path: Path, expect_method: str | None, engine: str | None = None) -> dict:
     conn = connect(path)
     tables = _tables(conn)
     out: dict = {"file": str(path)}
@@ -289,7 +289,7 @@ def _summarize(path: Path, expect_method: str | None) -> dict:
         launches["graph_trace_rows"] = conn.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE").fetchone()[0]
     out["launches"] = launches
     out["processes"] = _processes(conn, tables)
-    out["diagnosis"] = diagnose(out, capture, expect_method)
+    out["diagnosis"] = diagnose(out, capture, expect_method, engine)
     conn.close()
     return out
 
@@ -325,12 +325,24 @@ def _processes(conn, tables: set[str]) -> list[dict]:
     return sorted(out, key=lambda p: -(p["kernel_rows"] + p["nvtx_rows"]))
 
 
-def diagnose(summary: dict, capture: dict, expect_method: str | None) -> list[str]:
-    """Plain sentences for what went wrong in the capture."""
+VLLM_PROCESSES = ("EngineCore", "Worker")  # where vLLM's engine runs: processes it starts (VLLM::<name>)
+
+
+def diagnose(summary: dict, capture: dict, expect_method: str | None, engine: str | None = None) -> list[str]:
+    """Plain sentences for what went wrong in the capture (`engine` "vllm": a trace of vLLM's offline
+    engine, whose model runs in processes of its own)."""
     notes = []
     launches, processes = summary["launches"], summary["processes"]
     forked = capture.get("TRACE_AFTER_FORK_BEFORE_EXEC")
     gpu_ops = launches["kernels"] + launches["graph_trace_rows"] + sum(m["count"] for m in summary["memory_ops"] or [])
+    if engine == "vllm":
+        names = [p["name"] or "" for p in processes]
+        missing = [n for n in VLLM_PROCESSES if not any(n.lower() in seen.lower() for seen in names)]
+        if missing and (gpu_ops == 0 or len(processes) < 3):
+            notes.append(f"vLLM's {' and '.join(missing)} process{'es are' if len(missing) > 1 else ' is'} not in "
+                         f"this trace (processes seen: {', '.join(n or '?' for n in names) or 'none'}): vLLM runs "
+                         "the model there. Profile with --trace-fork-before-exec=true and start vLLM's workers with "
+                         "spawn (VLLM_WORKER_MULTIPROC_METHOD=spawn), as profile --backend vllm does.")
     if gpu_ops == 0 and not any(p["api_rows"] for p in processes):
         notes.append("No process in the trace did GPU work: the process that did was not traced. If it was forked "
                      "(a multiprocessing or engine worker), profile with --trace-fork-before-exec=true, or start "

@@ -50,6 +50,10 @@ class RunFolder:
                 raise DSparkError(f"--resume {self.path}: the {key} differ from the run's (changed files, "
                                   "another hub revision or other weights); start a new run")
 
+    def update_manifest(self, key: str, value) -> None:
+        """Replace one entry of the manifest (what a backend learns as its engines start)."""
+        self.write_json(MANIFEST, (self.manifest() or {}) | {key: value})
+
     def append(self, record: dict) -> None:
         with (self.path / REQUESTS).open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")

@@ -25,6 +25,7 @@ class RunOptions:
     dataset_revision: str | None = None
     systems: list[str] | None = None
     backend: str | None = None
+    vllm_args: list[str] | None = None  # KEY=VALUE engine arguments for the vllm backend
     num_prompts: int | None = None
     output_len: int | None = None
     temperatures: list[float] | None = None
@@ -112,7 +113,11 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         raise DSparkError(f"--num-prompts is {opts.num_prompts}; give at least 1")
     if opts.threads is not None and opts.threads < 1:
         raise DSparkError(f"--threads is {opts.threads}; give at least 1")
-    return {
+    engine_args = engine_arguments(opts.vllm_args, exp.engine_args)
+    if engine_args and backend != "vllm":
+        raise DSparkError(f"--vllm-arg sets vLLM's engine arguments; this run's backend is {backend} (add --backend "
+                          "vllm, or drop --vllm-arg)")
+    settings = {
         "experiment": exp.name, "experiment_sha256": exp.sha256, "target": exp.target, "backend": backend,
         "split": opts.split, "categories": opts.categories, "dataset_path": opts.dataset_path,
         "dataset": "files" if opts.dataset_path else exp.dataset,
@@ -122,6 +127,25 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         "ignore_eos": opts.ignore_eos, "seed": exp.seed if opts.seed is None else opts.seed,
         "shuffle": exp.shuffle and not opts.disable_shuffle, "device": opts.device, "dtype": opts.dtype,
     }
+    if backend == "vllm":  # (a native run's settings stay as before, so older runs resume)
+        settings["engine_args"] = engine_args
+    return settings
+
+
+def engine_arguments(items: list[str] | None, base: dict) -> dict:
+    """The experiment's `[engine_args]` with `--vllm-arg KEY=VALUE` over them; a value is read as JSON
+    (numbers, true/false, lists, objects), else kept as text."""
+    args = dict(base)
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise DSparkError(f"--vllm-arg {item}: give KEY=VALUE, e.g. --vllm-arg max_model_len=4096")
+        try:
+            value = json.loads({"True": "true", "False": "false", "None": "null"}.get(raw, raw))
+        except ValueError:
+            value = raw
+        args[key.strip()] = value
+    return args
 
 
 def request_seed(run_seed: int, question_id: str, turn: int, temperature: float) -> int:

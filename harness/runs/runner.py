@@ -32,7 +32,6 @@ from harness.backends.base import Backend, RequestResult, RequestSpec
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
 from harness.runs import threads
-from harness.runs.capture import capture_window
 from harness.runs.folder import RunFolder
 from harness.runs.plan import RunOptions, default_out, recorded_options, request_seed, resolve_settings
 from harness.runs.progress import RunProgress
@@ -50,8 +49,8 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
         if opts.profiled:  # everything untimed happens before the capture window opens
             for name, temp, _, _ in pending:
                 session.warm(name, temp)
-        with RunProgress(console, len(pending)) as progress, capture_window(opts.profiled, session.folder.path,
-                                                                             opts.device):
+        with RunProgress(console, len(pending)) as progress, session.backend.capture(opts.profiled,
+                                                                                      session.folder.path):
             for name, temp, row, turn in pending:
                 if (name, temp) not in session.warmed:
                     progress.step(f"{name} T={temp:g}", "(warm-up)")
@@ -104,7 +103,9 @@ class Session:
             console.print(f"notice: {settings['num_prompts']} prompts asked for, but {opts.split} "
                           f"{', '.join(settings['categories'] or ['(all categories)'])} has {len(rows)}: running "
                           f"{len(rows)}", style="yellow", highlight=False, soft_wrap=True)
-        backend: Backend = backend_class(settings["backend"])(exp.target, opts.device, opts.dtype)
+        backend: Backend = backend_class(settings["backend"])(
+            exp.target, opts.device, opts.dtype, engine_args=settings.get("engine_args"),
+            run_dir=folder.path, profiled=opts.profiled)
         n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.tokenizer_path)
         threads.apply(n_threads)
         tokenizer = AutoTokenizer.from_pretrained(backend.tokenizer_path)
@@ -122,6 +123,10 @@ class Session:
                   "tokenizer": tokenizer_record(backend.tokenizer_path, tokenizer)}
         if opts.resume:
             folder.check_inputs(inputs)  # (its thread count came with its options)
+            was = (folder.manifest().get("backend") or {}).get("version")
+            if was != backend.record().get("version"):
+                raise DSparkError(f"--resume {folder.path}: the run used {settings['backend']} {was}, this is "
+                                  f"{backend.record().get('version')}; start a new run")
         else:
             folder.create({"settings": settings, "options": recorded_options(opts),
                            "experiment": {"path": exp.path, "sha256": exp.sha256,
@@ -175,6 +180,12 @@ class Session:
         first = chat_prompt_ids(self.tokenizer, conversation(self.turns_of[self.rows[0].question_id][:1]))
         self.backend.warmup(self.prepared[name], self.longest, self.spec(name, temp), first)
         self.warmed.add((name, temp))
+        was = self.folder.manifest().get("backend") or {}
+        now = was | self.backend.record()  # what the engine started with, once known; a resume's engines added
+        if "engines" in now:
+            now["engines"] = was.get("engines", {}) | now["engines"]
+        if now != was:
+            self.folder.update_manifest("backend", now)
 
     def request(self, name: str, temp: float, row: datasets.Row, turn: int) -> dict:
         """One timed request, recorded (and at T = 0 held against plain decoding's) as soon as it ends."""
@@ -217,6 +228,7 @@ def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float,
         "accepted_counts": result.accepted_counts, "num_rounds": result.num_rounds, "ttft_ms": ttft,
         "tpot_ms": (e2el - ttft) / (n - 1) if n > 1 and ttft is not None else None, "e2el_ms": e2el,
         "round_ms": result.round_ms,
+        "draft_margins": [[float(f"{m:.4g}") for m in r] for r in result.draft_margins] or None,
         "matches_baseline": None, "time_utc": time.time(),
     }
 

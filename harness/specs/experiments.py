@@ -44,6 +44,7 @@ class Experiment:
     shuffle: bool = True
     seed: int = 0
     turns: str = "first"
+    engine_args: dict = field(default_factory=dict)  # [engine_args]: vLLM engine arguments (the vllm backend)
     path: str = ""
     sha256: str = ""
     extra: dict = field(default_factory=dict)
@@ -123,9 +124,12 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
     if not systems:
         raise DSparkError(f"{where}: no [[systems]]; name at least one")
     num_prompts = sampling.get("num_prompts")
+    engine_args = data.get("engine_args", {})
+    if not isinstance(engine_args, dict):
+        raise DSparkError(f"{where}: [engine_args] must be a table of vLLM engine arguments")
     return Experiment(name=name, target=target, systems=tuple(systems), description=data.get("description", ""),
                       backend=backend, dataset=dataset, dataset_revision=data.get("dataset_revision"),
                       temperatures=tuple(float(t) for t in temps), output_len=int(sampling.get("output_len", 2048)),
                       num_prompts=None if num_prompts is None else int(num_prompts),
                       shuffle=bool(sampling.get("shuffle", True)), seed=int(sampling.get("seed", 0)), turns=turns,
-                      path=where, sha256=sha256)
+                      engine_args=dict(engine_args), path=where, sha256=sha256)

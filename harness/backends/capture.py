@@ -1,6 +1,6 @@
-"""The capture window of a profiled child run: only the timed requests, after every model load,
-cache allocation, graph capture and warm-up request (nsys' `cudaProfilerApi` range, or a PyTorch
-profiler whose Chrome trace lands in the run folder)."""
+"""The capture window of a profiled child run on an in-process engine (the native backend): only the
+timed requests, after every model load, cache allocation, graph capture and warm-up request (nsys'
+`cudaProfilerApi` range, or a PyTorch profiler whose Chrome trace lands in the run folder)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,164 @@
+"""Cross-engine parity of two runs of the same prompts and systems (`dspark-bench parity`): per system
+and temperature, the inputs and greedy outputs compared, rounds and accepted drafts side by side per
+prompt and per position, and each divergence named by its kind:
+
+- accounting: the engines did the same work and count it differently (an n-gram step that proposed
+  nothing is a round for one engine and not the other; a last round whose accepted drafts include the
+  stop token counted past it);
+- numerics: at the first round where the proposals differ, our engine's draft picked its token by a
+  top-2 logit margin within float error of the run's dtype (either engine could flip it);
+- semantics: the proposals differ by more than float error; the engines compute different drafts
+  (our engine is checked token- and round-exact against DeepSeek's reference, so the other one
+  departs from it), or, for n-gram, their lookup rules differ.
+
+Rounds align on the output: at T = 0 with equal outputs, round i of both engines starts at the same
+token until the first round whose accepted count differs, which is where the proposals first differ
+(at slot min(accepted), the first slot one engine got right and the other wrong).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dspark.errors import DSparkError
+from harness.analysis.metrics import acceptance, first_difference
+from harness.analysis.records import MANIFEST, read_requests
+
+KINDS = ("accounting", "numerics", "semantics")
+# a greedy top-2 logit margin below this can be flipped by another engine's float error in that dtype
+FLOAT_ERROR = {"float32": 1e-3, "bfloat16": 0.125, "float16": 0.0625}
+
+
+def load_run(path: Path) -> tuple[dict, list[dict]]:
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise DSparkError(f"{path}: no {MANIFEST}; not a run folder (give the folders two `run`s wrote)")
+    return json.loads((path / MANIFEST).read_text()), read_requests(path)
+
+
+def _describe(path: Path, manifest: dict) -> dict:
+    settings, backend = manifest.get("settings", {}), manifest.get("backend", {})
+    return {"path": str(path), "backend": settings.get("backend", "native"), "version": backend.get("version"),
+            "device": settings.get("device"), "dtype": settings.get("dtype"),
+            "engine_args": backend.get("engine_args"), "engines": backend.get("engines")}
+
+
+def _dtype(run: dict) -> str:
+    """The dtype the run computed in: what vLLM's engines resolved, else the setting (auto: fp32 on CPU)."""
+    for engine in (run.get("engines") or {}).values():
+        return str(engine.get("dtype", "")).replace("torch.", "")
+    if run["dtype"] not in (None, "auto"):
+        return run["dtype"]
+    return "float32" if str(run["device"]).startswith("cpu") else "bfloat16"
+
+
+def per_position_counts(records: list[dict]) -> list[int]:
+    """Rounds that accepted position k (k = 1..), over every round of the records."""
+    accepted = [a for r in records for a in r.get("accepted_counts") or []]
+    k_max = max((d for r in records for d in r.get("proposal_lengths") or []), default=0)
+    return [sum(a >= k for a in accepted) for k in range(1, k_max + 1)]
+
+
+def _pooled(records: list[dict]) -> dict:
+    a = acceptance([n for r in records for n in r.get("acceptance_lengths") or []],
+                   [d for r in records for d in r.get("proposal_lengths") or []],
+                   [c for r in records for c in r.get("accepted_counts") or []])
+    return {"rounds": a["num_rounds"], "accepted": a["spec_decode_num_accepted_tokens"],
+            "acceptance_length": a["spec_decode_acceptance_length"], "accepted_per_position": per_position_counts(records),
+            "per_position_rates": a["spec_decode_per_position_acceptance_rates"]}
+
+
+def _drafting(record: dict) -> list[tuple[int, int, int, int]]:
+    """(round index, output token where it starts, proposed, accepted) of the rounds that proposed drafts."""
+    out, token = [], 1  # the first token comes from the prefill
+    for i, (d, a, n) in enumerate(zip(record.get("proposal_lengths") or [], record.get("accepted_counts") or [],
+                                      record.get("acceptance_lengths") or [])):
+        if d > 0:
+            out.append((i, token, d, a))
+        token += n
+    return out
+
+
+def divergences(ours: dict, theirs: dict, method: str, tol: float) -> list[dict]:
+    """What differs between two greedy records of one prompt with equal outputs, first difference only:
+    `ours` is the native engine's (its margins decide numerics), `theirs` the other engine's."""
+    found = []
+    empty = [sum(d == 0 for d in r.get("proposal_lengths") or []) for r in (ours, theirs)]
+    if empty[0] != empty[1]:
+        found.append({"kind": "accounting", "round": None, "token": None, "slot": None,
+                      "detail": f"steps with an empty proposal counted as rounds: ours {empty[0]}, theirs "
+                                f"{empty[1]} (one engine counts only the steps that proposed drafts)"})
+    a, b = _drafting(ours), _drafting(theirs)
+    for j, ((i, token, da, aa), (_, _, db, ab)) in enumerate(zip(a, b)):
+        if (da, aa) == (db, ab):
+            continue
+        where = {"round": i, "token": token}
+        last = j == len(a) - 1 == len(b) - 1
+        if last and da == db and ours.get("stop_reason") == theirs.get("stop_reason") == "stop_token":
+            found.append(where | {"kind": "accounting", "slot": None, "detail": (
+                f"the last round's accepted drafts include the stop token: ours counts {aa} (up to it), "
+                f"theirs {ab}")})
+        elif method == "ngram":
+            found.append(where | {"kind": "semantics", "slot": None, "detail": (
+                f"the n-gram lookup rules differ: ours proposed {da} and accepted {aa}, theirs {db} and {ab}")})
+        elif da != db:
+            found.append(where | {"kind": "semantics", "slot": None, "detail": (
+                f"proposal lengths differ: ours {da}, theirs {db}")})
+        else:
+            slot = min(aa, ab)  # the first slot one engine's draft got right and the other's did not
+            margins = (ours.get("draft_margins") or [])
+            margin = margins[i][slot] if i < len(margins) and slot < len(margins[i]) else None
+            if margin is None:
+                kind, why = "semantics", "no margin recorded, so float error cannot be ruled in"
+            elif margin < tol:
+                kind, why = "numerics", f"our draft's top-2 logit margin there is {margin:.3g}, within float error ({tol:g})"
+            else:
+                kind, why = "semantics", (f"our draft's top-2 logit margin there is {margin:.3g}, far above float "
+                                          f"error ({tol:g}): the other engine's draft computes something else "
+                                          "(ours matches DeepSeek's reference)")
+            found.append(where | {"kind": kind, "slot": slot, "margin": margin, "detail": (
+                f"proposals first differ at slot {slot} (accepted: ours {aa}, theirs {ab}); {why}")})
+        break
+    if len(a) != len(b) and not any(d["round"] is not None for d in found):
+        found.append({"kind": "semantics", "round": None, "token": None, "slot": None,
+                      "detail": f"rounds that proposed drafts: ours {len(a)}, theirs {len(b)}"})
+    return found
+
+
+def parity(dir_a: Path, dir_b: Path) -> dict:
+    """The comparison of two run folders, A and B, as data (see the module's docstring)."""
+    (ma, ra), (mb, rb) = load_run(dir_a), load_run(dir_b)
+    runs = [_describe(Path(dir_a), ma), _describe(Path(dir_b), mb)]
+    native = next((i for i, r in enumerate(runs) if r["backend"] == "native"), 0)
+    tol = max(FLOAT_ERROR.get(_dtype(r), 0.125) for r in runs)
+    index = [{(r["system"], float(r["temperature"]), r["question_id"], r["turn"]): r for r in recs} for recs in (ra, rb)]
+    groups = [g for g in dict.fromkeys(k[:2] for k in index[0]) if g in {k[:2] for k in index[1]}]  # A's order
+    out = {"runs": runs, "native": native, "float_error": tol, "groups": [],
+           "only_in": [sorted({k[:2] for k in index[i]} - set(groups)) for i in (0, 1)]}
+    for system, temp in groups:
+        keys = sorted(k for k in index[0] if k[:2] == (system, temp) and k in index[1])
+        pairs = [(index[0][k], index[1][k]) for k in keys]
+        method = pairs[0][native]["method"]
+        prompts, found = [], []
+        for (x, y), key in zip(pairs, keys):
+            same_input = x["prompt_sha256"] == y["prompt_sha256"]
+            diff = first_difference(x["output_ids"], y["output_ids"]) if temp == 0 and same_input else None
+            row = {"question_id": key[2], "turn": key[3], "prompt_ids_equal": same_input,
+                   "outputs_equal": None if diff is None else diff is True,
+                   "first_difference": None if diff in (None, True) else diff,
+                   "rounds": [x["num_rounds"], y["num_rounds"]],
+                   "accepted": [sum(x.get("accepted_counts") or []), sum(y.get("accepted_counts") or [])]}
+            if diff is True and method != "plain":
+                ours, theirs = (x, y) if native == 0 else (y, x)
+                for d in divergences(ours, theirs, method, tol):
+                    found.append({"question_id": key[2], "turn": key[3]} | d)
+            prompts.append(row)
+        greedy = temp == 0
+        out["groups"].append({
+            "system": system, "temperature": temp, "method": method, "prompts": len(pairs),
+            "prompt_ids_equal": sum(p["prompt_ids_equal"] for p in prompts),
+            "outputs_equal": sum(bool(p["outputs_equal"]) for p in prompts) if greedy else None,
+            "per_prompt": prompts, "pooled": [_pooled([p[0] for p in pairs]), _pooled([p[1] for p in pairs])],
+            "divergences": found, "kinds": {k: sum(d["kind"] == k for d in found) for k in KINDS}})
+    return out

@@ -1,0 +1,67 @@
+"""`dspark-bench parity RUN_A RUN_B`: two runs of the same prompts and systems on different backends,
+compared input for input, token for token and round for round, each divergence named by its kind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from dspark.errors import DSparkError
+from harness.cli.render import out, show
+
+
+def parity(
+    run_a: Path = typer.Argument(..., help="A run folder (e.g. the native backend's)."),
+    run_b: Path = typer.Argument(..., help="A run folder of the same prompts and systems (e.g. vLLM's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+):
+    """Compare two runs of the same prompts across engines: inputs, greedy outputs, rounds, acceptance."""
+    from harness.analysis.parity import parity as compare
+
+    result = compare(run_a, run_b)
+    if not result["groups"]:
+        raise DSparkError(f"{run_a} and {run_b} share no system and temperature; run the same systems on both")
+    if as_json:
+        print(json.dumps(result))
+        return
+    a, b = result["runs"]
+    names = [f"A: {r['backend']}" + (f" {r['version']}" if r["version"] else "") for r in (a,)] + \
+            [f"B: {b['backend']}" + (f" {b['version']}" if b["version"] else "")]
+    out.print(f"A = {a['path']} ({a['backend']}, {a['device']}); B = {b['path']} ({b['backend']}, {b['device']}); "
+              f"float error taken as a top-2 logit margin below {result['float_error']:g}", highlight=False,
+              soft_wrap=True)
+    for g in result["groups"]:
+        title = f"{g['system']} ({g['method']}) at T={g['temperature']:g}: {g['prompt_ids_equal']}/{g['prompts']} " \
+                "prompts with equal prompt ids" + ("" if g["outputs_equal"] is None else
+                                                   f", {g['outputs_equal']}/{g['prompts']} greedy outputs equal")
+        t = Table(title=title)
+        for col in ("prompt", "turn", "prompt ids", "output", "rounds A", "rounds B", "accepted A", "accepted B"):
+            t.add_column(col)
+        for p in g["per_prompt"]:
+            output = "-" if p["outputs_equal"] is None else "equal" if p["outputs_equal"] else \
+                f"differs at {p['first_difference']}"
+            t.add_row(p["question_id"][:12], str(p["turn"]), "equal" if p["prompt_ids_equal"] else "DIFFER", output,
+                      *(str(v) for v in (*p["rounds"], *p["accepted"])))
+        show(out, t)
+        if g["method"] != "plain":
+            pa, pb = g["pooled"]
+            pos = Table(title=f"{g['system']}: accepted drafts per position (rounds that accepted position k)")
+            pos.add_column("run")
+            for k in range(max(len(pa["accepted_per_position"]), len(pb["accepted_per_position"]))):
+                pos.add_column(str(k + 1))
+            pos.add_column("rounds")
+            pos.add_column("acceptance length")
+            for name, p in zip(names, (pa, pb)):
+                al = "-" if p["acceptance_length"] is None else f"{p['acceptance_length']:.3f}"
+                pos.add_row(name, *(str(c) for c in p["accepted_per_position"]), str(p["rounds"]), al)
+            show(out, pos)
+        for d in g["divergences"]:
+            at = "" if d["round"] is None else f" at round {d['round']} (token {d['token']})"
+            out.print(f"  {d['kind']}: {d['question_id'][:12]} turn {d['turn']}{at}: {d['detail']}",
+                      highlight=False, soft_wrap=True)
+    for i, missing in enumerate(result["only_in"]):
+        for system, temp in missing:
+            out.print(f"only in {'AB'[i]}: {system} at T={temp:g}", style="dim", highlight=False)

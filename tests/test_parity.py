@@ -1,0 +1,95 @@
+"""`dspark-bench parity` on two hand-written run folders whose every figure is known: inputs and
+outputs compared, rounds and per-position acceptance side by side, and each kind of divergence
+(accounting, numerics, semantics) named at its round. The same report on real vLLM runs is in
+`tests/test_vllm.py`."""
+
+from __future__ import annotations
+
+import json
+
+from cli_runner import run_cli
+
+from harness.analysis.parity import parity
+
+OUT = list(range(100, 120))  # a greedy output both engines produced
+
+
+def record(system, qid, accepted, proposed=None, margins=None, output=OUT, stop="max_new_tokens", sha="p1"):
+    proposed = proposed or [7] * len(accepted)
+    return {"system": system, "method": "ngram" if system == "ngram" else system, "question_id": qid, "turn": 0,
+            "temperature": 0.0, "prompt_sha256": sha, "output_ids": output, "accepted_counts": accepted,
+            "proposal_lengths": proposed, "acceptance_lengths": [a + 1 for a in accepted],
+            "num_rounds": len(accepted), "draft_margins": margins, "stop_reason": stop, "category": "coding"}
+
+
+def write_run(path, backend, records):
+    path.mkdir()
+    (path / "manifest.json").write_text(json.dumps({"settings": {"backend": backend, "device": "cpu",
+                                                                 "dtype": "auto"}, "backend": {}}))
+    (path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def runs(tmp_path):
+    ours = [record("plain", "q1", []), record("plain", "q2", []),
+            record("dspark", "q1", [2, 3, 1]),
+            record("dspark", "q2", [2, 3, 1], margins=[[5, 5, 1], [4.0, 0.0004, 3, 2], [3, 1]]),  # slot 1 a near tie
+            record("dspark", "q3", [2, 3, 1], margins=[[5, 5, 1], [4.0, 6.5, 3, 2], [3, 1]]),
+            record("dspark", "q4", [2, 3], stop="stop_token"),
+            record("ngram", "q1", [0, 3, 0, 1], proposed=[0, 3, 0, 2]),
+            record("ngram", "q2", [0, 3, 0, 1], proposed=[0, 3, 0, 2])]
+    theirs = [record("plain", "q1", []), record("plain", "q2", [], output=OUT[:7] + [0] + OUT[8:]),
+              record("dspark", "q1", [2, 3, 1]),
+              record("dspark", "q2", [2, 1, 1, 1]), record("dspark", "q3", [2, 1, 1, 1]),
+              record("dspark", "q4", [2, 4], stop="stop_token"),
+              record("ngram", "q1", [3, 1], proposed=[3, 2]),
+              record("ngram", "q2", [3, 4], proposed=[3, 7])]
+    return write_run(tmp_path / "native", "native", ours), write_run(tmp_path / "vllm", "vllm", theirs)
+
+
+def test_parity_names_every_kind_of_divergence_at_its_round(tmp_path):
+    a, b = runs(tmp_path)
+    result = parity(a, b)
+    groups = {g["system"]: g for g in result["groups"]}
+    plain = groups["plain"]
+    assert (plain["prompts"], plain["prompt_ids_equal"], plain["outputs_equal"]) == (2, 2, 1)
+    assert [p["first_difference"] for p in plain["per_prompt"]] == [None, 7] and plain["divergences"] == []
+
+    dspark = groups["dspark"]
+    assert [p["rounds"] for p in dspark["per_prompt"]] == [[3, 3], [3, 4], [3, 4], [2, 2]]
+    assert [p["accepted"] for p in dspark["per_prompt"]] == [[6, 6], [6, 5], [6, 5], [5, 6]]
+    by_prompt = {d["question_id"]: d for d in dspark["divergences"]}
+    assert set(by_prompt) == {"q2", "q3", "q4"}  # q1 agrees round for round
+    # round 1 starts at token 1 + (2 + 1) = 4; ours accepted 3 there, theirs 1: slot 1 is where they differ
+    assert {k: by_prompt["q2"][k] for k in ("kind", "round", "token", "slot", "margin")} == \
+        {"kind": "numerics", "round": 1, "token": 4, "slot": 1, "margin": 0.0004}
+    assert (by_prompt["q3"]["kind"], by_prompt["q3"]["margin"]) == ("semantics", 6.5)
+    assert "DeepSeek's reference" in by_prompt["q3"]["detail"]
+    assert (by_prompt["q4"]["kind"], by_prompt["q4"]["round"]) == ("accounting", 1)  # the stop-token round
+    assert dspark["kinds"] == {"accounting": 1, "numerics": 1, "semantics": 1}
+    # pooled by hand: ours 4 prompts x rounds [2,3,1],[2,3,1],[2,3,1],[2,3] -> 11 rounds, 23 accepted
+    ours, theirs = dspark["pooled"]
+    assert (ours["rounds"], ours["accepted"]) == (11, 23) and abs(ours["acceptance_length"] - (1 + 23 / 11)) < 1e-12
+    assert ours["accepted_per_position"] == [11, 8, 4, 0, 0, 0, 0]  # rounds accepting >= 1, >= 2, >= 3 drafts
+    assert (theirs["rounds"], theirs["accepted"]) == (13, 22)
+    assert theirs["accepted_per_position"] == [13, 6, 2, 1, 0, 0, 0]
+
+    ngram = groups["ngram"]
+    kinds = [(d["question_id"], d["kind"]) for d in ngram["divergences"]]
+    # both prompts: 2 empty steps are rounds for ours and not for vLLM; q2's second drafting step also differs
+    assert kinds == [("q1", "accounting"), ("q2", "accounting"), ("q2", "semantics")]
+    q2 = ngram["divergences"][-1]
+    assert (q2["round"], q2["token"]) == (3, 7) and "lookup rules" in q2["detail"]  # ours: round 3, at 1+1+4+1
+
+
+def test_parity_command_prints_the_report_and_refuses_a_folder_that_is_not_a_run(tmp_path, monkeypatch, capfd):
+    a, b = runs(tmp_path)
+    code, out, _ = run_cli(monkeypatch, capfd, "parity", a, b)
+    assert code == 0
+    assert "numerics: q2 turn 0 at round 1 (token 4)" in out and "accounting: q4 turn 0 at round 1" in out
+    assert "1/2 greedy outputs equal" in out and "differs at 7" in out
+    code, out, _ = run_cli(monkeypatch, capfd, "parity", a, b, "--json")
+    assert code == 0 and [g["kinds"]["numerics"] for g in json.loads(out)["groups"]] == [0, 1, 0]
+    code, _, err = run_cli(monkeypatch, capfd, "parity", a, tmp_path)
+    assert code == 2 and err.strip() == f"error: {tmp_path}: no manifest.json; not a run folder (give the folders " \
+        "two `run`s wrote)"
