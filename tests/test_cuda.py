@@ -63,7 +63,7 @@ def test_graph_path_equals_eager_path(case, threshold):
     cfg = GenerationConfig(max_new_tokens=96, temperature=0.0, confidence_threshold=threshold)
     runs = []
     for graphs in (False, True):
-        drafter = NgramDrafter() if case == "ngram" else None if case == "plain" else BlockDrafter(draft)
+        drafter = NgramDrafter() if case == "ngram" else None if case == "plain" else BlockDrafter(draft, margins=True)
         engine = Engine(target, drafter, use_graphs=graphs)
         assert bool(engine.runner.graphs) is False
         runs.append(engine.generate(prompt, cfg))
@@ -72,6 +72,7 @@ def test_graph_path_equals_eager_path(case, threshold):
     assert graphed.tokens == eager.tokens
     assert graphed.acceptance_lengths == eager.acceptance_lengths
     assert graphed.proposal_lengths == eager.proposal_lengths
+    assert graphed.draft_margins == eager.draft_margins  # (recorded inside the draft's graph)
 
 
 def test_graph_path_is_lossless():

@@ -188,3 +188,34 @@ def test_a_stop_token_among_the_accepted_drafts_ends_the_round_without_a_bonus()
                 return
         start += n
     pytest.fail("no accepted draft token to stop on")
+
+
+def test_greedy_draft_margins_are_the_top2_gap_of_the_logits_each_draft_was_chosen_from(monkeypatch):
+    """With margins on, each round records, for its slots up to the first rejected one, how far the
+    chosen draft's logit led the runner-up: from the very logits the arg-max was taken of (the Markov-
+    corrected ones for DSpark); nothing else changes, and at T > 0 nothing is recorded."""
+    import dspark.drafters as drafters
+
+    target, draft = CASES["dspark-bigram"]()
+    prompt, cfg = _prompt(), GenerationConfig(max_new_tokens=60, temperature=0.0)
+    seen = []
+    real = drafters.top2_margin
+    monkeypatch.setattr(drafters, "top2_margin", lambda logits: seen.append(logits.clone()) or real(logits))
+    off = Engine(target, BlockDrafter(draft)).generate(prompt, cfg)
+    assert off.draft_margins == [] and seen == []
+    on = Engine(target, BlockDrafter(draft, margins=True)).generate(prompt, cfg)
+    assert (on.tokens, on.accepted_counts, on.proposal_lengths) == (off.tokens, off.accepted_counts,
+                                                                    off.proposal_lengths)
+    assert [len(m) for m in on.draft_margins] == [min(a + 1, d) for a, d in zip(on.accepted_counts,
+                                                                                on.proposal_lengths)]
+    assert len(seen) == on.num_rounds
+    token = 1  # round r's accepted drafts are the output tokens it emitted, chosen as the arg-max of its logits
+    for logits, margins, a in zip(seen, on.draft_margins, on.accepted_counts):
+        top = logits.float().topk(2, dim=-1)
+        emitted = on.tokens[token:token + a]  # (the last round's may be cut at max_new_tokens)
+        assert top.indices[: len(emitted), 0].tolist() == emitted
+        assert margins == pytest.approx((top.values[:, 0] - top.values[:, 1])[: len(margins)].tolist())
+        token += a + 1
+    sampled = Engine(target, BlockDrafter(draft, margins=True)).generate(prompt, GenerationConfig(
+        max_new_tokens=30, temperature=1.0))
+    assert sampled.draft_margins == []

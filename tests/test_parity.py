@@ -9,7 +9,7 @@ import json
 
 from cli_runner import run_cli
 
-from harness.analysis.parity import parity
+from harness.analysis.parity import divergences, parity
 
 OUT = list(range(100, 120))  # a greedy output both engines produced
 
@@ -66,7 +66,10 @@ def test_parity_names_every_kind_of_divergence_at_its_round(tmp_path):
     assert (by_prompt["q3"]["kind"], by_prompt["q3"]["margin"]) == ("semantics", 6.5)
     assert "DeepSeek's reference" in by_prompt["q3"]["detail"]
     assert (by_prompt["q4"]["kind"], by_prompt["q4"]["round"]) == ("accounting", 1)  # the stop-token round
-    assert dspark["kinds"] == {"accounting": 1, "numerics": 1, "semantics": 1}
+    assert dspark["kinds"] == {"accounting": 1, "numerics": 1, "semantics": 1, "unclassified": 0}
+    # without our margins (a native run without --record-margins) the kind is not guessed
+    (found,) = divergences(record("dspark", "q5", [2, 3, 1]), record("dspark", "q5", [2, 1, 1, 1]), "dspark", 1e-3)
+    assert found["kind"] == "unclassified" and "--record-margins" in found["detail"]
     # pooled by hand: ours 4 prompts x rounds [2,3,1],[2,3,1],[2,3,1],[2,3] -> 11 rounds, 23 accepted
     ours, theirs = dspark["pooled"]
     assert (ours["rounds"], ours["accepted"]) == (11, 23) and abs(ours["acceptance_length"] - (1 + 23 / 11)) < 1e-12

@@ -171,3 +171,34 @@ def test_profile_nsys_runs_argument_lists_and_summarises_each_system(tmp_path, m
     assert [r["name"] for r in result["rows"]] == ["plain", "dspark"]
     spec = json.loads((out / "dspark.summary.json").read_text())
     assert spec["diagnosis"] == [] and {"dspark_propose", "target_verify"} <= {r["range"] for r in spec["nvtx"]}
+
+
+def test_profile_nsys_of_vllm_follows_its_processes_and_names_them_when_missing(tmp_path, monkeypatch):
+    """`profile --backend vllm --nsys`: fork tracing is forced on (even against an --nsys-arg), vLLM's
+    workers start by spawn (recorded), vLLM's CUDA profiler start/stop is the capture range, and a trace
+    without vLLM's EngineCore and worker processes says so by name."""
+    import sys
+
+    from rich.console import Console
+
+    from harness.profiling.orchestrate import profile_run
+    from harness.runs.plan import RunOptions, recorded_options
+
+    fake = tmp_path / "nsys"
+    fake.write_text(FAKE_NSYS.format(python=sys.executable, help=HELP,
+                                     fixtures=str(Path(__file__).parent / "fixtures" / "nsys")))
+    fake.chmod(0o755)
+    monkeypatch.setenv("FAKE_NSYS_LOG", str(tmp_path / "calls.jsonl"))
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    out = tmp_path / "prof"
+    options = recorded_options(RunOptions(backend="vllm", device="cuda", output_len=8))
+    profile_run([], [("plain", "plain")], "nsys", out, Console(quiet=True), preset="lean", nsys_path=str(fake),
+                nsys_args=["--trace-fork-before-exec=false"], run_options=options)
+    (call,) = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    record = json.loads((out / "profile.json").read_text())
+    assert "--trace-fork-before-exec=true" in call and "--trace-fork-before-exec=false" not in call
+    assert "--capture-range=cudaProfilerApi" in call
+    assert record["vllm"]["worker_multiproc_method"] == "spawn" and "cudaProfilerStart" in record["vllm"]["capture"]
+    assert json.loads((out / "run-options.json").read_text())["backend"] == "vllm"
+    diagnosis = json.loads((out / "plain.summary.json").read_text())["diagnosis"]
+    assert any(d.startswith("vLLM's EngineCore and Worker processes are not in this trace") for d in diagnosis)

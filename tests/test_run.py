@@ -215,6 +215,11 @@ def test_dry_run_of_the_qwen3_8b_experiment_against_stand_ins(tmp_path):
         (None, "plain", 0), ("deepspec", "dspark", 7), ("speculators", "dspark", 7), ("deepspec", "dflash", 7),
         ("zlab", "dflash", 15), (None, "ngram", 7)]
     assert all(r["fits_target"] for r in rows.values())
+    # the same systems on vLLM: the same drafts, formats and methods resolve
+    proc = _process(["run", "--experiment", "qwen3-8b-vllm", "--dry-run", "--json"], tmp_path, env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [{k: r[k] for k in ("system", "format", "method")} for r in json.loads(proc.stdout)] == \
+        [{k: r[k] for k in ("system", "format", "method")} for r in rows.values()]
     # a draft that does not fit (another vocabulary) is reported, and the dry run exits 1
     bad = replace(dspark, backbone=replace(small, vocab_size=1000), mask_token_id=999)
     other = random_target(replace(tcfg, backbone=replace(small, vocab_size=1000)), 0)

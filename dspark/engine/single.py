@@ -236,6 +236,8 @@ class Engine:
 
         stop = set(cfg.stop_token_ids)
         margins = self.drafter is not None and self.drafter.margins and cfg.temperature <= GREEDY_TEMPERATURE
+        # kept on the device, one row per round, and read back once after the loop (no second sync per round)
+        margin_log = torch.empty(cfg.max_new_tokens, self.drafter.block_size, device=self.device) if margins else None
         self._history[:] = prompt_ids + result.tokens
         timer = self._timer = StepTimer(self.device) if self.timing else None
         while len(result.tokens) < cfg.max_new_tokens and result.tokens[-1] not in stop:
@@ -257,10 +259,14 @@ class Engine:
             result.accepted_counts.append(accepted)
             result.proposal_lengths.append(proposed)
             if margins:
-                result.draft_margins.append(state.draft_margin[: min(accepted + 1, proposed)].tolist())
+                margin_log[len(result.accepted_counts) - 1].copy_(state.draft_margin)
             result.acceptance_lengths.append(len(emitted))
             result.tokens.extend(emitted)
             self._history.extend(emitted)
+        if margins:  # each round's slots up to its first rejected one: where another engine can first differ
+            rows = margin_log[: result.num_rounds].tolist()
+            result.draft_margins = [row[: min(a + 1, d)] for row, a, d in
+                                    zip(rows, result.accepted_counts, result.proposal_lengths)]
         if timer is not None:
             timer.next_round()
         synchronize(self.device)

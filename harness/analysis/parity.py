@@ -9,7 +9,8 @@ prompt and per position, and each divergence named by its kind:
   top-2 logit margin within float error of the run's dtype (either engine could flip it);
 - semantics: the proposals differ by more than float error; the engines compute different drafts
   (our engine is checked token- and round-exact against DeepSeek's reference, so the other one
-  departs from it), or, for n-gram, their lookup rules differ.
+  departs from it), or, for n-gram, their lookup rules differ;
+- unclassified: the proposals differ and the native run recorded no margins (`--record-margins`).
 
 Rounds align on the output: at T = 0 with equal outputs, round i of both engines starts at the same
 token until the first round whose accepted count differs, which is where the proposals first differ
@@ -25,7 +26,7 @@ from dspark.errors import DSparkError
 from harness.analysis.metrics import acceptance, first_difference
 from harness.analysis.records import MANIFEST, read_requests
 
-KINDS = ("accounting", "numerics", "semantics")
+KINDS = ("accounting", "numerics", "semantics", "unclassified")
 # a greedy top-2 logit margin below this can be flipped by another engine's float error in that dtype
 FLOAT_ERROR = {"float32": 1e-3, "bfloat16": 0.125, "float16": 0.0625}
 
@@ -110,7 +111,8 @@ def divergences(ours: dict, theirs: dict, method: str, tol: float) -> list[dict]
             margins = (ours.get("draft_margins") or [])
             margin = margins[i][slot] if i < len(margins) and slot < len(margins[i]) else None
             if margin is None:
-                kind, why = "semantics", "no margin recorded, so float error cannot be ruled in"
+                kind, why = "unclassified", ("no margin recorded to tell numerics from semantics (run the native "
+                                             "side with --record-margins)")
             elif margin < tol:
                 kind, why = "numerics", f"our draft's top-2 logit margin there is {margin:.3g}, within float error ({tol:g})"
             else:

@@ -31,11 +31,13 @@ class NativeBackend:
     capabilities = Capabilities(max_concurrency=1, step_timing=True, acceptance="round", deterministic_greedy=True)
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
-                 engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None):
+                 engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
+                 margins: bool = False):
         if engine_args:
             raise DSparkError("--vllm-arg sets vLLM's engine arguments; the native backend takes none")
         self.loaded: LoadedTarget = load_target(target, device, dtype, revision)
         self.device = device
+        self.margins = margins  # greedy drafts' top-2 margins recorded per round (`parity`), at a small cost
 
     @property
     def tokenizer_path(self) -> Path:
@@ -58,7 +60,7 @@ class NativeBackend:
 
     def prepare(self, system: System) -> Prepared:
         drafter, method, cfg = make_drafter(system.method, system.draft, self.loaded.model,
-                                            system.num_speculative_tokens, margins=True)
+                                            system.num_speculative_tokens, margins=self.margins)
         problem = check_system(system, cfg) if cfg is not None else None
         if problem:
             raise DSparkError(f"system '{system.name}': {problem}")

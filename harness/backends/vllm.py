@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -84,7 +85,8 @@ class VllmBackend:
     capabilities = Capabilities(max_concurrency=1, step_timing=False, acceptance="round", deterministic_greedy=True)
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
-                 engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None):
+                 engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
+                 margins: bool = False):
         # vLLM logs to stdout at INFO by default; the results go there, so its log goes to the run folder
         # (`vllm.log`, every process, INFO up) and its errors to stderr
         if run_dir is not None and "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
@@ -208,11 +210,13 @@ class VllmBackend:
 
         params = SamplingParams(temperature=spec.temperature, seed=spec.seed, max_tokens=spec.max_new_tokens,
                                 stop_token_ids=list(spec.stop_token_ids), ignore_eos=not spec.stop_token_ids)
+        llm = prepared.handle["llm"]
         start = time.perf_counter()
         try:
-            (out,) = prepared.handle["llm"].generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+            (out,) = _watched(llm, lambda: llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
+                                                        use_tqdm=False))
         except Exception as exc:
-            if type(exc).__name__ == "EngineDeadError":  # its processes died: what finished is kept
+            if type(exc).__name__ in ("EngineDeadError", "EngineDied"):  # its processes died: what finished is kept
                 raise DSparkError(f"vLLM's engine for system '{prepared.system.name}' died mid-run (EngineCore "
                                   "or worker); the finished requests are kept, resume the run") from None
             raise
@@ -246,6 +250,34 @@ class VllmBackend:
 
     def peak_memory(self) -> int | None:
         return None  # vLLM's engine runs in its own processes
+
+
+class EngineDied(Exception):
+    """vLLM's engine processes died while a request was waiting on them."""
+
+
+def _watched(llm, call):
+    """`call()` (a blocking vLLM call) on a thread while the engine's liveness is watched: when its
+    EngineCore dies, vLLM 0.32's monitor shuts the sync client down without waking a caller blocked on
+    its output queue, which would then wait forever."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["out"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["exc"] = exc
+
+    worker = threading.Thread(target=target, daemon=True, name="vllm-request")
+    worker.start()
+    resources = getattr(llm.llm_engine.engine_core, "resources", None)
+    while worker.is_alive():
+        worker.join(0.25)  # returns as soon as the call does
+        if worker.is_alive() and getattr(resources, "engine_dead", False):
+            raise EngineDied
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
 
 
 def _logging_config(run_dir: Path) -> Path:

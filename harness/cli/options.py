@@ -50,6 +50,9 @@ RUN_OPTIONS = [
     ("device", str, typer.Option("auto", help="auto, cpu, cuda, cuda:N.")),
     ("dtype", str, typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.")),
     ("threads", Optional[int], typer.Option(None, help=THREADS_HELP)),
+    ("record_margins", bool, typer.Option(False, "--record-margins", help="Native backend, T = 0: record each "
+                                          "greedy draft's top-2 logit margin, so `parity` can tell numerics from "
+                                          "semantics (a flag; costs a few % per round).")),
 ]
 # option name -> RunOptions field, where they differ
 FIELDS = {"category": "categories", "temperature": "temperatures", "vllm_arg": "vllm_args"}

@@ -59,7 +59,7 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
         record["vllm"] = {"worker_multiproc_method": env["VLLM_WORKER_MULTIPROC_METHOD"],
                           "capture": "vLLM's profiler (LLM.start_profile/stop_profile) around the timed requests: "
                                      + ("cudaProfilerStart/Stop in the worker" if plan else "its PyTorch profiler")}
-        if plan and "--trace-fork-before-exec=true" not in plan.flags:
+        if plan:  # whatever the preset or --nsys-arg said
             plan.flags = [f for f in plan.flags if not f.startswith("--trace-fork-before-exec")]
             plan.flags.append("--trace-fork-before-exec=true")
             record["flags"] = plan.flags

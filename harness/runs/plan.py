@@ -37,6 +37,7 @@ class RunOptions:
     device: str = "cpu"
     dtype: str = "auto"
     threads: int | None = None  # intra-op threads (None: `harness.runs.threads.choose`)
+    record_margins: bool = False  # the native engine records its greedy drafts' top-2 margins (for `parity`)
     out: str | None = None
     resume: str | None = None
     profiled: str | None = None  # "nsys" or "torch": warm every system first, capture only the timed requests
@@ -129,6 +130,11 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     }
     if backend == "vllm":  # (a native run's settings stay as before, so older runs resume)
         settings["engine_args"] = engine_args
+    if opts.record_margins:
+        if backend != "native":
+            raise DSparkError(f"--record-margins records our engine's draft margins; the {backend} backend has none "
+                              "to give (record them on the native run you compare against)")
+        settings["record_margins"] = True
     return settings
 
 

@@ -105,7 +105,7 @@ class Session:
                           f"{len(rows)}", style="yellow", highlight=False, soft_wrap=True)
         backend: Backend = backend_class(settings["backend"])(
             exp.target, opts.device, opts.dtype, engine_args=settings.get("engine_args"),
-            run_dir=folder.path, profiled=opts.profiled)
+            run_dir=folder.path, profiled=opts.profiled, margins=settings.get("record_margins", False))
         n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.tokenizer_path)
         threads.apply(n_threads)
         tokenizer = AutoTokenizer.from_pretrained(backend.tokenizer_path)
