@@ -162,6 +162,9 @@ def test_vllm_ngram_and_dspark_give_their_plain_outputs_and_report_rounds(runs):
         assert len(r["proposal_lengths"]) == len(r["accepted_counts"]) == r["num_rounds"]
         assert all(0 <= a <= d <= 7 for a, d in zip(r["accepted_counts"], r["proposal_lengths"]))
         assert r["acceptance_lengths"] == [a + 1 for a in r["accepted_counts"]]
+        assert r["acceptance_source"] == "vllm per-step"  # and vLLM's own totals agree with the lists
+        assert (r["acceptance_totals"]["num_spec_steps"], r["acceptance_totals"]["num_accepted_draft_tokens"]) == \
+            (r["num_rounds"], sum(r["accepted_counts"]))
     assert any(r["num_rounds"] for r in ngram.values())  # the demo's code answers repeat their prompts
     assert all(r["num_rounds"] > 0 and set(r["proposal_lengths"]) == {7} for r in dspark.values())
     engine = json.loads((runs["vllm-dspark"] / "manifest.json").read_text())["backend"]["engines"]["dspark"]

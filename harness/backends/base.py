@@ -50,6 +50,10 @@ class RequestResult:
     # at T = 0, where the backend knows them: per round, each slot's top-2 draft logit margin up to the first
     # rejected slot (how close a greedy draft was to another choice; `parity` tells numerics by it)
     draft_margins: list[list[float]] = field(default_factory=list)
+    # where the round lists come from: "rounds" (the engine's own, every verify), "vllm per-step" (vLLM's
+    # per-request lists, steps that proposed drafts), "vllm totals" (only its totals: `acceptance_totals`)
+    acceptance_source: str | None = "rounds"
+    acceptance_totals: dict | None = None  # drafts, draft tokens, accepted tokens (per position where known)
 
     @property
     def num_rounds(self) -> int:

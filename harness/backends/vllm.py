@@ -12,7 +12,8 @@ the run's longest request, and stops when another system takes the machine.
 What vLLM reports, and how it lands in our records:
 - tokens from `RequestOutput.outputs[0].token_ids`;
 - rounds from `per_request_spec_decode_metrics="detailed"`: `per_step_drafted` and
-  `per_step_accepted` per speculative step (`acceptance_source` "per_step"). vLLM counts a step only
+  `per_step_accepted` per speculative step (`acceptance_source` "vllm per-step"; "vllm totals" with
+  `acceptance_totals` where it gives only totals). vLLM counts a step only
   when it proposed drafts (an n-gram step that found no match is not a round there, where our engine
   counts every verify), and in a step whose accepted drafts include the stop token it counts the
   drafts past it: accounting, not quality, and `parity` names it so;
@@ -228,10 +229,16 @@ class VllmBackend:
         steps = getattr(completion, "spec_decode_metrics", None)
         drafted = list(getattr(steps, "per_step_drafted", None) or [])
         accepted = list(getattr(steps, "per_step_accepted", None) or [])
+        source, totals = None, None
+        if steps is not None:  # vLLM's RequestSpecDecodeMetrics, summed as its response payload sums it
+            summed = steps.to_dict() if hasattr(steps, "to_dict") else {}
+            totals = {k: summed.get(k) for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens",
+                                                 "acceptance_histogram")}
+            source = "vllm per-step" if drafted or not totals["num_spec_steps"] else "vllm totals"
         return RequestResult(tokens=list(completion.token_ids), prefill_s=ttft_s, decode_s=e2el_s - (ttft_s or 0.0),
                              stop_reason="stop_token" if completion.finish_reason == "stop" else "max_new_tokens",
                              acceptance_lengths=[a + 1 for a in accepted], accepted_counts=accepted,
-                             proposal_lengths=drafted)
+                             proposal_lengths=drafted, acceptance_source=source, acceptance_totals=totals)
 
     def generate_many(self, prepared: Prepared, prompts: list[list[int]],
                       specs: list[RequestSpec]) -> list[RequestResult]:
