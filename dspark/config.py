@@ -154,16 +154,21 @@ class DraftConfig:
 
     @property
     def vllm_method(self) -> str:
-        """The vLLM speculative method that loads this checkpoint (spec §8)."""
-        if not self.sample_from_anchor:
-            return "dflash"
-        if self.markov_rank > 0:
-            return "dspark"
-        return "dspark (anchor-first; set method explicitly: name-based auto-detection picks dflash)"
+        """The vLLM speculative method that loads this checkpoint (spec §8): `dspark` for the anchor-first
+        block layout (DeepSpec's, with or without a Markov head), `dflash` for z-lab's fill-in layout."""
+        return "dspark" if self.sample_from_anchor else "dflash"
+
+    @property
+    def vllm_note(self) -> str | None:
+        """What a vLLM user must know to load it, where there is something."""
+        if self.sample_from_anchor and self.markov_rank == 0:
+            return "anchor-first DFlash: set method dspark explicitly (vLLM's name-based auto-detection picks dflash)"
+        return None
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(num_drafts=self.num_drafts, method=self.method, vllm_method=self.vllm_method)
+        out.update(num_drafts=self.num_drafts, method=self.method, vllm_method=self.vllm_method,
+                   vllm_note=self.vllm_note)
         return out
 
     # ---- parsing -------------------------------------------------------------------------------

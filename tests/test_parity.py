@@ -53,7 +53,9 @@ def test_parity_names_every_kind_of_divergence_at_its_round(tmp_path):
     groups = {g["system"]: g for g in result["groups"]}
     plain = groups["plain"]
     assert (plain["prompts"], plain["prompt_ids_equal"], plain["outputs_equal"]) == (2, 2, 1)
-    assert [p["first_difference"] for p in plain["per_prompt"]] == [None, 7] and plain["divergences"] == []
+    assert [p["first_difference"] for p in plain["per_prompt"]] == [None, 7]
+    (differ,) = plain["divergences"]  # an output that differs is the targets' divergence, not the drafts'
+    assert (differ["question_id"], differ["kind"], differ["token"]) == ("q2", "unclassified", 7)
 
     dspark = groups["dspark"]
     assert [p["rounds"] for p in dspark["per_prompt"]] == [[3, 3], [3, 4], [3, 4], [2, 2]]
@@ -70,6 +72,12 @@ def test_parity_names_every_kind_of_divergence_at_its_round(tmp_path):
     # without our margins (a native run without --record-margins) the kind is not guessed
     (found,) = divergences(record("dspark", "q5", [2, 3, 1]), record("dspark", "q5", [2, 1, 1, 1]), "dspark", 1e-3)
     assert found["kind"] == "unclassified" and "--record-margins" in found["detail"]
+    # where vLLM gave only its totals there are no rounds to align: the totals are compared
+    totals = record("dspark", "q6", [])
+    totals |= {"acceptance_source": "vllm totals", "acceptance_totals": {"num_accepted_draft_tokens": 5}}
+    assert divergences(record("dspark", "q6", [2, 3]), totals, "dspark", 1e-3) == []
+    (found,) = divergences(record("dspark", "q6", [2, 2]), totals, "dspark", 1e-3)
+    assert found["kind"] == "unclassified" and "only totals" in found["detail"]
     # pooled by hand: ours 4 prompts x rounds [2,3,1],[2,3,1],[2,3,1],[2,3] -> 11 rounds, 23 accepted
     ours, theirs = dspark["pooled"]
     assert (ours["rounds"], ours["accepted"]) == (11, 23) and abs(ours["acceptance_length"] - (1 + 23 / 11)) < 1e-12

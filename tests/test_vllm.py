@@ -57,7 +57,10 @@ def _env(vllm: bool = True) -> dict:
     if not vllm:
         return env
     path = os.pathsep.join(p for p in (str(SHIM), env.get("PYTHONPATH")) if p)
-    return env | {"VLLM_CPU_KVCACHE_SPACE": "1", "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    # V1 for plain and n-gram, as on a CPU without the shim (vLLM would pick V2 once Triton passes its
+    # check); DSpark's engine gets V2 whatever this says: its method exists only there
+    return env | {"VLLM_CPU_KVCACHE_SPACE": "1", "TRITON_INTERPRET": "1", "PYTHONPATH": path,
+                  "VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 
 def _cli(args: list, root: Path, vllm: bool = True) -> subprocess.CompletedProcess:
@@ -287,6 +290,14 @@ def test_vllm_args_are_checked_and_recorded_in_the_settings(tmp_path, monkeypatc
     from harness.runs.plan import RunOptions, resolve_settings
     from harness.specs.experiments import load_experiment
 
+    from harness.backends.vllm import split_engine_args
+
+    assert "engine_args" not in resolve_settings(RunOptions(backend="vllm"), load_experiment("demo"))  # as before
+    assert split_engine_args({"enforce_eager": False, "speculative_config.prompt_lookup_max": 5}) == (
+        {"enforce_eager": False}, {"prompt_lookup_max": 5})
+    for key in ("model", "speculative_config"):  # what each system sets itself
+        with pytest.raises(DSparkError, match=f"--vllm-arg {key}: "):
+            split_engine_args({key: "x"})
     opts = RunOptions(backend="vllm", vllm_args=["enforce_eager=false", "max_model_len=4096",
                                                  "speculative_config.draft_sample_method=probabilistic"])
     assert resolve_settings(opts, load_experiment("demo"))["engine_args"] == {

@@ -18,6 +18,7 @@ def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int
 
     - `spec_decode_acceptance_length`: tokens per round (1 + accepted / rounds), as vLLM;
     - `spec_decode_acceptance_rate`: accepted / proposed draft tokens;
+    - `spec_decode_num_accepted_tokens_per_pos`: rounds that accepted position k (vLLM's counter);
     - `spec_decode_per_position_acceptance_rates`: joint, P(position k accepted | k proposed);
     - `spec_decode_conditional_acceptance_rates`: P(k accepted | k - 1 accepted and k proposed);
     - `spec_decode_acceptance_histogram`: rounds by accepted draft count (index 0..max proposed).
@@ -28,8 +29,8 @@ def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int
     if rounds == 0:
         return {"num_rounds": 0, "spec_decode_acceptance_length": None, "spec_decode_acceptance_rate": None,
                 "spec_decode_num_draft_tokens": 0, "spec_decode_num_accepted_tokens": 0,
-                "spec_decode_per_position_acceptance_rates": [], "spec_decode_conditional_acceptance_rates": [],
-                "spec_decode_acceptance_histogram": []}
+                "spec_decode_num_accepted_tokens_per_pos": [], "spec_decode_per_position_acceptance_rates": [],
+                "spec_decode_conditional_acceptance_rates": [], "spec_decode_acceptance_histogram": []}
     accepted = list(accepted_counts) if accepted_counts is not None else [n - 1 for n in acceptance_lengths]
     k_max = max(proposal_lengths)
     proposed_at = [sum(d >= k for d in proposal_lengths) for k in range(1, k_max + 1)]
@@ -49,6 +50,7 @@ def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int
         "spec_decode_acceptance_rate": sum(accepted) / sum(proposal_lengths) if sum(proposal_lengths) else None,
         "spec_decode_num_draft_tokens": sum(proposal_lengths),
         "spec_decode_num_accepted_tokens": sum(accepted),
+        "spec_decode_num_accepted_tokens_per_pos": accepted_at,
         "spec_decode_per_position_acceptance_rates": joint,
         "spec_decode_conditional_acceptance_rates": conditional,
         "spec_decode_acceptance_histogram": histogram,

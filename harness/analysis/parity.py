@@ -13,8 +13,11 @@ prompt and per position, and each divergence named by its kind:
 - unclassified: the proposals differ and the native run recorded no margins (`--record-margins`).
 
 Rounds align on the output: at T = 0 with equal outputs, round i of both engines starts at the same
-token until the first round whose accepted count differs, which is where the proposals first differ
-(at slot min(accepted), the first slot one engine got right and the other wrong).
+token until the first round whose accepted count differs: the first round where the proposals differ
+in what they let through (at slot min(accepted), the first slot one engine got right and the other
+wrong). Two proposals that differ only past the first rejected slot accept alike and are not told
+apart; neither engine reports its rejected drafts. A greedy output that differs is a divergence of the
+targets (unclassified: no target margins are recorded).
 """
 
 from __future__ import annotations
@@ -54,19 +57,13 @@ def _dtype(run: dict) -> str:
     return "float32" if str(run["device"]).startswith("cpu") else "bfloat16"
 
 
-def per_position_counts(records: list[dict]) -> list[int]:
-    """Rounds that accepted position k (k = 1..), over every round of the records."""
-    accepted = [a for r in records for a in r.get("accepted_counts") or []]
-    k_max = max((d for r in records for d in r.get("proposal_lengths") or []), default=0)
-    return [sum(a >= k for a in accepted) for k in range(1, k_max + 1)]
-
-
 def _pooled(records: list[dict]) -> dict:
     a = acceptance([n for r in records for n in r.get("acceptance_lengths") or []],
                    [d for r in records for d in r.get("proposal_lengths") or []],
                    [c for r in records for c in r.get("accepted_counts") or []])
     return {"rounds": a["num_rounds"], "accepted": a["spec_decode_num_accepted_tokens"],
-            "acceptance_length": a["spec_decode_acceptance_length"], "accepted_per_position": per_position_counts(records),
+            "acceptance_length": a["spec_decode_acceptance_length"],
+            "accepted_per_position": a["spec_decode_num_accepted_tokens_per_pos"],
             "per_position_rates": a["spec_decode_per_position_acceptance_rates"]}
 
 
@@ -84,6 +81,12 @@ def _drafting(record: dict) -> list[tuple[int, int, int, int]]:
 def divergences(ours: dict, theirs: dict, method: str, tol: float) -> list[dict]:
     """What differs between two greedy records of one prompt with equal outputs, first difference only:
     `ours` is the native engine's (its margins decide numerics), `theirs` the other engine's."""
+    if "vllm totals" in (ours.get("acceptance_source"), theirs.get("acceptance_source")):  # no rounds to align
+        totals = [sum(r.get("accepted_counts") or []) or (r.get("acceptance_totals") or {}).get(
+            "num_accepted_draft_tokens") for r in (ours, theirs)]
+        return [] if totals[0] == totals[1] else [{
+            "kind": "unclassified", "round": None, "token": None, "slot": None,
+            "detail": f"accepted drafts: ours {totals[0]}, theirs {totals[1]}; only totals are known for one side"}]
     found = []
     empty = [sum(d == 0 for d in r.get("proposal_lengths") or []) for r in (ours, theirs)]
     if empty[0] != empty[1]:
@@ -140,6 +143,9 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
            "only_in": [sorted({k[:2] for k in index[i]} - set(groups)) for i in (0, 1)]}
     for system, temp in groups:
         keys = sorted(k for k in index[0] if k[:2] == (system, temp) and k in index[1])
+        if not keys:  # the same system and temperature, but no prompt in common
+            out["only_in"][0].append((system, temp))
+            continue
         pairs = [(index[0][k], index[1][k]) for k in keys]
         method = pairs[0][native]["method"]
         prompts, found = [], []
@@ -151,10 +157,14 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
                    "first_difference": None if diff in (None, True) else diff,
                    "rounds": [x["num_rounds"], y["num_rounds"]],
                    "accepted": [sum(x.get("accepted_counts") or []), sum(y.get("accepted_counts") or [])]}
+            where = {"question_id": key[2], "turn": key[3]}
             if diff is True and method != "plain":
                 ours, theirs = (x, y) if native == 0 else (y, x)
-                for d in divergences(ours, theirs, method, tol):
-                    found.append({"question_id": key[2], "turn": key[3]} | d)
+                found += [where | d for d in divergences(ours, theirs, method, tol)]
+            elif diff not in (None, True):
+                found.append(where | {"kind": "unclassified", "round": None, "token": diff, "slot": None, "detail": (
+                    f"the greedy outputs differ from token {diff}: the targets disagree (no target margins are "
+                    "recorded to tell numerics from semantics)")})
             prompts.append(row)
         greedy = temp == 0
         out["groups"].append({

@@ -71,6 +71,10 @@ class Prepared:
 
 
 class Backend(Protocol):
+    """Every backend class is built alike, `Cls(target, device, dtype, revision=None, engine_args=None,
+    run_dir=None, profiled=None, margins=False)`, and leaves unused what it has no use for: the run
+    refuses an option its backend cannot honour before building it."""
+
     name: str
     capabilities: Capabilities
 

@@ -14,8 +14,8 @@ import torch
 from dspark.checkpoint import LoadedTarget, load_target
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
-from harness.backends.capture import capture_window
 from harness.backends.base import Capabilities, Prepared, RequestResult, RequestSpec
+from harness.backends.capture import capture_window
 from harness.backends.fingerprints import model_record
 from harness.backends.systems import check_system, make_drafter
 from harness.specs.experiments import System

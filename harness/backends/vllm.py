@@ -4,7 +4,8 @@ ids (the same chat-template ids as the native path, so the engines see identical
 A system maps onto vLLM's `speculative_config`: plain decoding none, n-gram lookup `ngram`, a draft
 the method vLLM loads its format with (`vllm_method`). vLLM's `dspark` method exists only in its V2
 model runner, so a DSpark engine starts with `VLLM_USE_V2_MODEL_RUNNER=1`; the other systems run on
-vLLM's default runner unless the environment sets V2 for all. At T > 0 drafts are sampled
+the runner the environment chooses (the variable as the user set it, else vLLM's own choice), and
+each engine's record says which ran. At T > 0 drafts are sampled
 (`draft_sample_method="probabilistic"`, as published comparisons run them) except on the CPU, where
 vLLM 0.32 crashes on it and drafts greedily. Each engine starts at its system's warm-up, sized for
 the run's longest request, and stops when another system takes the machine.
@@ -52,12 +53,6 @@ PROFILE_DIR = "vllm-profile"  # where vLLM's profiler writes its traces, in the 
 LOG = "vllm.log"  # vLLM's log (every process), in the run folder
 
 
-def vllm_method(cfg: DraftConfig) -> str:
-    """The speculative method vLLM loads a draft with: `dspark` for DeepSpec's anchor-first block layout
-    (with or without a Markov head), `dflash` for z-lab's fill-in layout."""
-    return "dspark" if cfg.sample_from_anchor else "dflash"
-
-
 def speculative_config(system: System, cfg: DraftConfig | None, path: Path | None, on_cpu: bool) -> dict | None:
     """The `speculative_config` that runs `system` in vLLM (None: plain decoding)."""
     if system.method == "plain":
@@ -65,7 +60,7 @@ def speculative_config(system: System, cfg: DraftConfig | None, path: Path | Non
     if system.method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": system.num_speculative_tokens or NGRAM_TOKENS,
                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    method = vllm_method(cfg)
+    method = cfg.vllm_method
     if on_cpu and method == "dspark" and cfg.markov_rank == 0:
         raise DSparkError(f"system '{system.name}': vLLM cannot run a {cfg.format}-format DFlash draft (Markov rank "
                           "0) on the CPU: method dflash does not register its architecture, and under method dspark "
@@ -76,9 +71,37 @@ def speculative_config(system: System, cfg: DraftConfig | None, path: Path | Non
 
 
 def split_engine_args(engine_args: dict) -> tuple[dict, dict]:
-    """(vLLM engine arguments, keys for the speculative config) from `--vllm-arg` settings."""
+    """(vLLM engine arguments, keys for the speculative config) from `--vllm-arg` settings; the two the
+    run itself sets per system are refused."""
+    for key, why in (("model", "the target is the experiment's"),
+                     ("speculative_config", "each system builds its own; set one key with speculative_config.KEY")):
+        if key in engine_args:
+            raise DSparkError(f"--vllm-arg {key}: {why}")
     spec = {k[len(SPEC):]: v for k, v in engine_args.items() if k.startswith(SPEC)}
     return {k: v for k, v in engine_args.items() if not k.startswith(SPEC)}, spec
+
+
+# what the user's environment said before any engine of this process changed it
+USER_ENV = {k: os.environ.get(k) for k in ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_LOGGING_CONFIG_PATH")}
+
+
+@contextlib.contextmanager
+def environment(**values: str | None):
+    """os.environ with `values` set (None: unset) while vLLM starts an engine, then as it was."""
+    before = {k: os.environ.get(k) for k in values}
+    try:
+        _set_environment(values)
+        yield
+    finally:
+        _set_environment(before)
+
+
+def _set_environment(values: dict) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 class VllmBackend:
@@ -90,8 +113,10 @@ class VllmBackend:
                  margins: bool = False):
         # vLLM logs to stdout at INFO by default; the results go there, so its log goes to the run folder
         # (`vllm.log`, every process, INFO up) and its errors to stderr
-        if run_dir is not None and "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
-            os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(_logging_config(Path(run_dir)))
+        self.logging = USER_ENV["VLLM_LOGGING_CONFIG_PATH"]  # the user's own, else this run's
+        if run_dir is not None and self.logging is None:
+            self.logging = str(_logging_config(Path(run_dir)))
+        _set_environment({"VLLM_LOGGING_CONFIG_PATH": self.logging})  # (read as vLLM is imported)
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
@@ -115,8 +140,6 @@ class VllmBackend:
             self.engine_args["dtype"] = dtype
         self.engine_args |= given
         self.run_dir, self.profiled = run_dir, profiled
-        self.all_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1"  # the user's choice, before any engine's
-        self.runners: set[str] = set()
         self.engines: dict[str, dict] = {}  # what each system's engine ran with, once it started
         self.live: Prepared | None = None
 
@@ -138,7 +161,7 @@ class VllmBackend:
     def record(self) -> dict:
         """What the manifest keeps of this backend: vLLM's version, the engine options given, and per
         system what its engine ran with (added as each engine starts)."""
-        return {"engine": "vllm (offline LLM)", "version": self.version, "vllm": self.version,
+        return {"engine": "vllm (offline LLM)", "version": self.version,
                 "engine_args": self.engine_args, "speculative_args": self.spec_args,
                 "worker_multiproc_method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "vLLM's default"),
                 "engines": self.engines}
@@ -167,19 +190,13 @@ class VllmBackend:
             self.live = prepared
         self.generate(prepared, prompt, RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)}))
 
-    def _runner(self, sc: dict | None) -> str:
-        """V2 where the method needs it or the environment asked for it for every engine, else V1."""
-        if self.all_v2 or (sc is not None and sc["method"] in V2_METHODS):
-            return "V2"
-        return "V1"
-
     def _start(self, prepared: Prepared, max_len: int):
         from vllm import LLM
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         sc = prepared.handle["speculative_config"]
-        runner = self._runner(sc)
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "V2" else "0"  # read as the engine starts
+        # V2 where the method exists only there; else the user's choice, or vLLM's own when none
+        v2 = "1" if sc is not None and sc["method"] in V2_METHODS else USER_ENV["VLLM_USE_V2_MODEL_RUNNER"]
         extra = {} if sc is None else {"per_request_spec_decode_metrics": "detailed"}  # vLLM: only with drafts
         if self.profiled == "nsys":  # the worker's cudaProfilerStart/Stop: nsys' capture range
             extra["profiler_config"] = {"profiler": "cuda"}
@@ -190,14 +207,16 @@ class VllmBackend:
         args = {"max_model_len": min(max_len, self.max_context), "seed": 0, "disable_log_stats": False,
                 **extra, **self.engine_args}
         try:
-            llm = LLM(model=str(self.path), speculative_config=sc, **args)
+            with environment(VLLM_USE_V2_MODEL_RUNNER=v2, VLLM_LOGGING_CONFIG_PATH=self.logging):
+                llm = LLM(model=str(self.path), speculative_config=sc, **args)
+                record = _engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
             first = " ".join(lines[:2]).split(" [type=")[0]
             what = "" if sc is None else f" (method {sc['method']}, {prepared.handle['format']}-format draft)"
             raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'{what}: "
                               f"{first}") from None
-        self.engines[prepared.system.name] = _engine_record(llm, runner, sc, self.run_dir)
+        self.engines[prepared.system.name] = record
         return llm
 
     def capture(self, kind: str | None, run_dir: Path):
@@ -217,7 +236,7 @@ class VllmBackend:
             (out,) = _watched(llm, lambda: llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
                                                         use_tqdm=False))
         except Exception as exc:
-            if type(exc).__name__ in ("EngineDeadError", "EngineDied"):  # its processes died: what finished is kept
+            if isinstance(exc, EngineDied) or type(exc).__name__ == "EngineDeadError":  # what finished is kept
                 raise DSparkError(f"vLLM's engine for system '{prepared.system.name}' died mid-run (EngineCore "
                                   "or worker); the finished requests are kept, resume the run") from None
             raise
@@ -302,7 +321,7 @@ def _logging_config(run_dir: Path) -> Path:
     return path
 
 
-def _engine_record(llm, runner: str, sc: dict | None, run_dir: Path | None) -> dict:
+def _engine_record(llm, sc: dict | None, run_dir: Path | None) -> dict:
     """What one engine ran with: vLLM's resolved config, and the attention backend its worker chose
     (its log's latest "Using ... backend" line; vLLM's config leaves it to the platform)."""
     cfg = llm.llm_engine.vllm_config
@@ -314,7 +333,8 @@ def _engine_record(llm, runner: str, sc: dict | None, run_dir: Path | None) -> d
         chosen = found[-1] if found else None
     if chosen is None and str(cfg.device_config.device_type) == "cpu":
         chosen = "CPU_ATTN"  # vLLM's CPU platform picks it for every non-MLA model, silently
-    return {"model_runner": runner, "speculative_config": sc, "dtype": str(cfg.model_config.dtype),
+    return {"model_runner": "V2" if cfg.use_v2_model_runner else "V1", "speculative_config": sc,
+            "dtype": str(cfg.model_config.dtype),
             "max_model_len": cfg.model_config.max_model_len,
             "compilation_mode": getattr(comp.mode, "name", str(comp.mode)),
             "cudagraph_mode": getattr(comp.cudagraph_mode, "name", str(comp.cudagraph_mode)),
@@ -330,13 +350,13 @@ def _capture(backend: VllmBackend, kind: str | None, run_dir: Path):
     llm = backend.live.handle["llm"] if backend.live is not None else None
     if llm is None:
         raise DSparkError("a profiled vLLM run opens its capture window after its engine started")
-    llm.start_profile()
+    _watched(llm, llm.start_profile)
     try:
         yield
     finally:
-        llm.stop_profile()  # the worker writes its trace as the profiler stops
-        if kind == "torch":
-            traces = sorted((run_dir / PROFILE_DIR).rglob("*.json"), key=lambda p: p.stat().st_size)
-            if not traces:
-                raise DSparkError(f"vLLM wrote no PyTorch trace under {run_dir / PROFILE_DIR}")
-            os.replace(traces[-1], run_dir / TRACE)  # the worker's (the largest): where its model ran
+        _watched(llm, llm.stop_profile)  # the worker writes its trace as the profiler stops
+    if kind == "torch":  # (only once the timed requests all finished)
+        traces = sorted((run_dir / PROFILE_DIR).rglob("*.json"), key=lambda p: p.stat().st_size)
+        if not traces:
+            raise DSparkError(f"vLLM wrote no PyTorch trace under {run_dir / PROFILE_DIR}")
+        os.replace(traces[-1], run_dir / TRACE)  # the worker's (the largest): where its model ran

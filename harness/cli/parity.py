@@ -23,13 +23,14 @@ def parity(
 
     result = compare(run_a, run_b)
     if not result["groups"]:
-        raise DSparkError(f"{run_a} and {run_b} share no system and temperature; run the same systems on both")
+        raise DSparkError(f"{run_a} and {run_b} share no prompt of any system and temperature; run the same "
+                          "prompts and systems on both")
     if as_json:
         print(json.dumps(result))
         return
     a, b = result["runs"]
-    names = [f"A: {r['backend']}" + (f" {r['version']}" if r["version"] else "") for r in (a,)] + \
-            [f"B: {b['backend']}" + (f" {b['version']}" if b["version"] else "")]
+    names = [f"{label}: {r['backend']}" + (f" {r['version']}" if r["version"] else "") for label, r in
+             zip("AB", (a, b))]
     out.print(f"A = {a['path']} ({a['backend']}, {a['device']}); B = {b['path']} ({b['backend']}, {b['device']}); "
               f"float error taken as a top-2 logit margin below {result['float_error']:g}", highlight=False,
               soft_wrap=True)
@@ -64,4 +65,5 @@ def parity(
                       highlight=False, soft_wrap=True)
     for i, missing in enumerate(result["only_in"]):
         for system, temp in missing:
-            out.print(f"only in {'AB'[i]}: {system} at T={temp:g}", style="dim", highlight=False)
+            out.print(f"only in {'AB'[i]} (or no prompt in common): {system} at T={temp:g}", style="dim",
+                      highlight=False)

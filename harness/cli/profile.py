@@ -49,7 +49,8 @@ def profile(
         default = default_out(settings)
         folder = default.with_name(default.name + "-profile")
     result = profile_run([], [(n, exp.system(n).method) for n in settings["systems"]], kind, folder, err,
-                         preset, nsys_path, nsys_arg, run_options=recorded_options(opts))
+                         preset, nsys_path, nsys_arg,
+                         run_options=recorded_options(opts) | {"backend": settings["backend"]})  # (as resolved)
     if as_json:
         print(json.dumps({"profile_dir": str(folder), **result}))
     else:

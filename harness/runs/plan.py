@@ -44,7 +44,7 @@ class RunOptions:
 
 
 NOT_RECORDED = ("out", "resume", "profiled")  # where and how this invocation runs, not what the run is
-FLAGS = {"categories": "--category", "temperatures": "--temperature"}  # the rest: --field-name
+FLAGS = {"categories": "--category", "temperatures": "--temperature", "vllm_args": "--vllm-arg"}  # the rest: --field-name
 
 
 def flag(field: str) -> str:
@@ -116,8 +116,9 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         raise DSparkError(f"--threads is {opts.threads}; give at least 1")
     engine_args = engine_arguments(opts.vllm_args, exp.engine_args)
     if engine_args and backend != "vllm":
-        raise DSparkError(f"--vllm-arg sets vLLM's engine arguments; this run's backend is {backend} (add --backend "
-                          "vllm, or drop --vllm-arg)")
+        where = "--vllm-arg" if opts.vllm_args else f"experiment {exp.name}'s [engine_args]"
+        raise DSparkError(f"{where} sets vLLM's engine arguments; this run's backend is {backend} (add --backend "
+                          f"vllm, or drop {'--vllm-arg' if opts.vllm_args else 'the table'})")
     settings = {
         "experiment": exp.name, "experiment_sha256": exp.sha256, "target": exp.target, "backend": backend,
         "split": opts.split, "categories": opts.categories, "dataset_path": opts.dataset_path,
@@ -128,7 +129,7 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         "ignore_eos": opts.ignore_eos, "seed": exp.seed if opts.seed is None else opts.seed,
         "shuffle": exp.shuffle and not opts.disable_shuffle, "device": opts.device, "dtype": opts.dtype,
     }
-    if backend == "vllm":  # (a native run's settings stay as before, so older runs resume)
+    if engine_args:  # (only when given: older runs' settings have no such key, and still resume)
         settings["engine_args"] = engine_args
     if opts.record_margins:
         if backend != "native":

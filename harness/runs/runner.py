@@ -123,7 +123,8 @@ class Session:
                   "tokenizer": tokenizer_record(backend.tokenizer_path, tokenizer)}
         if opts.resume:
             folder.check_inputs(inputs)  # (its thread count came with its options)
-            was = (folder.manifest().get("backend") or {}).get("version")
+            recorded = folder.manifest().get("backend") or {}
+            was = recorded.get("version", recorded.get("vllm"))  # (the first vLLM runs kept it as "vllm")
             if was != backend.record().get("version"):
                 raise DSparkError(f"--resume {folder.path}: the run used {settings['backend']} {was}, this is "
                                   f"{backend.record().get('version')}; start a new run")
