@@ -32,6 +32,7 @@ class RequestSpec:
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
     confidence_threshold: float = 0.0
+    messages: tuple[dict, ...] = ()  # the conversation the prompt ids were made of (what a chat server is sent)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class RequestResult:
     # per-request lists, steps that proposed drafts), "vllm totals" (only its totals: `acceptance_totals`)
     acceptance_source: str | None = "rounds"
     acceptance_totals: dict | None = None  # drafts, draft tokens, accepted tokens (per position where known)
+    extra: dict = field(default_factory=dict)  # the backend's own per-request figures, kept in the record as given
 
     @property
     def num_rounds(self) -> int:

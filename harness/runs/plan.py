@@ -115,7 +115,7 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     if opts.threads is not None and opts.threads < 1:
         raise DSparkError(f"--threads is {opts.threads}; give at least 1")
     engine_args = engine_arguments(opts.vllm_args, exp.engine_args)
-    if engine_args and backend != "vllm":
+    if engine_args and backend not in ("vllm", "vllm-server"):
         where = "--vllm-arg" if opts.vllm_args else f"experiment {exp.name}'s [engine_args]"
         raise DSparkError(f"{where} sets vLLM's engine arguments; this run's backend is {backend} (add --backend "
                           f"vllm, or drop {'--vllm-arg' if opts.vllm_args else 'the table'})")

@@ -64,6 +64,9 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
                       f"are in {session.folder.path}; continue with: dspark-bench run --resume {session.folder.path}",
                       highlight=False, soft_wrap=True)
         raise
+    finally:  # engines and servers stop with the run, whichever way it ends
+        for prepared in session.prepared.values():
+            session.backend.release(prepared)
     return session.folder.path, write_summaries(session.folder)
 
 
@@ -162,10 +165,11 @@ class Session:
         """The requests not yet recorded, in run order."""
         return [j for j in self.jobs if (j[0], j[2].question_id, j[3], float(j[1])) not in self.records]
 
-    def spec(self, name: str, temp: float, seed: int = 0) -> RequestSpec:
+    def spec(self, name: str, temp: float, seed: int = 0, messages: list[dict] = ()) -> RequestSpec:
         return RequestSpec(max_new_tokens=self.settings["output_len"], temperature=temp, seed=seed,
                            stop_token_ids=() if self.settings["ignore_eos"] else self.backend.stop_token_ids,
-                           confidence_threshold=self.prepared[name].system.confidence_threshold)
+                           confidence_threshold=self.prepared[name].system.confidence_threshold,
+                           messages=tuple(messages))
 
     def warm(self, name: str, temp: float) -> None:
         """Caches sized for the run's longest request, graphs captured, one short request: all untimed.
@@ -178,8 +182,9 @@ class Session:
                 if other != name:
                     self.backend.release(q)
         self.backend.reset_peak_memory()
-        first = chat_prompt_ids(self.tokenizer, conversation(self.turns_of[self.rows[0].question_id][:1]))
-        self.backend.warmup(self.prepared[name], self.longest, self.spec(name, temp), first)
+        messages = conversation(self.turns_of[self.rows[0].question_id][:1])
+        first = chat_prompt_ids(self.tokenizer, messages)
+        self.backend.warmup(self.prepared[name], self.longest, self.spec(name, temp, messages=messages), first)
         self.warmed.add((name, temp))
         was = self.folder.manifest().get("backend") or {}
         now = was | self.backend.record()  # what the engine started with, once known; a resume's engines added
@@ -191,9 +196,10 @@ class Session:
     def request(self, name: str, temp: float, row: datasets.Row, turn: int) -> dict:
         """One timed request, recorded (and at T = 0 held against plain decoding's) as soon as it ends."""
         p = self.prepared[name]
-        spec = self.spec(name, temp, request_seed(self.settings["seed"], row.question_id, turn, temp))
         previous = [self._reply(name, row.question_id, temp, t) for t in range(turn)]
-        ids = chat_prompt_ids(self.tokenizer, conversation(self.turns_of[row.question_id][: turn + 1], previous))
+        messages = conversation(self.turns_of[row.question_id][: turn + 1], previous)
+        spec = self.spec(name, temp, request_seed(self.settings["seed"], row.question_id, turn, temp), messages)
+        ids = chat_prompt_ids(self.tokenizer, messages)
         load_before = os.getloadavg()[0]
         result = self.backend.generate(p, ids, spec)
         record = _record(name, p.method, row, turn, temp, spec.seed, ids, result, self.tokenizer)
@@ -231,7 +237,7 @@ def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float,
         "round_ms": result.round_ms,
         "draft_margins": [[float(f"{m:.4g}") for m in r] for r in result.draft_margins] or None,
         "acceptance_source": result.acceptance_source if method != "plain" else None,
-        "acceptance_totals": result.acceptance_totals,
+        "acceptance_totals": result.acceptance_totals, **result.extra,
         "matches_baseline": None, "time_utc": time.time(),
     }
 

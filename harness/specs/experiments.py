@@ -16,7 +16,7 @@ from pathlib import Path
 from dspark.errors import DSparkError
 
 METHODS = ("plain", "dspark", "dflash", "ngram")
-BACKENDS = ("native", "vllm")
+BACKENDS = ("native", "vllm", "vllm-server")
 DATASETS = ("demo", "hub")
 
 
