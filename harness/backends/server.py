@@ -112,7 +112,8 @@ class VllmServerBackend:
         env |= {} if v2 is None else {"VLLM_USE_V2_MODEL_RUNNER": v2}
         name = prepared.system.name
         server = vllm_server.start(self.path, args, self.run_dir / f"server-{name}.log", READY_S, env)
-        self.servers[name] = {"command": server.command, "port": server.port, "log": server.log.name,
+        self.servers[name] = {"command": server.command, "port": server.port, "pid": server.proc.pid,
+                              "log": server.log.name,
                               "models": vllm_server.models(server.base_url),
                               "model_runner": "V2" if v2 == "1" else "the environment's (V2 if set, else vLLM's)"}
         return server
