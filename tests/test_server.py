@@ -31,8 +31,10 @@ def _cli(args: list, root: Path) -> subprocess.CompletedProcess:
     if not script.is_file():
         pytest.skip("the dspark-bench console script is not installed next to this Python")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
+    # (the server's engine in its API server's process: fewer processes importing vLLM, the same server)
     return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, cwd=root,
-                          env=env | {"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=1200)
+                          env=env | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+                          timeout=1200)
 
 
 @pytest.fixture(scope="module")

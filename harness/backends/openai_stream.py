@@ -35,13 +35,13 @@ class StreamResult:
 
 
 def chat_body(model: str, messages: list[dict], max_tokens: int, temperature: float, seed: int,
-              ignore_eos: bool, vllm_extensions: bool) -> dict:
-    """The request: streamed, usage included; vLLM's own fields (token ids, ignore_eos, the chat
-    template's thinking switch) only for a vLLM server."""
+              stop_token_ids: list[int], vllm_extensions: bool) -> dict:
+    """The request: streamed, usage included; vLLM's own fields (token ids back, the stop tokens, or
+    none with ignore_eos, the chat template's thinking switch) only for a vLLM server."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
             "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
     if vllm_extensions:
-        body |= {"return_token_ids": True, "ignore_eos": ignore_eos,
+        body |= {"return_token_ids": True, "ignore_eos": not stop_token_ids, "stop_token_ids": stop_token_ids,
                  "chat_template_kwargs": {"enable_thinking": False}}
     return body
 

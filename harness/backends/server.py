@@ -138,7 +138,7 @@ class VllmServerBackend:
 
         async def one(spec: RequestSpec) -> StreamResult:
             body = chat_body(str(self.path), list(spec.messages), spec.max_new_tokens, spec.temperature, spec.seed,
-                             ignore_eos=not spec.stop_token_ids, vllm_extensions=True)
+                             list(spec.stop_token_ids), vllm_extensions=True)
             async with limit:
                 return await stream_chat(session, url, body, REQUEST_S)
 
