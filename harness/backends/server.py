@@ -17,22 +17,17 @@ import contextlib
 import os
 from pathlib import Path
 
-from dspark.checkpoint import load_draft_config, read_config, resolve_path
-from dspark.config import TargetConfig
 from dspark.errors import DSparkError
 from harness.backends import vllm_server
 from harness.backends.base import Capabilities, Prepared, RequestResult, RequestSpec
-from harness.backends.fingerprints import model_record
 from harness.backends.openai_stream import StreamResult, chat_body, stream_chat
-from harness.backends.systems import check_system
-from harness.backends.vllm import CPU_DEFAULTS, USER_ENV, V2_METHODS, speculative_config, split_engine_args
-from harness.specs.experiments import System
+from harness.backends.vllm import VllmTarget, v2_runner
 
 READY_S = 900.0  # a server must answer within this (three processes import vLLM; minutes on a small CPU)
 REQUEST_S = 3600.0  # one request's limit: past it the request is recorded as failed
 
 
-class VllmServerBackend:
+class VllmServerBackend(VllmTarget):
     name = "vllm-server"
     capabilities = Capabilities(max_concurrency=1, step_timing=False, acceptance="round", deterministic_greedy=True)
 
@@ -49,54 +44,21 @@ class VllmServerBackend:
             raise DSparkError("profile the server path with --backend vllm (the same engine, offline); a served "
                               "run is not profiled")
         self.version = vllm.__version__
-        self.path = resolve_path(target, revision)
-        self.config = TargetConfig.from_hf(read_config(self.path), f"target {target}")
-        self.on_cpu = device.startswith("cpu")
-        given, self.spec_args = split_engine_args(engine_args or {})
-        self.engine_args = dict(CPU_DEFAULTS if self.on_cpu else {}) | ({} if dtype == "auto" else {"dtype": dtype})
-        self.engine_args |= given
+        self._load_target(target, device, dtype, revision, engine_args)
         self.run_dir = Path(run_dir) if run_dir is not None else Path(".")
         self.servers: dict[str, dict] = {}  # per system: its command, port and what it said about itself
         self.live: Prepared | None = None
-
-    @property
-    def tokenizer_path(self) -> Path:
-        return self.path
-
-    @property
-    def max_context(self) -> int:
-        return self.config.max_position_embeddings
-
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        return tuple(self.config.eos_token_ids)
-
-    def models(self) -> dict:
-        return {"target": model_record(self.path)}
 
     def record(self) -> dict:
         return {"engine": "vllm serve (OpenAI-compatible, streamed chat completions)", "version": self.version,
                 "engine_args": self.engine_args, "speculative_args": self.spec_args, "servers": self.servers}
 
-    def prepare(self, system: System) -> Prepared:
-        cfg = path = None
-        if system.method not in ("plain", "ngram"):
-            path, cfg = load_draft_config(system.draft)
-            problem = check_system(system, cfg)
-            if problem:
-                raise DSparkError(f"system '{system.name}': {problem}")
-        sc = speculative_config(system, cfg, path, self.on_cpu)
-        if sc is not None:
-            sc |= self.spec_args
-        return Prepared(system, system.method if cfg is None else cfg.method, {"speculative_config": sc,
-                                                                                "server": None})
-
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
         """Start the system's server, sized for the longest request, and send one short request."""
-        if prepared.handle["server"] is None:
+        if prepared.handle["engine"] is None:
             if self.live is not None and self.live is not prepared:
                 self.release(self.live)
-            prepared.handle["server"] = self._start(prepared, max_len)
+            prepared.handle["engine"] = self._start(prepared, max_len)
             self.live = prepared
         self.generate(prepared, prompt, RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)}))
 
@@ -107,7 +69,7 @@ class VllmServerBackend:
             args |= {"speculative_config": sc, "per_request_spec_decode_metrics": "detailed"}
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        v2 = "1" if sc is not None and sc["method"] in V2_METHODS else USER_ENV["VLLM_USE_V2_MODEL_RUNNER"]
+        v2 = v2_runner(sc)
         env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         env |= {} if v2 is None else {"VLLM_USE_V2_MODEL_RUNNER": v2}
         name = prepared.system.name
@@ -123,7 +85,7 @@ class VllmServerBackend:
 
     def generate_many(self, prepared: Prepared, prompts: list[list[int]],
                       specs: list[RequestSpec]) -> list[RequestResult]:
-        server = prepared.handle["server"]
+        server = prepared.handle["engine"]
         if server.proc.poll() is not None:
             raise DSparkError(f"the vllm serve of system '{prepared.system.name}' died ({server.tail()}); the "
                               "finished requests are kept, resume the run")
@@ -146,7 +108,7 @@ class VllmServerBackend:
             return await asyncio.gather(*(one(s) for s in specs))
 
     def _result(self, prepared: Prepared, prompt: list[int], spec: RequestSpec, r: StreamResult) -> RequestResult:
-        server = prepared.handle["server"]
+        server = prepared.handle["engine"]
         if r.error is not None:
             if server.proc.poll() is not None:
                 raise DSparkError(f"the vllm serve of system '{prepared.system.name}' died mid-run "
@@ -169,10 +131,10 @@ class VllmServerBackend:
                    "server_prompt_ids_checked": r.prompt_token_ids is not None})
 
     def release(self, prepared: Prepared) -> None:
-        server = prepared.handle.get("server")
+        server = prepared.handle.get("engine")
         if server is not None:
             vllm_server.stop(server)
-            prepared.handle["server"] = None
+            prepared.handle["engine"] = None
         if self.live is prepared:
             self.live = None
 

@@ -104,7 +104,59 @@ def _set_environment(values: dict) -> None:
             os.environ[key] = value
 
 
-class VllmBackend:
+def v2_runner(sc: dict | None) -> str | None:
+    """`VLLM_USE_V2_MODEL_RUNNER` for an engine of speculative config `sc`: "1" where its method exists only
+    on V2, else the user's own value (None: unset, vLLM's choice)."""
+    return "1" if sc is not None and sc["method"] in V2_METHODS else USER_ENV["VLLM_USE_V2_MODEL_RUNNER"]
+
+
+class VllmTarget:
+    """What both vLLM backends (offline and served) share: the target and its limits, the engine options
+    over the CPU defaults, and each system's speculative config."""
+
+    def _load_target(self, target: str, device: str, dtype: str, revision: str | None,
+                     engine_args: dict | None) -> dict:
+        """Sets the target and the engine options; returns the options given (CPU defaults not included)."""
+        self.path = resolve_path(target, revision)
+        self.config = TargetConfig.from_hf(read_config(self.path), f"target {target}")
+        self.on_cpu = device.startswith("cpu")
+        given, self.spec_args = split_engine_args(engine_args or {})
+        self.engine_args = (dict(CPU_DEFAULTS if self.on_cpu else {}) | ({} if dtype == "auto" else {"dtype": dtype})
+                            | given)
+        return given
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.config.eos_token_ids)
+
+    def models(self) -> dict:
+        return {"target": model_record(self.path)}
+
+    def prepare(self, system: System) -> Prepared:
+        """Checks the system against its draft and builds its speculative config; no engine starts yet."""
+        cfg = path = None
+        if system.method not in ("plain", "ngram"):
+            path, cfg = load_draft_config(system.draft)
+            problem = check_system(system, cfg)
+            if problem:
+                raise DSparkError(f"system '{system.name}': {problem}")
+        sc = speculative_config(system, cfg, path, self.on_cpu)
+        if sc is not None:
+            sc |= self.spec_args
+        method = system.method if cfg is None else cfg.method
+        return Prepared(system, method, {"speculative_config": sc, "format": None if cfg is None else cfg.format,
+                                         "engine": None})
+
+
+class VllmBackend(VllmTarget):
     name = "vllm"
     capabilities = Capabilities(max_concurrency=1, step_timing=False, acceptance="round", deterministic_greedy=True)
 
@@ -125,38 +177,14 @@ class VllmBackend:
         except ImportError:
             raise DSparkError(INSTALL) from None
         self.version = vllm.__version__
-        self.path = resolve_path(target, revision)
-        self.config = TargetConfig.from_hf(read_config(self.path), f"target {target}")
-        self.device = device
-        self.on_cpu = device.startswith("cpu")
-        given, self.spec_args = split_engine_args(engine_args or {})
-        known = set(EngineArgs.__dataclass_fields__)
-        unknown = sorted(set(given) - known)
+        given = self._load_target(target, device, dtype, revision, engine_args)
+        unknown = sorted(set(given) - set(EngineArgs.__dataclass_fields__))
         if unknown:
             raise DSparkError(f"--vllm-arg {unknown[0]}: not an engine argument of vLLM {self.version} (see "
                               "vllm.engine.arg_utils.EngineArgs); a speculative-config key is speculative_config.KEY")
-        self.engine_args = dict(CPU_DEFAULTS if self.on_cpu else {})
-        if dtype != "auto":
-            self.engine_args["dtype"] = dtype
-        self.engine_args |= given
         self.run_dir, self.profiled = run_dir, profiled
         self.engines: dict[str, dict] = {}  # what each system's engine ran with, once it started
         self.live: Prepared | None = None
-
-    @property
-    def tokenizer_path(self) -> Path:
-        return self.path
-
-    @property
-    def max_context(self) -> int:
-        return self.config.max_position_embeddings
-
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        return tuple(self.config.eos_token_ids)
-
-    def models(self) -> dict:
-        return {"target": model_record(self.path)}
 
     def record(self) -> dict:
         """What the manifest keeps of this backend: vLLM's version, the engine options given, and per
@@ -166,27 +194,12 @@ class VllmBackend:
                 "worker_multiproc_method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "vLLM's default"),
                 "engines": self.engines}
 
-    def prepare(self, system: System) -> Prepared:
-        """Checks the system against its draft and builds its speculative config; no engine starts yet."""
-        cfg = path = None
-        if system.method not in ("plain", "ngram"):
-            path, cfg = load_draft_config(system.draft)
-            problem = check_system(system, cfg)
-            if problem:
-                raise DSparkError(f"system '{system.name}': {problem}")
-        sc = speculative_config(system, cfg, path, self.on_cpu)
-        if sc is not None:
-            sc |= self.spec_args
-        method = system.method if cfg is None else cfg.method
-        fmt = None if cfg is None else cfg.format
-        return Prepared(system, method, {"speculative_config": sc, "format": fmt, "llm": None})
-
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
         """Start the system's engine, sized for the longest request, and run one short request."""
-        if prepared.handle["llm"] is None:
+        if prepared.handle["engine"] is None:
             if self.live is not None and self.live is not prepared:
                 self.release(self.live)
-            prepared.handle["llm"] = self._start(prepared, max_len)
+            prepared.handle["engine"] = self._start(prepared, max_len)
             self.live = prepared
         self.generate(prepared, prompt, RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)}))
 
@@ -195,8 +208,7 @@ class VllmBackend:
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         sc = prepared.handle["speculative_config"]
-        # V2 where the method exists only there; else the user's choice, or vLLM's own when none
-        v2 = "1" if sc is not None and sc["method"] in V2_METHODS else USER_ENV["VLLM_USE_V2_MODEL_RUNNER"]
+        v2 = v2_runner(sc)
         extra = {} if sc is None else {"per_request_spec_decode_metrics": "detailed"}  # vLLM: only with drafts
         if self.profiled == "nsys":  # the worker's cudaProfilerStart/Stop: nsys' capture range
             extra["profiler_config"] = {"profiler": "cuda"}
@@ -230,7 +242,7 @@ class VllmBackend:
 
         params = SamplingParams(temperature=spec.temperature, seed=spec.seed, max_tokens=spec.max_new_tokens,
                                 stop_token_ids=list(spec.stop_token_ids), ignore_eos=not spec.stop_token_ids)
-        llm = prepared.handle["llm"]
+        llm = prepared.handle["engine"]
         start = time.perf_counter()
         try:
             (out,) = _watched(llm, lambda: llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
@@ -264,10 +276,10 @@ class VllmBackend:
         return [self.generate(prepared, p, s) for p, s in zip(prompts, specs)]
 
     def release(self, prepared: Prepared) -> None:
-        llm = prepared.handle.get("llm")
+        llm = prepared.handle.get("engine")
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
-            prepared.handle["llm"] = None
+            prepared.handle["engine"] = None
         if self.live is prepared:
             self.live = None
 
@@ -347,7 +359,7 @@ def _capture(backend: VllmBackend, kind: str | None, run_dir: Path):
     if kind is None:
         yield
         return
-    llm = backend.live.handle["llm"] if backend.live is not None else None
+    llm = backend.live.handle["engine"] if backend.live is not None else None
     if llm is None:
         raise DSparkError("a profiled vLLM run opens its capture window after its engine started")
     _watched(llm, llm.start_profile)
