@@ -23,7 +23,7 @@ from harness.analysis.records import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built")
-TIMING = {"ttft_ms", "tpot_ms", "e2el_ms", "round_ms", "time_utc", "peak_memory_bytes"}
+TIMING = {"ttft_ms", "tpot_ms", "e2el_ms", "round_ms", "time_utc", "start_utc", "wave", "peak_memory_bytes"}
 
 
 def _process(args, cwd, env=None, timeout=600, base_env=None):
@@ -55,7 +55,8 @@ def test_readme_main_command(tmp_path):
     for system in ("plain", "dspark", "dflash", "ngram"):
         assert f"│ {system}" in proc.stdout
     assert "…" not in proc.stdout and "│ speedup │" in proc.stdout.replace("┃", "│")  # no header or cell cut
-    assert "AL: acceptance length" in proc.stdout and "TPOT ms:" in proc.stdout  # the legend, whole
+    legend = " ".join(proc.stdout.split())  # (the caption wraps at the table's width)
+    assert "AL: acceptance length" in legend and "= plain: greedy outputs equal" in legend  # the legend, whole
     (run_dir,) = (tmp_path / "results").iterdir()
     assert f"wrote {run_dir.relative_to(tmp_path)}: manifest.json, requests.jsonl, summary.json" in proc.stdout
     assert "[0/64 requests, 0 s] plain T=0 (warm-up)" in proc.stderr and "[64/64 requests," in proc.stderr

@@ -57,6 +57,28 @@ def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int
     }
 
 
+def acceptance_from_totals(totals: Sequence[dict]) -> dict:
+    """`acceptance`'s figures from totals alone (vLLM's per-request totals, or a server's counters over
+    a wave): speculative steps, draft tokens, accepted drafts and, where known, accepted drafts per
+    position. Per-position rates are accepted at k / steps, as vLLM's; the histogram needs rounds and
+    stays empty."""
+    steps = sum(t.get("num_spec_steps") or 0 for t in totals)
+    drafts = sum(t.get("num_draft_tokens") or 0 for t in totals)
+    accepted = sum(t.get("num_accepted_draft_tokens") or 0 for t in totals)
+    per_pos: list[float] = []
+    if totals and all(t.get("accepted_per_pos") for t in totals):
+        width = max(len(t["accepted_per_pos"]) for t in totals)
+        per_pos = [sum((t["accepted_per_pos"] + [0] * width)[k] for t in totals) for k in range(width)]
+    return {"num_rounds": steps, "spec_decode_acceptance_length": 1 + accepted / steps if steps else None,
+            "spec_decode_acceptance_rate": accepted / drafts if drafts else None,
+            "spec_decode_num_draft_tokens": drafts, "spec_decode_num_accepted_tokens": accepted,
+            "spec_decode_num_accepted_tokens_per_pos": per_pos,
+            "spec_decode_per_position_acceptance_rates": [a / steps for a in per_pos] if steps else [],
+            "spec_decode_conditional_acceptance_rates": [a / p if p else None for a, p in
+                                                         zip(per_pos, [steps] + per_pos[:-1])] if steps else [],
+            "spec_decode_acceptance_histogram": []}
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default)."""
     if not values:

@@ -9,17 +9,24 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 
-MANIFEST, REQUESTS = "manifest.json", "requests.jsonl"
+MANIFEST, REQUESTS, WAVES = "manifest.json", "requests.jsonl", "waves.jsonl"
 
 
 def request_key(record: dict) -> tuple:
-    return (record["system"], record["question_id"], record["turn"], float(record["temperature"]))
+    """(system, question, turn, temperature, concurrency): a request of a sweep is one of these, once."""
+    return (record["system"], record["question_id"], record["turn"], float(record["temperature"]),
+            int(record.get("max_concurrency", 1)))
 
 
-def read_requests(run_dir: Path, repair: bool = False) -> list[dict]:
+def read_waves(run_dir: Path, repair: bool = False) -> list[dict]:
+    """The waves of a served run that finished (their counters read after the last request)."""
+    return read_requests(run_dir, repair, WAVES)
+
+
+def read_requests(run_dir: Path, repair: bool = False, name: str = REQUESTS) -> list[dict]:
     """Finished requests. A last line without its newline was torn (the process died while writing
     it): it is skipped, and cut from the file when `repair` (only a resuming run writes)."""
-    path = Path(run_dir) / REQUESTS
+    path = Path(run_dir) / name
     if not path.is_file():
         return []
     data = path.read_bytes()

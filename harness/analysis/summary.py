@@ -11,37 +11,93 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.analysis.metrics import acceptance, latency_stats, speedup, speedup_macro
-from harness.analysis.records import MANIFEST, read_requests
+from harness.analysis.metrics import acceptance, acceptance_from_totals, latency_stats, speedup, speedup_macro
+from harness.analysis.records import MANIFEST, read_requests, read_waves
 
 BASELINE = "plain"  # the method of the baseline system
 
 
 def _pairs(records: list[dict], baseline: dict[tuple, dict]) -> tuple[list[float], list[float]]:
-    """TPOTs of the requests whose prompt equals the baseline's (a later turn's differs once an earlier
-    reply did)."""
+    """TPOTs of the requests whose prompt equals the baseline's at the same concurrency (a later turn's
+    differs once an earlier reply did)."""
     base, mine = [], []
     for r in records:
-        b = baseline.get((r["question_id"], r["turn"], r["temperature"]))
+        b = baseline.get(_pair_key(r))
         if b is not None and b["tpot_ms"] and r["tpot_ms"] and b.get("prompt_sha256") == r.get("prompt_sha256"):
             base.append(b["tpot_ms"])
             mine.append(r["tpot_ms"])
     return base, mine
 
 
-def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseline: bool) -> dict:
+def _pair_key(r: dict) -> tuple:
+    return (r["question_id"], r["turn"], r["temperature"], r.get("max_concurrency", 1))
+
+
+def busy_seconds(records: list[dict]) -> float:
+    """The time any of the requests was in flight: the union of their [sent, ended] intervals, as `vllm
+    bench serve`'s duration (one request at a time: the sum of their E2EL; a gap between waves, such
+    as a resumed run's, is not counted). Records without a send time count their E2EL."""
+    spans = sorted((r["start_utc"], r["start_utc"] + r["e2el_ms"] / 1e3) for r in records
+                   if r.get("start_utc") and r.get("e2el_ms") is not None)
+    total = sum(r["e2el_ms"] for r in records if not r.get("start_utc") and r.get("e2el_ms") is not None) / 1e3
+    end = None
+    for lo, hi in spans:
+        if end is None or lo > end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total
+
+
+def counted_acceptance(records: list[dict], waves: dict[str, dict]) -> tuple[list[dict], str | None] | None:
+    """Acceptance totals of requests that have no rounds: vLLM's per-request totals, or the server's
+    counters of the waves they came in (a wave's counters only when every request of it is among
+    `records`). None when some request's acceptance cannot be known from these."""
+    totals, sources, whole = [], set(), {}
+    for r in records:
+        source = r.get("acceptance_source")
+        sources.add(source)
+        if r.get("acceptance_totals"):
+            totals.append(r["acceptance_totals"])
+        elif source in ("server counters (request)", "server counters (wave)") and r.get("wave") in waves:
+            whole[r["wave"]] = whole.get(r["wave"], 0) + 1
+        else:
+            return None
+    for wave_id, n in whole.items():
+        if n != waves[wave_id]["requests"]:
+            return None  # part of a wave: its counters pool requests outside this group
+        totals.append(waves[wave_id]["spec_counters"])
+    return totals, ", ".join(sorted(map(str, sources)))
+
+
+def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseline: bool,
+                    waves: dict[str, dict] | None = None) -> dict:
+    """One row's figures, over the group's finished requests (failed ones only counted)."""
+    failed = sum(1 for r in records if r.get("failed"))
+    records = [r for r in records if not r.get("failed")]
     lengths = [n for r in records for n in r["acceptance_lengths"]]
     proposals = [n for r in records for n in r["proposal_lengths"]]
     accepted = [n for r in records for n in r.get("accepted_counts", [a - 1 for a in r["acceptance_lengths"]])]
-    wall_s = sum(r["e2el_ms"] for r in records) / 1e3
+    duration = busy_seconds(records)
     out_tokens = sum(r["output_tokens"] for r in records)
-    row = {"requests": len(records), "output_tokens": out_tokens, "wall_s": wall_s,
-           "output_throughput": out_tokens / wall_s if wall_s else None,
-           **acceptance(lengths, proposals, accepted)}
+    in_tokens = sum(r.get("prompt_tokens") or 0 for r in records)
+    drafted = [r for r in records if r["method"] != BASELINE]
+    counted = counted_acceptance([r for r in drafted if not r["acceptance_lengths"]], waves or {}) \
+        if drafted and not lengths else None
+    row = {"requests": len(records) + failed, "completed": len(records), "failed": failed,
+           "output_tokens": out_tokens, "input_tokens": in_tokens, "duration_s": duration,
+           "request_throughput": len(records) / duration if duration else None,
+           "output_throughput": out_tokens / duration if duration else None,
+           "total_token_throughput": (in_tokens + out_tokens) / duration if duration else None,
+           **(acceptance_from_totals(counted[0]) if counted else acceptance(lengths, proposals, accepted)),
+           "acceptance_from": counted[1] if counted else ("rounds" if lengths else None)}
     for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
         row |= latency_stats(name, [r[name] for r in records])
+    row |= latency_stats("itl_ms", [x for r in records for x in r.get("itl_ms") or []])
     row |= spread("tpot_ms", [r["tpot_ms"] for r in records])
-    in_time = sorted(records, key=lambda r: r.get("time_utc") or 0)
+    in_time = sorted(records, key=lambda r: r.get("time_utc") or 0) or [{}]
     loads = [x for r in in_time for x in r.get("load_avg") or []]
     row |= {"load_avg_before": (in_time[0].get("load_avg") or [None])[0],
             "load_avg_after": (in_time[-1].get("load_avg") or [None])[-1], "load_avg_max": max(loads, default=None)}
@@ -69,72 +125,89 @@ def spread(name: str, values: list) -> dict:
     return {f"std_{name}": std, f"cv_{name}": std / mean if mean else None}
 
 
-def expected_requests(jobs: list[tuple[str, float, str]]) -> list[dict]:
-    """The run's plan, as its manifest keeps it: requests per system x temperature x category, from one
-    (system, temperature, category) per request."""
-    counts = Counter(jobs)
-    return [{"system": s, "temperature": t, "category": c, "requests": n} for (s, t, c), n in counts.items()]
+def expected_requests(jobs: list[tuple]) -> list[dict]:
+    """The run's plan, as its manifest keeps it: requests per system x temperature x category x
+    concurrency, from one (system, temperature, category[, concurrency]) per request."""
+    counts = Counter(job if len(job) > 3 else (*job, 1) for job in jobs)
+    return [{"system": s, "temperature": t, "category": c, "max_concurrency": k, "requests": n}
+            for (s, t, c, k), n in counts.items()]
 
 
 MACRO = ("spec_decode_acceptance_length", "spec_decode_acceptance_rate", "mean_ttft_ms", "mean_tpot_ms",
-         "mean_e2el_ms", "output_throughput")
+         "mean_e2el_ms")
 
 
-def summarize(records: list[dict], expected: list[dict] | None = None, cores: int | None = None) -> dict:
-    """{"rows": [...]}: one row per system x temperature x category, then each system x temperature's
-    `overall`: the macro average over categories (speedup: their geometric mean, with a bootstrap
-    interval stratified by category), with pooled counts.
+def summarize(records: list[dict], expected: list[dict] | None = None, cores: int | None = None,
+              waves: list[dict] | None = None) -> dict:
+    """{"rows": [...]}: one row per system x temperature x concurrency x category, then each system x
+    temperature x concurrency's `overall`: the macro average over categories (speedup: their geometric
+    mean, with a bootstrap interval stratified by category), with pooled counts and the throughputs of
+    every request together (at a concurrency above 1 the categories share the machine, so only the
+    pooled throughput means what it says).
 
-    `expected` (the manifest's plan) gives each row `requests_expected` and the summary
-    `requests_done` / `requests_expected` / `complete`; `cores` is what `load_avg_max` is held against
-    (a load above it means other work competed for the machine while it was timed)."""
+    Speedups hold each system against plain decoding at the same concurrency: per prompt by TPOT
+    (`speedup`), and by output throughput (`throughput_speedup`). `expected` (the manifest's plan) gives
+    each row `requests_expected` and the summary `requests_done` / `requests_expected` / `complete`;
+    `cores` is what `load_avg_max` is held against (a load above it means other work competed for the
+    machine while it was timed); `waves` (a served run's) give acceptance from the server's counters."""
+    by_wave = {w["wave"]: w for w in waves or [] if w.get("spec_counters")}
     base_system = next((r["system"] for r in records if r["method"] == BASELINE), None)
     has_baseline = base_system is not None
-    baseline = {(r["question_id"], r["turn"], r["temperature"]): r for r in records if r["system"] == base_system}
+    baseline = {_pair_key(r): r for r in records if r["system"] == base_system and not r.get("failed")}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     order: list[str] = []
     for r in records:
-        groups[(r["system"], r["temperature"], r["category"])].append(r)
+        groups[(r["system"], r["temperature"], r.get("max_concurrency", 1), r["category"])].append(r)
         if r["system"] not in order:
             order.append(r["system"])
     rows = []
     for system in order:
-        for temp in sorted({t for s, t, _ in groups if s == system}):
-            cats = sorted(c for s, t, c in groups if s == system and t == temp)
+        for temp, conc in sorted({(t, k) for s, t, k, _ in groups if s == system}):
+            cats = sorted(c for s, t, k, c in groups if (s, t, k) == (system, temp, conc))
             per_cat = []
             for cat in cats:
-                row = {"system": system, "method": groups[(system, temp, cat)][0]["method"], "temperature": temp,
-                       "category": cat, **summarize_group(groups[(system, temp, cat)], baseline, has_baseline)}
-                per_cat.append(row)
-            everything = [r for c in cats for r in groups[(system, temp, c)]]
-            overall = {"system": system, "method": per_cat[0]["method"], "temperature": temp, "category": "overall",
-                       **summarize_group(everything, baseline, False)}  # pooled; its speedup is the macro one below
+                group = groups[(system, temp, conc, cat)]
+                per_cat.append({"system": system, "method": group[0]["method"], "temperature": temp,
+                                "max_concurrency": conc, "category": cat,
+                                **summarize_group(group, baseline, has_baseline, by_wave)})
+            everything = [r for c in cats for r in groups[(system, temp, conc, c)]]
+            overall = {"system": system, "method": per_cat[0]["method"], "temperature": temp, "max_concurrency": conc,
+                       "category": "overall", **summarize_group(everything, baseline, False, by_wave)}
             overall["pooled_acceptance_length"] = overall["spec_decode_acceptance_length"]
             for key in MACRO:
                 vals = [row[key] for row in per_cat if row[key] is not None]
-                overall[key] = sum(vals) / len(vals) if vals else None
-            macro = speedup_macro([_pairs(groups[(system, temp, c)], baseline) for c in cats]) if has_baseline \
-                else None
+                if vals or key != "spec_decode_acceptance_length":  # (wave counters: only the pooled figure)
+                    overall[key] = sum(vals) / len(vals) if vals else None
+            macro = speedup_macro([_pairs(groups[(system, temp, conc, c)], baseline) for c in cats]) \
+                if has_baseline else None
             overall |= macro or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
             rows += per_cat + [overall]
-    plan = None if expected is None else {(e["system"], float(e["temperature"]), e["category"]): e["requests"]
-                                          for e in expected}
+    plain = {(r["temperature"], r["max_concurrency"], r["category"]): r for r in rows if r["system"] == base_system}
     for row in rows:
-        key = (row["system"], float(row["temperature"]))
-        row["requests_expected"] = (sum(n for (s, t, _), n in plan.items() if (s, t) == key) if row["category"] ==
-                                    "overall" else plan.get(key + (row["category"],))) if plan is not None else None
+        b = plain.get((row["temperature"], row["max_concurrency"], row["category"]))
+        row["throughput_speedup"] = row["output_throughput"] / b["output_throughput"] \
+            if b and b["output_throughput"] and row["output_throughput"] else None
+    plan = None if expected is None else {(e["system"], float(e["temperature"]), e.get("max_concurrency", 1),
+                                           e["category"]): e["requests"] for e in expected}
+    for row in rows:
+        key = (row["system"], float(row["temperature"]), row["max_concurrency"])
+        row["requests_expected"] = (sum(n for (s, t, k, _), n in plan.items() if (s, t, k) == key) if row["category"]
+                                    == "overall" else plan.get(key + (row["category"],))) if plan is not None else None
         if row["speedup_pairs"] < 2:  # one prompt pair has no spread: no interval to show
             row["speedup_ci95"] = None
         ci = row["speedup_ci95"]
         row["speedup_ci95_spans_1"] = bool(ci and ci[0] <= 1 <= ci[1]) if row["system"] != base_system else None
     loads = [r["load_avg_max"] for r in rows if r["load_avg_max"] is not None]
-    summary = {"rows": rows, "baseline": base_system, "requests_done": len(records),
-            "requests_expected": sum(plan.values()) if plan is not None else None,
-            "complete": len(records) >= sum(plan.values()) if plan is not None else None,
-            "cores": cores, "load_avg_max": max(loads, default=None),
-            "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
-                     "speedups, its interval a bootstrap stratified by category); counts, tokens, time and "
-                     "percentiles pool every request; pooled_acceptance_length pools every round"}
+    failed = sum(1 for r in records if r.get("failed"))
+    summary = {"rows": rows, "baseline": base_system, "requests_done": len(records), "requests_failed": failed,
+               "requests_expected": sum(plan.values()) if plan is not None else None,
+               "complete": len(records) >= sum(plan.values()) if plan is not None else None,
+               "max_concurrency": sorted({r["max_concurrency"] for r in rows}),
+               "cores": cores, "load_avg_max": max(loads, default=None),
+               "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
+                        "speedups, its interval a bootstrap stratified by category); counts, tokens, time, "
+                        "throughputs and percentiles pool every request; pooled_acceptance_length pools every "
+                        "round; speedups are against plain decoding at the same concurrency"}
     return summary | {"warnings": warnings(summary)}
 
 
@@ -144,6 +217,9 @@ def warnings(summary: dict) -> list[str]:
     if summary.get("complete") is False:
         out.append(f"incomplete run: {summary['requests_done']} of {summary['requests_expected']} requests done "
                    f"(finish it with dspark-bench run --resume {summary.get('run_dir', 'DIR')})")
+    if summary.get("requests_failed"):
+        out.append(f"{summary['requests_failed']} requests failed (timed out or refused; each recorded with its "
+                   "error in requests.jsonl, left out of every figure, not sent again)")
     if summary.get("cores") and (summary.get("load_avg_max") or 0) > summary["cores"]:
         out.append(f"noisy timing: the load average reached {summary['load_avg_max']:.1f} on {summary['cores']} "
                    "cores while requests were timed (other work competed for the CPU); compare speedups with care")
@@ -159,16 +235,24 @@ def _fmt(v, digits: int = 2) -> str:
 
 
 COLUMNS = [("system", "system"), ("T", "temperature"), ("requests", "requests"), ("tokens", "output_tokens"),
-           ("time s", "wall_s"),
+           ("time s", "duration_s"),
            ("TPOT ms", "mean_tpot_ms"), ("speedup", "speedup"), ("95% CI", "speedup_ci95"),
            ("AL", "spec_decode_acceptance_length"),
            ("accept", "spec_decode_acceptance_rate"), ("rounds", "num_rounds"), ("= plain", "matches_baseline")]
 
 
-def cells(row: dict) -> list[str]:
-    """A summary row's cells, in COLUMNS' order, as the table and summary.md print them."""
+SWEPT = ("c", "max_concurrency")  # a column of a sweep's tables, after T
+
+
+def columns(summary: dict) -> list[tuple[str, str]]:
+    """The table's columns: COLUMNS, and the concurrency where the run swept it."""
+    return COLUMNS[:2] + [SWEPT] + COLUMNS[2:] if summary.get("max_concurrency", [1]) != [1] else COLUMNS
+
+
+def cells(row: dict, cols: list[tuple[str, str]] = COLUMNS) -> list[str]:
+    """A summary row's cells, in `cols`' order, as the table and summary.md print them."""
     cells = []
-    for _, key in COLUMNS:
+    for _, key in cols:
         v = row[key]
         if key == "speedup_ci95":
             cells.append("-" if not v else f"{v[0]:.2f}-{v[1]:.2f}")
@@ -176,7 +260,8 @@ def cells(row: dict) -> list[str]:
             cells.append(_fmt(v) + ("*" if row.get("speedup_ci95_spans_1") else ""))
         elif key == "requests":
             expected = row.get("requests_expected")
-            cells.append(f"{v}/{expected}" if expected is not None and v < expected else str(v))
+            failed = f" ({row['failed']} failed)" if row.get("failed") else ""
+            cells.append((f"{v}/{expected}" if expected is not None and v < expected else str(v)) + failed)
         elif key == "matches_baseline":
             cells.append("-" if v is None else f"{v}/{row['matches_baseline_of']}")
         elif key == "temperature":
@@ -184,17 +269,43 @@ def cells(row: dict) -> list[str]:
         elif key == "spec_decode_acceptance_rate":
             cells.append("-" if v is None else f"{100 * v:.0f}%")
         else:
-            cells.append(_fmt(v, 1 if key in ("wall_s", "mean_tpot_ms") else 2))
+            cells.append(_fmt(v, 1 if key in ("duration_s", "mean_tpot_ms") else 2))
     return cells
 
 
-LEGEND = ("T: temperature; requests: requests summarised (done/expected while the run is unfinished); "
-          "tokens: output tokens of those requests; time s: their summed end-to-end latency; TPOT ms: mean time "
+LEGEND = ("T: temperature; c: requests in flight at most (a sweep's level); requests: requests summarised "
+          "(done/expected while the run is unfinished; failed ones counted, left out of the figures); "
+          "tokens: output tokens of those requests; time s: the time any of them was in flight (one at a time: "
+          "their summed end-to-end latency); TPOT ms: mean time "
           "per output token after the first; speedup: geometric mean over prompts of plain decoding's TPOT / "
           "this system's, paired by prompt (* when its 95% interval spans 1: no clear speedup or slowdown); "
           "95% CI: a bootstrap interval of the speedup over prompts; AL: acceptance length, tokens per verify "
           "round; accept: accepted / proposed draft tokens; rounds: verify rounds; = plain: greedy outputs equal "
-          "to plain decoding's, of those compared")
+          "to plain decoding's, of those compared; speedups are against plain decoding at the same c")
+
+SWEEP_COLUMNS = [("system", "system"), ("T", "temperature"), ("c", "max_concurrency"),
+                 ("req/s", "request_throughput"), ("out tok/s", "output_throughput"), ("TTFT ms", "mean_ttft_ms"),
+                 ("TPOT ms", "mean_tpot_ms"), ("p99 TPOT ms", "p99_tpot_ms"), ("ITL ms", "mean_itl_ms"),
+                 ("AL", "spec_decode_acceptance_length"), ("speedup", "speedup"), ("95% CI", "speedup_ci95"),
+                 ("tok/s ratio", "throughput_speedup")]
+SWEEP_LEGEND = ("c: most requests in flight; req/s, out tok/s: completed requests and output tokens per second of "
+                "the time any request was in flight (vllm bench serve's request_throughput, output_throughput); "
+                "TTFT, TPOT, ITL: means over requests (ITL over every gap between streamed chunks); speedup: "
+                "per-prompt TPOT speedup over plain decoding at the same c (geometric mean, * when its 95% interval "
+                "spans 1); tok/s ratio: output throughput over plain decoding's at the same c")
+
+
+def sweep_cells(row: dict) -> list[str]:
+    """A row of the concurrency table (a system's overall row at one level)."""
+    out = []
+    for _, key in SWEEP_COLUMNS:
+        v = row.get(key)
+        if key in ("speedup_ci95", "speedup", "temperature", "max_concurrency", "system",
+                   "spec_decode_acceptance_length"):
+            out.append(cells(row, [("", key)])[0])
+        else:
+            out.append(_fmt(v, 1 if key.endswith("_ms") or key == "output_throughput" else 2))
+    return out
 
 
 def markdown(summary: dict, title: str) -> str:
@@ -203,12 +314,19 @@ def markdown(summary: dict, title: str) -> str:
         lines += [f"INCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done", ""]
     cats = list(dict.fromkeys(r["category"] for r in summary["rows"]))
     for cat in ["overall"] + [c for c in cats if c != "overall"]:
-        lines += [f"## {cat}", "", "| " + " | ".join(h for h, _ in COLUMNS) + " |",
-                  "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(cells(r)) + " |" for r in summary["rows"] if r["category"] == cat]
+        cols = columns(summary)
+        lines += [f"## {cat}", "", "| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(cells(r, cols)) + " |" for r in summary["rows"] if r["category"] == cat]
         lines.append("")
     lines += [f"**Warning**: {w}" for w in warnings(summary)] + ([""] if warnings(summary) else [])
-    lines += [LEGEND, "", summary["notes"]]
+    lines += [LEGEND, ""]
+    if summary.get("max_concurrency", [1]) != [1]:
+        cols = SWEEP_COLUMNS
+        lines += ["## concurrency sweep (overall)", "", "| " + " | ".join(h for h, _ in cols) + " |",
+                  "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(sweep_cells(r)) + " |" for r in summary["rows"] if r["category"] == "overall"]
+        lines += ["", SWEEP_LEGEND, ""]
+    lines += [summary["notes"]]
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +348,6 @@ def summarize_folder(run_dir: Path) -> dict:
     manifest_file = Path(run_dir) / MANIFEST
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
     summary = summarize(read_requests(run_dir), manifest.get("requests_expected"),
-                        (manifest.get("provenance") or {}).get("cores"))
+                        (manifest.get("provenance") or {}).get("cores"), read_waves(run_dir))
     summary["run_dir"] = str(Path(run_dir).resolve())
     return summary | {"warnings": warnings(summary)}

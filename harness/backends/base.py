@@ -8,6 +8,9 @@ timing, generates one request or several in flight, and releases a system's devi
 
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,10 +59,49 @@ class RequestResult:
     acceptance_source: str | None = "rounds"
     acceptance_totals: dict | None = None  # drafts, draft tokens, accepted tokens (per position where known)
     extra: dict = field(default_factory=dict)  # the backend's own per-request figures, kept in the record as given
+    start_utc: float | None = None  # when the request was sent (wall clock): a wave's busy time is the union
+    text: str | None = None  # the output text, from a server that returns text and no token ids
+    error: str | None = None  # the request failed (timed out, refused): recorded as failed, never retried silently
 
     @property
     def num_rounds(self) -> int:
         return len(self.acceptance_lengths)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a wave of requests is sent, as `vllm bench serve` sends them: at most `concurrency` in flight;
+    with a `request_rate` (requests/s; None: all at once), arrivals a gamma process of shape
+    `burstiness` (1: Poisson; below 1 burstier) drawn from `seed`."""
+
+    concurrency: int = 1
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    seed: int = 0
+
+    def arrivals(self, n: int) -> list[float]:
+        """Seconds after the wave starts at which each of `n` requests may be sent."""
+        if self.request_rate is None:
+            return [0.0] * n
+        rng, t, out = random.Random(self.seed), 0.0, []
+        for _ in range(n):
+            out.append(t)
+            t += rng.gammavariate(self.burstiness, 1.0 / (self.request_rate * self.burstiness))
+        return out
+
+
+OnResult = Callable[[int, RequestResult], None]  # (index in the wave, its result): called as each finishes
+
+
+def one_at_a_time(generate: Callable[[Prepared, list[int], RequestSpec], RequestResult], prepared: Prepared,
+                  prompts: list[list[int]], specs: list[RequestSpec], on_result: OnResult) -> dict:
+    """A wave on a backend that serves one request at a time: each sent as the one before ends."""
+    for i, (prompt, spec) in enumerate(zip(prompts, specs)):
+        start = time.time()
+        result = generate(prepared, prompt, spec)
+        result.start_utc = result.start_utc or start
+        on_result(i, result)
+    return {}
 
 
 @dataclass
@@ -74,8 +116,9 @@ class Prepared:
 
 class Backend(Protocol):
     """Every backend class is built alike, `Cls(target, device, dtype, revision=None, engine_args=None,
-    run_dir=None, profiled=None, margins=False)`, and leaves unused what it has no use for: the run
-    refuses an option its backend cannot honour before building it."""
+    run_dir=None, profiled=None, margins=False, server=None)` (`server`: a served backend's base_url, model
+    and request_timeout_s), and leaves unused what it has no use for: the run refuses an option its
+    backend cannot honour before building it."""
 
     name: str
     capabilities: Capabilities
@@ -101,8 +144,8 @@ class Backend(Protocol):
 
     def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult: ...
 
-    def generate_many(self, prepared: Prepared, prompts: list[list[int]],
-                      specs: list[RequestSpec]) -> list[RequestResult]: ...
+    def generate_many(self, prepared: Prepared, prompts: list[list[int]], specs: list[RequestSpec],
+                      schedule: Schedule, on_result: OnResult) -> dict: ...  # a wave; returns its own record
 
     def release(self, prepared: Prepared) -> None: ...  # free its caches and graphs (others need the device)
 

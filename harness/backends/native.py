@@ -14,7 +14,7 @@ import torch
 from dspark.checkpoint import LoadedTarget, load_target
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
-from harness.backends.base import Capabilities, Prepared, RequestResult, RequestSpec
+from harness.backends.base import Capabilities, OnResult, Prepared, RequestResult, RequestSpec, Schedule, one_at_a_time
 from harness.backends.capture import capture_window
 from harness.backends.fingerprints import model_record
 from harness.backends.systems import check_system, make_drafter
@@ -32,7 +32,7 @@ class NativeBackend:
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
-                 margins: bool = False):
+                 margins: bool = False, server: dict | None = None):
         if engine_args:
             raise DSparkError("--vllm-arg sets vLLM's engine arguments; the native backend takes none")
         self.loaded: LoadedTarget = load_target(target, device, dtype, revision)
@@ -82,10 +82,10 @@ class NativeBackend:
                              acceptance_lengths=r.acceptance_lengths, accepted_counts=r.accepted_counts,
                              proposal_lengths=r.proposal_lengths, round_ms=r.round_ms, draft_margins=r.draft_margins)
 
-    def generate_many(self, prepared: Prepared, prompts: list[list[int]],
-                      specs: list[RequestSpec]) -> list[RequestResult]:
+    def generate_many(self, prepared: Prepared, prompts: list[list[int]], specs: list[RequestSpec],
+                      schedule: Schedule, on_result: OnResult) -> dict:
         """One after another: this engine serves one request at a time (`max_concurrency` 1)."""
-        return [self.generate(prepared, p, s) for p, s in zip(prompts, specs)]
+        return one_at_a_time(self.generate, prepared, prompts, specs, on_result)
 
     def release(self, prepared: Prepared) -> None:
         prepared.handle.release()

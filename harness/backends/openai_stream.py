@@ -32,6 +32,7 @@ class StreamResult:
     finish_reason: str | None = None
     spec_decode: dict | None = None  # vLLM's per-request speculative metrics (the final usage chunk's)
     error: str | None = None  # the request failed: what the server or the connection said
+    start_utc: float = 0.0  # when it was sent (wall clock)
 
 
 def chat_body(model: str, messages: list[dict], max_tokens: int, temperature: float, seed: int,
@@ -50,7 +51,7 @@ async def stream_chat(session, url: str, body: dict, timeout_s: float) -> Stream
     """POST `body` to `url` (an aiohttp session) and read its server-sent events to the end."""
     import aiohttp
 
-    out = StreamResult()
+    out = StreamResult(start_utc=time.time())
     start = last = time.perf_counter()
     try:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -89,7 +90,9 @@ async def stream_chat(session, url: str, body: dict, timeout_s: float) -> Stream
                     out.text += text
                     if choice.get("finish_reason"):
                         out.finish_reason = choice["finish_reason"]
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: a chunk that is not JSON
-        out.error = f"{type(exc).__name__}: {exc}"[:300] or type(exc).__name__
+    except TimeoutError:
+        out.error = f"timed out after {timeout_s:g} s"
+    except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a chunk that is not JSON
+        out.error = f"{type(exc).__name__}: {exc}"[:300]
     out.e2el_s = time.perf_counter() - start
     return out

@@ -8,7 +8,8 @@ from importlib import import_module
 from harness.specs.experiments import BACKENDS
 
 CLASSES = {"native": ("harness.backends.native", "NativeBackend"), "vllm": ("harness.backends.vllm", "VllmBackend"),
-           "vllm-server": ("harness.backends.server", "VllmServerBackend")}
+           "vllm-server": ("harness.backends.server", "VllmServerBackend"),
+           "openai": ("harness.backends.remote", "OpenAIBackend")}
 assert set(CLASSES) == set(BACKENDS), "every backend an experiment may name has a class"
 
 

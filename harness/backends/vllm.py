@@ -39,7 +39,7 @@ from pathlib import Path
 from dspark.checkpoint import load_draft_config, read_config, resolve_path
 from dspark.config import DraftConfig, TargetConfig
 from dspark.errors import DSparkError
-from harness.backends.base import Capabilities, Prepared, RequestResult, RequestSpec
+from harness.backends.base import Capabilities, OnResult, Prepared, RequestResult, RequestSpec, Schedule, one_at_a_time
 from harness.backends.fingerprints import model_record
 from harness.backends.systems import NGRAM_TOKENS, check_system
 from harness.specs.experiments import System
@@ -162,7 +162,7 @@ class VllmBackend(VllmTarget):
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
-                 margins: bool = False):
+                 margins: bool = False, server: dict | None = None):
         # vLLM logs to stdout at INFO by default; the results go there, so its log goes to the run folder
         # (`vllm.log`, every process, INFO up) and its errors to stderr
         self.logging = USER_ENV["VLLM_LOGGING_CONFIG_PATH"]  # the user's own, else this run's
@@ -271,9 +271,10 @@ class VllmBackend(VllmTarget):
                              acceptance_lengths=[a + 1 for a in accepted], accepted_counts=accepted,
                              proposal_lengths=drafted, acceptance_source=source, acceptance_totals=totals)
 
-    def generate_many(self, prepared: Prepared, prompts: list[list[int]],
-                      specs: list[RequestSpec]) -> list[RequestResult]:
-        return [self.generate(prepared, p, s) for p, s in zip(prompts, specs)]
+    def generate_many(self, prepared: Prepared, prompts: list[list[int]], specs: list[RequestSpec],
+                      schedule: Schedule, on_result: OnResult) -> dict:
+        """One after another: this engine serves one request at a time (`max_concurrency` 1)."""
+        return one_at_a_time(self.generate, prepared, prompts, specs, on_result)
 
     def release(self, prepared: Prepared) -> None:
         llm = prepared.handle.get("engine")

@@ -29,7 +29,9 @@ RUN_OPTIONS = [
                                                  "NeMo-Skills).")),
     ("dataset_revision", Optional[str], typer.Option(None, help="Pin the hub dataset's revision (commit or tag).")),
     ("systems", Optional[str], typer.Option(None, help="Run only these systems of the experiment, comma-separated.")),
-    ("backend", Optional[str], typer.Option(None, help="native (our engine) or vllm (default: the experiment's).")),
+    ("backend", Optional[str], typer.Option(None, help="native (our engine), vllm (vLLM offline), vllm-server (vLLM "
+                                            "served, started per system) or openai (a server at --base-url) "
+                                            "(default: the experiment's).")),
     ("vllm_arg", Optional[list[str]], typer.Option(None, "--vllm-arg", help="KEY=VALUE: one of vLLM's engine "
                                                    "arguments (e.g. enforce_eager=false, max_model_len=4096, "
                                                    "gpu_memory_utilization=0.8; speculative_config.KEY for the "
@@ -46,7 +48,20 @@ RUN_OPTIONS = [
                                           "model's own replies as history (default: the experiment's).")),
     ("ignore_eos", bool, typer.Option(False, "--ignore-eos", help="Generate output-len tokens whatever the stop "
                                       "tokens (a flag).")),
-    ("concurrency", int, typer.Option(1, help="Requests in flight (the native backend serves one at a time).")),
+    ("max_concurrency", Optional[str], typer.Option(None, "--max-concurrency", "--concurrency", help="Requests "
+                                                    "in flight, comma-separated levels to sweep, each system at each "
+                                                    "(e.g. 1,4,16,32; default 1). Above 1 needs a served backend "
+                                                    "(vllm-server, openai).")),
+    ("request_rate", Optional[float], typer.Option(None, help="Served backends: requests per second, arrivals a "
+                                                   "gamma process (default: all at once, up to the concurrency).")),
+    ("burstiness", float, typer.Option(1.0, help="Served backends, with --request-rate: the arrivals' gamma shape "
+                                       "(1: Poisson; below 1 burstier), as vllm bench serve.")),
+    ("base_url", Optional[str], typer.Option(None, help="--backend openai: the OpenAI-compatible server to measure "
+                                             "(e.g. http://127.0.0.1:8000).")),
+    ("model", Optional[str], typer.Option(None, help="--backend openai: the model name to request (default: the "
+                                          "first the server lists).")),
+    ("request_timeout", Optional[float], typer.Option(None, help="Served backends: seconds one request may take; "
+                                                      "past it the request is recorded as failed (default 3600).")),
     ("device", str, typer.Option("auto", help="auto, cpu, cuda, cuda:N.")),
     ("dtype", str, typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.")),
     ("threads", Optional[int], typer.Option(None, help=THREADS_HELP)),
@@ -94,7 +109,8 @@ def run_options_from(values: dict, **where) -> RunOptions:
     fields = {FIELDS.get(k, k): v for k, v in values.items()}
     fields |= {"categories": names(values["category"]), "systems": names(values["systems"], "--systems"),
                "temperatures": temperatures(values["temperature"]), "device": device(values["device"]),
-               "vllm_args": list(values["vllm_arg"]) if values["vllm_arg"] else None}
+               "vllm_args": list(values["vllm_arg"]) if values["vllm_arg"] else None,
+               "max_concurrency": levels(values["max_concurrency"])}
     return RunOptions(**fields, **where)
 
 
@@ -126,6 +142,18 @@ def temperatures(text: str | None) -> list[float] | None:
         raise DSparkError(f"--temperature must be numbers separated by commas, got '{text}'") from None
     if not values:
         raise DSparkError(f"--temperature '{text}' names no temperature; give one or more, e.g. 0,1")
+    return values
+
+
+def levels(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise DSparkError(f"--max-concurrency must be whole numbers separated by commas, got '{text}'") from None
+    if not values:
+        raise DSparkError(f"--max-concurrency '{text}' names no level; give one or more, e.g. 1,4,16,32")
     return values
 
 

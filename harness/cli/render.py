@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from harness.analysis.summary import COLUMNS, LEGEND, cells
+from harness.analysis.summary import LEGEND, SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, sweep_cells
 
 out = Console()  # results
 err = Console(stderr=True)  # progress, notices, refusals
@@ -32,11 +32,24 @@ def summary_table(summary: dict, title: str, category: str = "overall") -> Table
     if summary.get("complete") is False:
         title += f"\nINCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done"
     t = Table(title=title, caption=LEGEND, caption_justify="left")
-    for header, _ in COLUMNS:
+    cols = columns(summary)
+    for header, _ in cols:
         t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header == "system")
     for row in summary["rows"]:
         if row["category"] == category:
-            t.add_row(*cells(row))
+            t.add_row(*cells(row, cols))
+    return t
+
+
+def sweep_table(summary: dict, title: str) -> Table:
+    """A concurrency sweep: each system's overall figures at each level, speedups against plain decoding
+    at the same level."""
+    t = Table(title=title, caption=SWEEP_LEGEND, caption_justify="left")
+    for header, _ in SWEEP_COLUMNS:
+        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header == "system")
+    for row in summary["rows"]:
+        if row["category"] == "overall":
+            t.add_row(*sweep_cells(row))
     return t
 
 

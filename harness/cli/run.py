@@ -12,7 +12,7 @@ from rich.table import Table
 
 from dspark.errors import DSparkError
 from harness.cli import options
-from harness.cli.render import err, out, show, summary_table
+from harness.cli.render import err, out, show, summary_table, sweep_table
 from harness.runs.plan import RunOptions
 
 
@@ -66,6 +66,8 @@ def run(
 def print_summary(summary: dict, title: str, category: str = "overall", console: Console = out) -> None:
     """The comparison table, then what a reader must know before trusting it."""
     show(console, summary_table(summary, title, category))
+    if summary.get("max_concurrency", [1]) != [1]:
+        show(console, sweep_table(summary, "concurrency sweep (overall rows)"))
     for line in summary.get("warnings", []):
         console.print(f"warning: {line}", style="yellow", highlight=False, soft_wrap=True)
     if summary["baseline"] is None and summary["rows"]:

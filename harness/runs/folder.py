@@ -2,7 +2,9 @@
 request, appended, flushed and synced as each one ends) and the summaries written at the end.
 
 A killed run loses no finished request; a resumed run skips every request already recorded (keyed by
-system, question, turn and temperature) and refuses settings that differ from the manifest's.
+system, question, turn, temperature and concurrency) and refuses settings that differ from the
+manifest's. A served run also appends `waves.jsonl`: per wave of requests sent together, what the
+server's counters grew by.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ class RunFolder:
         """Replace one entry of the manifest (what a backend learns as its engines start)."""
         self.write_json(MANIFEST, (self.manifest() or {}) | {key: value})
 
-    def append(self, record: dict) -> None:
-        with (self.path / REQUESTS).open("a", encoding="utf-8") as f:
+    def append(self, record: dict, name: str = REQUESTS) -> None:
+        with (self.path / name).open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())

@@ -31,7 +31,12 @@ class RunOptions:
     temperatures: list[float] | None = None
     turns: str | None = None
     ignore_eos: bool = False
-    concurrency: int = 1
+    max_concurrency: list[int] | None = None  # levels swept, each system at each (None: 1)
+    request_rate: float | None = None  # requests/s of a served wave (None: all at once, up to the concurrency)
+    burstiness: float = 1.0  # the gamma shape of arrivals at a request rate (1: Poisson)
+    base_url: str | None = None  # the openai backend: the server someone else runs
+    model: str | None = None  # the openai backend: the model name to request (default: the server's first)
+    request_timeout: float | None = None  # a served request's limit in seconds (past it: recorded as failed)
     seed: int | None = None
     disable_shuffle: bool = False
     device: str = "cpu"
@@ -44,7 +49,8 @@ class RunOptions:
 
 
 NOT_RECORDED = ("out", "resume", "profiled")  # where and how this invocation runs, not what the run is
-FLAGS = {"categories": "--category", "temperatures": "--temperature", "vllm_args": "--vllm-arg"}  # the rest: --field-name
+FLAGS = {"categories": "--category", "temperatures": "--temperature", "vllm_args": "--vllm-arg",
+         "max_concurrency": "--max-concurrency"}  # the rest: --field-name
 
 
 def flag(field: str) -> str:
@@ -92,11 +98,7 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     backend = opts.backend or exp.backend
     if backend not in CLASSES:
         raise DSparkError(f"--backend {backend} is not available yet; use {', '.join(CLASSES)}")
-    most = backend_class(backend).capabilities.max_concurrency
-    if not 1 <= opts.concurrency <= most:
-        at_a_time = "one request" if most == 1 else f"{most} requests"
-        raise DSparkError(f"--concurrency {opts.concurrency}: the {backend} backend serves {at_a_time} at a time; "
-                          f"use --concurrency 1{'' if most == 1 else f' to {most}'} (a batched backend comes later)")
+    levels = served_levels(opts, backend)
     systems = [s.name for s in exp.systems]
     if opts.systems:
         unknown = [s for s in opts.systems if s not in systems]
@@ -131,12 +133,57 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     }
     if engine_args:  # (only when given: older runs' settings have no such key, and still resume)
         settings["engine_args"] = engine_args
+    if levels != [1]:
+        settings["max_concurrency"] = levels
+    for key in ("request_rate", "base_url", "model", "request_timeout"):
+        if getattr(opts, key) is not None:
+            settings[key] = getattr(opts, key)
+    if opts.burstiness != 1.0:
+        settings["burstiness"] = opts.burstiness
+    if backend == "openai" and len(systems) != 1:
+        raise DSparkError(f"--backend openai measures the one system the server at {opts.base_url} runs; name it "
+                          f"with --systems (one of {', '.join(systems)})")
     if opts.record_margins:
         if backend != "native":
             raise DSparkError(f"--record-margins records our engine's draft margins; the {backend} backend has none "
                               "to give (record them on the native run you compare against)")
         settings["record_margins"] = True
     return settings
+
+
+def served_levels(opts: RunOptions, backend: str) -> list[int]:
+    """The concurrency levels, checked against what the backend can have in flight, and the served
+    options checked against the backend."""
+    levels = opts.max_concurrency or [1]
+    most = backend_class(backend).capabilities.max_concurrency
+    served = most > 1
+    bad = next((c for c in levels if not 1 <= c <= most), None)
+    if bad is not None:
+        if not served:
+            raise DSparkError(f"--max-concurrency {bad}: the {backend} backend serves one request at a time; use "
+                              "--backend vllm-server (or openai) for concurrency, or --max-concurrency 1")
+        raise DSparkError(f"--max-concurrency {bad}: give levels from 1 to {most}")
+    if len(set(levels)) != len(levels):
+        raise DSparkError(f"--max-concurrency {','.join(map(str, levels))}: a level is repeated; give each once")
+    for name, given in (("--request-rate", opts.request_rate is not None), ("--burstiness", opts.burstiness != 1.0),
+                        ("--request-timeout", opts.request_timeout is not None)):
+        if given and not served:
+            raise DSparkError(f"{name} schedules served requests; the {backend} backend serves one at a time "
+                              "(use --backend vllm-server or openai)")
+    if opts.request_rate is not None and not opts.request_rate > 0:
+        raise DSparkError(f"--request-rate {opts.request_rate:g}: give requests per second above 0 (leave it out to "
+                          "send every request at once, up to the concurrency)")
+    if not opts.burstiness > 0:
+        raise DSparkError(f"--burstiness {opts.burstiness:g}: give a gamma shape above 0 (1: Poisson arrivals)")
+    if opts.request_timeout is not None and not opts.request_timeout > 0:
+        raise DSparkError(f"--request-timeout {opts.request_timeout:g}: give seconds above 0")
+    if (backend == "openai") != (opts.base_url is not None):
+        raise DSparkError("--backend openai needs --base-url URL (the server to measure)" if backend == "openai" else
+                          "--base-url is the openai backend's server; add --backend openai or drop --base-url")
+    if opts.model is not None and backend != "openai":
+        raise DSparkError(f"--model names the model of an openai server; the {backend} backend runs the experiment's "
+                          "target (drop --model)")
+    return sorted(levels)
 
 
 def engine_arguments(items: list[str] | None, base: dict) -> dict:

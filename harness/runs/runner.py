@@ -2,7 +2,9 @@
 recorded as it finishes, then the summaries.
 
 Order: systems (plain decoding first, so greedy outputs can be checked against it as they come),
-then temperatures, prompts and turns. Each system gets its caches, graph captures and one short
+then concurrency levels, temperatures, prompts and turns. Requests go out in waves
+(`Session.waves`): one request at a time at concurrency 1, every prompt of a turn together above,
+at most the level in flight. Each system gets its caches, graph captures and one short
 request before any timing. At temperature > 0 a request's seed derives from the run seed, the
 question, the turn and the temperature, so every system draws the same target-side randomness and
 a resumed request is the same draw. The runner speaks to its backend only through
@@ -16,6 +18,7 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,10 +28,10 @@ from dspark.checkpoint import resolve_path
 from dspark.errors import DSparkError
 from dspark.tokenizer import chat_prompt_ids, conversation
 from harness.analysis.metrics import first_difference
-from harness.analysis.plots import plot
-from harness.analysis.records import MANIFEST, REQUESTS, read_requests, request_key
+from harness.analysis.plots import plot, plot_sweep
+from harness.analysis.records import MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key
 from harness.analysis.summary import expected_requests, markdown, summarize_folder, to_csv
-from harness.backends.base import Backend, RequestResult, RequestSpec
+from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
 from harness.runs import threads
@@ -44,20 +47,20 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
     """Every pending request of the run, each recorded as it finishes; then the summaries. `console`
     gets the progress and notices (the caller prints the tables)."""
     session = Session.open(opts, console)
-    pending = session.pending()
+    waves = session.waves()
     try:
         if opts.profiled:  # everything untimed happens before the capture window opens
-            for name, temp, _, _ in pending:
-                session.warm(name, temp)
-        with RunProgress(console, len(pending)) as progress, session.backend.capture(opts.profiled,
-                                                                                      session.folder.path):
-            for name, temp, row, turn in pending:
-                if (name, temp) not in session.warmed:
-                    progress.step(f"{name} T={temp:g}", "(warm-up)")
-                    session.warm(name, temp)
-                progress.step(f"{name} T={temp:g}", row.category)
-                session.request(name, temp, row, turn)
-                progress.advance()
+            for wave in waves:
+                session.warm(wave.system, wave.temperature)
+        with RunProgress(console, sum(len(w.rows) for w in waves)) as progress, \
+                session.backend.capture(opts.profiled, session.folder.path):
+            for wave in waves:
+                label = f"{wave.system} T={wave.temperature:g}" + (f" c={wave.concurrency}" if session.sweep else "")
+                if (wave.system, wave.temperature) not in session.warmed:
+                    progress.step(label, "(warm-up)")
+                    session.warm(wave.system, wave.temperature)
+                progress.step(label, wave.rows[0].category if len(wave.rows) == 1 else f"{len(wave.rows)} requests")
+                session.serve(wave, progress.advance)
     except KeyboardInterrupt:
         write_summaries(session.folder)  # of the finished requests, marked incomplete
         console.print(f"interrupted: {len(read_requests(session.folder.path))} finished requests and their summaries "
@@ -80,7 +83,7 @@ class Session:
     folder: RunFolder
     rows: list[datasets.Row]
     turns_of: dict[str, list[str]]
-    jobs: list[tuple]
+    jobs: list[tuple]  # (system, concurrency, temperature, row, turn), in run order
     backend: Backend
     tokenizer: object
     prepared: dict
@@ -108,15 +111,18 @@ class Session:
                           f"{len(rows)}", style="yellow", highlight=False, soft_wrap=True)
         backend: Backend = backend_class(settings["backend"])(
             exp.target, opts.device, opts.dtype, engine_args=settings.get("engine_args"),
-            run_dir=folder.path, profiled=opts.profiled, margins=settings.get("record_margins", False))
+            run_dir=folder.path, profiled=opts.profiled, margins=settings.get("record_margins", False),
+            server={"base_url": settings.get("base_url"), "model": settings.get("model"),
+                    "request_timeout_s": settings.get("request_timeout")})
         n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.tokenizer_path)
         threads.apply(n_threads)
         tokenizer = AutoTokenizer.from_pretrained(backend.tokenizer_path)
         if not getattr(tokenizer, "chat_template", None):
             raise DSparkError(f"{exp.target}: the tokenizer has no chat template; SPEED-Bench prompts need one")
         turns_of = {r.question_id: (list(r.turns) if settings["turns"] == "all" else [r.turns[0]]) for r in rows}
-        jobs = [(name, temp, row, turn) for name in settings["systems"] for temp in settings["temperatures"]
-                for row in rows for turn in range(len(turns_of[row.question_id]))]
+        levels = settings.get("max_concurrency", [1])
+        jobs = [(name, conc, temp, row, turn) for name in settings["systems"] for conc in levels
+                for temp in settings["temperatures"] for row in rows for turn in range(len(turns_of[row.question_id]))]
         prepared = {name: backend.prepare(exp.system(name)) for name in settings["systems"]}
         models = backend.models()
         for p in prepared.values():
@@ -138,14 +144,17 @@ class Session:
                            **inputs, "methods": {n: p.method for n, p in prepared.items()},
                            "threads": {"count": n_threads, "chosen_by": threads_by},
                            "prompts_selected": len(rows), "requests_expected": expected_requests(
-                               [(name, temp, row.category) for name, temp, row, _ in jobs]),
+                               [(name, temp, row.category, conc) for name, conc, temp, row, _ in jobs]),
                            "backend": backend.record(), "profiled": opts.profiled or False,
                            "provenance": provenance(opts.device)})
         records = {request_key(r): r for r in read_requests(folder.path, repair=True)}
+        read_waves(folder.path, repair=True)  # (a torn last wave line is cut before more are appended)
         session = cls(opts, settings, folder, rows, turns_of, jobs, backend, tokenizer, prepared, records)
         if opts.resume:
+            failed = sum(1 for r in records.values() if r.get("failed"))
             console.print(f"resuming {folder.path}: {len(jobs) - len(session.pending())} of {len(jobs)} requests "
-                          "already done", highlight=False, soft_wrap=True)
+                          "already done" + (f" ({failed} of them failed: kept as failed, not sent again)" if failed
+                                            else ""), highlight=False, soft_wrap=True)
         console.print(f"threads: {n_threads} ({threads_by})", highlight=False, soft_wrap=True)
         return session
 
@@ -161,9 +170,30 @@ class Session:
     def baseline_system(self) -> str | None:
         return next((n for n in self.settings["systems"] if self.prepared[n].method == "plain"), None)  # sorted first
 
+    @property
+    def sweep(self) -> bool:
+        return "max_concurrency" in self.settings
+
     def pending(self) -> list[tuple]:
         """The requests not yet recorded, in run order."""
-        return [j for j in self.jobs if (j[0], j[2].question_id, j[3], float(j[1])) not in self.records]
+        return [j for j in self.jobs if (j[0], j[3].question_id, j[4], float(j[2]), j[1]) not in self.records]
+
+    def waves(self) -> list[Wave]:
+        """The pending requests as waves, each sent together: at concurrency 1 one request per wave (so
+        later turns follow their own earlier ones, and the server's counters are per request); above,
+        every pending request of a system, level, temperature and turn (turn by turn, each wave after
+        the one holding the earlier turns)."""
+        out: list[Wave] = []
+        for name, conc, temp, row, turn in self.pending():
+            last = out[-1] if out else None
+            if conc > 1 and last is not None and (last.system, last.concurrency, last.temperature, last.turn) == \
+                    (name, conc, temp, turn):
+                last.rows.append(row)
+            else:
+                out.append(Wave(name, conc, temp, turn, [row]))
+        if any(w.concurrency > 1 for w in out):  # later turns after the earlier turns of every row
+            out.sort(key=lambda w: (self.settings["systems"].index(w.system), w.concurrency, w.temperature, w.turn))
+        return out
 
     def spec(self, name: str, temp: float, seed: int = 0, messages: list[dict] = ()) -> RequestSpec:
         return RequestSpec(max_new_tokens=self.settings["output_len"], temperature=temp, seed=seed,
@@ -193,43 +223,98 @@ class Session:
         if now != was:
             self.folder.update_manifest("backend", now)
 
-    def request(self, name: str, temp: float, row: datasets.Row, turn: int) -> dict:
-        """One timed request, recorded (and at T = 0 held against plain decoding's) as soon as it ends."""
-        p = self.prepared[name]
-        previous = [self._reply(name, row.question_id, temp, t) for t in range(turn)]
-        messages = conversation(self.turns_of[row.question_id][: turn + 1], previous)
-        spec = self.spec(name, temp, request_seed(self.settings["seed"], row.question_id, turn, temp), messages)
-        ids = chat_prompt_ids(self.tokenizer, messages)
+    def serve(self, wave: Wave, advance) -> None:
+        """One wave, each request recorded (and at T = 0 held against plain decoding's at the same
+        concurrency) as soon as it ends; then what the server's counters say about the wave."""
+        p = self.prepared[wave.system]
+        sent, specs, prompts = [], [], []
+        for row in wave.rows:
+            previous = [self._find(wave.system, row.question_id, wave.temperature, t, wave.concurrency)
+                        for t in range(wave.turn)]
+            if any(r is None or r.get("failed") for r in previous):  # nothing to continue from
+                self._write(self._failed(wave, row, "an earlier turn of this conversation failed"))
+                advance()
+                continue
+            messages = conversation(self.turns_of[row.question_id][: wave.turn + 1],
+                                    [r["output_text"] for r in previous])
+            seed = request_seed(self.settings["seed"], row.question_id, wave.turn, wave.temperature)
+            sent.append(row)
+            specs.append(self.spec(wave.system, wave.temperature, seed, messages))
+            prompts.append(chat_prompt_ids(self.tokenizer, messages))
+        if not sent:
+            return
+        wave_id = uuid.uuid4().hex[:12]
         load_before = os.getloadavg()[0]
-        result = self.backend.generate(p, ids, spec)
-        record = _record(name, p.method, row, turn, temp, spec.seed, ids, result, self.tokenizer)
-        record |= {"peak_memory_bytes": self.backend.peak_memory(), "load_avg": [load_before, os.getloadavg()[0]]}
-        base_name = self.baseline_system
-        if temp == 0 and base_name is not None and name != base_name:
-            base = self._find(base_name, row.question_id, temp, turn)
-            if base is not None and base["prompt_sha256"] == record["prompt_sha256"]:
-                record["matches_baseline"] = first_difference(result.tokens, base["output_ids"])
+        counted = "server counters (request)" if len(sent) == 1 else "server counters (wave)"
+
+        def on_result(i: int, result: RequestResult) -> None:
+            row, spec, ids = sent[i], specs[i], prompts[i]
+            if result.error is not None:
+                record = self._failed(wave, row, result.error) | {
+                    "e2el_ms": ((result.prefill_s or 0.0) + result.decode_s) * 1e3}
+            else:
+                record = _record(wave.system, p.method, row, wave.turn, wave.temperature, spec.seed, ids, result,
+                                 self.tokenizer)
+                if record["acceptance_source"] is None and p.method != "plain":
+                    record["acceptance_source"] = counted  # (joined with the wave's counters by the summary)
+                base = self._find(self.baseline_system, row.question_id, wave.temperature, wave.turn,
+                                  wave.concurrency) if self.baseline_system not in (None, wave.system) else None
+                if wave.temperature == 0 and base is not None and not base.get("failed") and \
+                        base["prompt_sha256"] == record["prompt_sha256"] and record["output_ids"] is not None:
+                    record["matches_baseline"] = first_difference(result.tokens, base["output_ids"])
+            record |= {"max_concurrency": wave.concurrency, "wave": wave_id, "start_utc": result.start_utc,
+                       "peak_memory_bytes": self.backend.peak_memory(),
+                       "load_avg": [load_before, os.getloadavg()[0]]}
+            self._write(record)
+            advance()
+
+        schedule = Schedule(wave.concurrency, self.settings.get("request_rate"), self.settings.get("burstiness", 1.0),
+                            request_seed(self.settings["seed"], wave_id, wave.turn, wave.temperature))
+        told = self.backend.generate_many(p, prompts, specs, schedule, on_result)
+        if told:
+            self.folder.append({"wave": wave_id, "system": wave.system, "max_concurrency": wave.concurrency,
+                                "temperature": wave.temperature, "turn": wave.turn, "requests": len(sent), **told},
+                               WAVES)
+
+    def _failed(self, wave: Wave, row: datasets.Row, error: str) -> dict:
+        """The record of a request that did not finish: counted as failed, never sent again silently."""
+        return {"system": wave.system, "method": self.prepared[wave.system].method, "question_id": row.question_id,
+                "category": row.category, "turn": wave.turn, "temperature": wave.temperature,
+                "max_concurrency": wave.concurrency, "failed": True, "error": error, "output_tokens": 0,
+                "output_ids": None, "acceptance_lengths": [], "proposal_lengths": [], "accepted_counts": [],
+                "round_ms": {}, "ttft_ms": None, "tpot_ms": None, "e2el_ms": None, "matches_baseline": None,
+                "time_utc": time.time()}
+
+    def _write(self, record: dict) -> None:
         self.folder.append(record)
         self.records[request_key(record)] = record
-        return record
 
-    def _find(self, system: str, question_id: str, temp: float, turn: int) -> dict | None:
-        return self.records.get((system, question_id, turn, float(temp)))
+    def _find(self, system: str, question_id: str, temp: float, turn: int, concurrency: int) -> dict | None:
+        return self.records.get((system, question_id, turn, float(temp), concurrency))
 
-    def _reply(self, system: str, question_id: str, temp: float, turn: int) -> str:
-        return self._find(system, question_id, temp, turn)["output_text"]
+
+@dataclass
+class Wave:
+    """Requests sent together: one system, concurrency level, temperature and turn."""
+
+    system: str
+    concurrency: int
+    temperature: float
+    turn: int
+    rows: list[datasets.Row]
 
 
 def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float, seed: int, ids: list[int],
             result: RequestResult, tokenizer) -> dict:
-    n = len(result.tokens)
+    n = len(result.tokens) or (result.extra.get("usage_output_tokens") or 0 if result.text is not None else 0)
     ttft = None if result.prefill_s is None else result.prefill_s * 1e3  # None: the backend cannot tell
     e2el = ((result.prefill_s or 0.0) + result.decode_s) * 1e3
     return {
         "system": system, "method": method, "question_id": row.question_id, "category": row.category,
         "turn": turn, "temperature": temp, "seed": seed, "prompt_tokens": len(ids),
         "prompt_sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest(), "output_tokens": n,
-        "output_ids": result.tokens, "output_text": tokenizer.decode(result.tokens, skip_special_tokens=True),
+        "output_ids": result.tokens if result.text is None else None,
+        "output_text": tokenizer.decode(result.tokens, skip_special_tokens=True) if result.text is None else result.text,
         "stop_reason": result.stop_reason, "acceptance_lengths": result.acceptance_lengths,
         "proposal_lengths": result.proposal_lengths,
         "accepted_counts": result.accepted_counts, "num_rounds": result.num_rounds, "ttft_ms": ttft,
@@ -253,4 +338,9 @@ def write_summaries(folder: RunFolder) -> dict:
     if summary["rows"]:
         plot(summary, folder.path / "summary.png", f"run {folder.path.name}")
         written.append("summary.png")
+    if summary["max_concurrency"] != [1]:
+        plot_sweep(summary, folder.path / "concurrency.png", f"run {folder.path.name}: concurrency sweep")
+        written.append("concurrency.png")
+    if (folder.path / WAVES).is_file():
+        written.append(WAVES)
     return summary | {"files": [str(folder.path / name) for name in written]}

@@ -16,7 +16,7 @@ from pathlib import Path
 from dspark.errors import DSparkError
 
 METHODS = ("plain", "dspark", "dflash", "ngram")
-BACKENDS = ("native", "vllm", "vllm-server")
+BACKENDS = ("native", "vllm", "vllm-server", "openai")
 DATASETS = ("demo", "hub")
 
 
