@@ -4,7 +4,8 @@ serving benchmark measures per request (the definitions of `vllm bench serve`).
 - TTFT: request sent to the first chunk that carries output (text or token ids);
 - ITL: the gaps between later chunks that carry output (under speculative decoding one chunk may
   carry several tokens, so ITL is not TPOT);
-- E2EL: request sent to the last byte of the stream;
+- E2EL: request sent to the last chunk that carries output (as `vllm bench serve` measures it; the
+  usage chunk and `[DONE]` after it are not part of the latency);
 - tokens: `usage.completion_tokens` (asked for with `stream_options.include_usage`), and the token
   ids themselves where the server returns them (vLLM's `return_token_ids`), with the prompt's ids
   as the server tokenised them, so the input can be held against ours;
@@ -94,5 +95,5 @@ async def stream_chat(session, url: str, body: dict, timeout_s: float) -> Stream
         out.error = f"timed out after {timeout_s:g} s"
     except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a chunk that is not JSON
         out.error = f"{type(exc).__name__}: {exc}"[:300]
-    out.e2el_s = time.perf_counter() - start
+    out.e2el_s = (last if out.ttft_s is not None else time.perf_counter()) - start
     return out

@@ -35,8 +35,9 @@ class ServedBackend:
         ...
 
     def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult:
+        """One request outside any wave (the warm-up), under the default time limit, not the run's."""
         box: list[RequestResult] = []
-        self.generate_many(prepared, [prompt], [spec], Schedule(), lambda i, r: box.append(r))
+        asyncio.run(self._wave(prepared, [prompt], [spec], Schedule(), lambda i, r: box.append(r), REQUEST_S))
         if box[0].error is not None:
             raise DSparkError(f"system '{prepared.system.name}': a request failed ({box[0].error})")
         return box[0]
@@ -50,11 +51,12 @@ class ServedBackend:
             raise self._died(prepared, why)
         url = self.base_url(prepared)
         before = server_metrics.spec_counters(server_metrics.fetch(url))
-        asyncio.run(self._wave(prepared, prompts, specs, schedule, on_result))
+        asyncio.run(self._wave(prepared, prompts, specs, schedule, on_result, self.request_timeout_s))
         counters = server_metrics.delta(before, server_metrics.spec_counters(server_metrics.fetch(url)))
         return {} if counters is None else {"spec_counters": counters}
 
-    async def _wave(self, prepared: Prepared, prompts, specs, schedule: Schedule, on_result: OnResult) -> None:
+    async def _wave(self, prepared: Prepared, prompts, specs, schedule: Schedule, on_result: OnResult,
+                    timeout_s: float) -> None:
         import aiohttp
 
         limit = asyncio.Semaphore(schedule.concurrency)
@@ -67,7 +69,7 @@ class ServedBackend:
             body = chat_body(self.served_model(prepared), list(spec.messages), spec.max_new_tokens, spec.temperature,
                              spec.seed, list(spec.stop_token_ids), self.vllm_extensions)
             async with limit:
-                return i, await stream_chat(session, url, body, self.request_timeout_s)
+                return i, await stream_chat(session, url, body, timeout_s)
 
         connector = aiohttp.TCPConnector(limit=0)  # the semaphore is the only limit, as in vllm bench serve
         async with aiohttp.ClientSession(connector=connector) as session:
