@@ -137,14 +137,16 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
     runs = [_describe(Path(dir_a), ma), _describe(Path(dir_b), mb)]
     native = next((i for i, r in enumerate(runs) if r["backend"] == "native"), 0)
     tol = max(FLOAT_ERROR.get(_dtype(r), 0.125) for r in runs)
-    index = [{(r["system"], float(r["temperature"]), r["question_id"], r["turn"]): r for r in recs} for recs in (ra, rb)]
-    groups = [g for g in dict.fromkeys(k[:2] for k in index[0]) if g in {k[:2] for k in index[1]}]  # A's order
+    # (a sweep's requests are compared level by level: a request at concurrency 4 against one at 4)
+    index = [{(r["system"], float(r["temperature"]), int(r.get("max_concurrency", 1)), r["question_id"], r["turn"]): r
+              for r in recs if not r.get("failed")} for recs in (ra, rb)]
+    groups = [g for g in dict.fromkeys(k[:3] for k in index[0]) if g in {k[:3] for k in index[1]}]  # A's order
     out = {"runs": runs, "native": native, "float_error": tol, "groups": [],
-           "only_in": [sorted({k[:2] for k in index[i]} - set(groups)) for i in (0, 1)]}
-    for system, temp in groups:
-        keys = sorted(k for k in index[0] if k[:2] == (system, temp) and k in index[1])
+           "only_in": [sorted({k[:3] for k in index[i]} - set(groups)) for i in (0, 1)]}
+    for system, temp, conc in groups:
+        keys = sorted(k for k in index[0] if k[:3] == (system, temp, conc) and k in index[1])
         if not keys:  # the same system and temperature, but no prompt in common
-            out["only_in"][0].append((system, temp))
+            out["only_in"][0].append((system, temp, conc))
             continue
         pairs = [(index[0][k], index[1][k]) for k in keys]
         method = pairs[0][native]["method"]
@@ -152,12 +154,12 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
         for (x, y), key in zip(pairs, keys):
             same_input = x["prompt_sha256"] == y["prompt_sha256"]
             diff = first_difference(x["output_ids"], y["output_ids"]) if temp == 0 and same_input else None
-            row = {"question_id": key[2], "turn": key[3], "prompt_ids_equal": same_input,
+            row = {"question_id": key[3], "turn": key[4], "prompt_ids_equal": same_input,
                    "outputs_equal": None if diff is None else diff is True,
                    "first_difference": None if diff in (None, True) else diff,
                    "rounds": [x["num_rounds"], y["num_rounds"]],
                    "accepted": [sum(x.get("accepted_counts") or []), sum(y.get("accepted_counts") or [])]}
-            where = {"question_id": key[2], "turn": key[3]}
+            where = {"question_id": key[3], "turn": key[4]}
             if diff is True and method != "plain":
                 ours, theirs = (x, y) if native == 0 else (y, x)
                 found += [where | d for d in divergences(ours, theirs, method, tol)]
@@ -168,7 +170,7 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
             prompts.append(row)
         greedy = temp == 0
         out["groups"].append({
-            "system": system, "temperature": temp, "method": method, "prompts": len(pairs),
+            "system": system, "temperature": temp, "max_concurrency": conc, "method": method, "prompts": len(pairs),
             "prompt_ids_equal": sum(p["prompt_ids_equal"] for p in prompts),
             "outputs_equal": sum(bool(p["outputs_equal"]) for p in prompts) if greedy else None,
             "per_prompt": prompts, "pooled": [_pooled([p[0] for p in pairs]), _pooled([p[1] for p in pairs])],

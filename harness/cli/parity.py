@@ -35,7 +35,8 @@ def parity(
               f"float error taken as a top-2 logit margin below {result['float_error']:g}", highlight=False,
               soft_wrap=True)
     for g in result["groups"]:
-        title = f"{g['system']} ({g['method']}) at T={g['temperature']:g}: {g['prompt_ids_equal']}/{g['prompts']} " \
+        level = "" if g["max_concurrency"] == 1 else f", concurrency {g['max_concurrency']}"
+        title = f"{g['system']} ({g['method']}) at T={g['temperature']:g}{level}: {g['prompt_ids_equal']}/{g['prompts']} " \
                 "prompts with equal prompt ids" + ("" if g["outputs_equal"] is None else
                                                    f", {g['outputs_equal']}/{g['prompts']} greedy outputs equal")
         t = Table(title=title)
@@ -64,6 +65,7 @@ def parity(
             out.print(f"  {d['kind']}: {d['question_id'][:12]} turn {d['turn']}{at}: {d['detail']}",
                       highlight=False, soft_wrap=True)
     for i, missing in enumerate(result["only_in"]):
-        for system, temp in missing:
-            out.print(f"only in {'AB'[i]} (or no prompt in common): {system} at T={temp:g}", style="dim",
+        for system, temp, conc in missing:
+            level = "" if conc == 1 else f", concurrency {conc}"
+            out.print(f"only in {'AB'[i]} (or no prompt in common): {system} at T={temp:g}{level}", style="dim",
                       highlight=False)
