@@ -171,7 +171,7 @@ def external(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("external")
     ngram = load_experiment("demo").system("ngram")
-    args = {"max_model_len": 1024, "seed": 0, "dtype": "float32", "enforce_eager": True,
+    args = {"max_model_len": 1024, "seed": 0, "dtype": "float32", "enforce_eager": True, "enable_prefix_caching": False,
             "speculative_config": speculative_config(ngram, None, None, on_cpu=True)}
     server = vllm_server.start(DEMO_DIR / "target", args, root / "server.log", 900.0, dict(os.environ) | ENV)
     try:

@@ -57,12 +57,15 @@ def plot_sweep(summary: dict, path: Path, title: str) -> None:
             low = [max(0.0, v - (r["speedup_ci95"] or [v, v])[0]) for v, r in zip(values, mine)]
             high = [max(0.0, (r["speedup_ci95"] or [v, v])[1] - v) for v, r in zip(values, mine)]
             right.errorbar(levels, values, yerr=[low, high], marker="o", capsize=3, label=label)
+    levels = sorted({r["max_concurrency"] for r in overall})
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.minorticks_off()
         ax.set_xlabel("max concurrency (requests in flight)")
     left.set(ylabel="output tokens / s", title="output throughput")
     right.axhline(1.0, color="grey", linewidth=0.8)
-    right.set(ylabel="speedup over plain at the same concurrency (TPOT)", title="speedup, 95 % interval")
+    right.set(ylabel="speedup over plain (TPOT)", title="speedup over plain at the same concurrency, 95 % interval")
     for ax in (left, right):
         if ax.lines:
             ax.legend(fontsize=7)

@@ -51,22 +51,23 @@ def busy_seconds(records: list[dict]) -> float:
     return total
 
 
-def counted_acceptance(records: list[dict], waves: dict[str, dict]) -> tuple[list[dict], str | None] | None:
+def counted_acceptance(records: list[dict], waves: dict[str, dict],
+                       group: list[dict]) -> tuple[list[dict], str | None] | None:
     """Acceptance totals of requests that have no rounds: vLLM's per-request totals, or the server's
-    counters of the waves they came in (a wave's counters only when every request of it is among
-    `records`). None when some request's acceptance cannot be known from these."""
-    totals, sources, whole = [], set(), {}
+    counters of the waves they came in (a wave's counters only when every request of it, failed ones
+    included, is in `group`). None when some request's acceptance cannot be known from these."""
+    totals, sources, whole = [], set(), set()
     for r in records:
         source = r.get("acceptance_source")
         sources.add(source)
         if r.get("acceptance_totals"):
             totals.append(r["acceptance_totals"])
         elif source in ("server counters (request)", "server counters (wave)") and r.get("wave") in waves:
-            whole[r["wave"]] = whole.get(r["wave"], 0) + 1
+            whole.add(r["wave"])
         else:
             return None
-    for wave_id, n in whole.items():
-        if n != waves[wave_id]["requests"]:
+    for wave_id in sorted(whole):
+        if sum(r.get("wave") == wave_id for r in group) != waves[wave_id]["requests"]:
             return None  # part of a wave: its counters pool requests outside this group
         totals.append(waves[wave_id]["spec_counters"])
     return totals, ", ".join(sorted(map(str, sources)))
@@ -75,7 +76,7 @@ def counted_acceptance(records: list[dict], waves: dict[str, dict]) -> tuple[lis
 def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseline: bool,
                     waves: dict[str, dict] | None = None) -> dict:
     """One row's figures, over the group's finished requests (failed ones only counted)."""
-    failed = sum(1 for r in records if r.get("failed"))
+    group, failed = records, sum(1 for r in records if r.get("failed"))
     records = [r for r in records if not r.get("failed")]
     lengths = [n for r in records for n in r["acceptance_lengths"]]
     proposals = [n for r in records for n in r["proposal_lengths"]]
@@ -84,7 +85,7 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
     out_tokens = sum(r["output_tokens"] for r in records)
     in_tokens = sum(r.get("prompt_tokens") or 0 for r in records)
     drafted = [r for r in records if r["method"] != BASELINE]
-    counted = counted_acceptance([r for r in drafted if not r["acceptance_lengths"]], waves or {}) \
+    counted = counted_acceptance([r for r in drafted if not r["acceptance_lengths"]], waves or {}, group) \
         if drafted and not lengths else None
     row = {"requests": len(records) + failed, "completed": len(records), "failed": failed,
            "output_tokens": out_tokens, "input_tokens": in_tokens, "duration_s": duration,

@@ -18,17 +18,16 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dspark.checkpoint import read_config, resolve_path
-from dspark.config import TargetConfig
 from dspark.errors import DSparkError
 from harness.backends import server_metrics, vllm_server
 from harness.backends.base import Capabilities, Prepared, RequestSpec
 from harness.backends.fingerprints import model_record
 from harness.backends.served import ServedBackend
+from harness.backends.target import TargetFiles
 from harness.specs.experiments import System
 
 
-class OpenAIBackend(ServedBackend):
+class OpenAIBackend(TargetFiles, ServedBackend):
     name = "openai"
     capabilities = Capabilities(max_concurrency=4096, step_timing=False, acceptance="request",
                                 deterministic_greedy=False)
@@ -45,8 +44,7 @@ class OpenAIBackend(ServedBackend):
                               "native or vllm")
         server = server or {}
         self.url = str(server.get("base_url") or "").rstrip("/").removesuffix("/v1")
-        self.path = resolve_path(target, revision)  # the chat template and tokenizer the prompts are made with
-        self.config = TargetConfig.from_hf(read_config(self.path), f"target {target}")
+        self._read_target(target, revision)  # the chat template and tokenizer the prompts are made with
         self.request_timeout_s = server.get("request_timeout_s") or self.request_timeout_s
         listed = vllm_server.models(self.url)
         if listed is None:
@@ -63,18 +61,6 @@ class OpenAIBackend(ServedBackend):
         self.listed = listed
         self.run_dir = Path(run_dir) if run_dir is not None else Path(".")
         self._save_metrics("start")
-
-    @property
-    def tokenizer_path(self) -> Path:
-        return self.path
-
-    @property
-    def max_context(self) -> int:
-        return self.config.max_position_embeddings
-
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        return tuple(self.config.eos_token_ids)
 
     def models(self) -> dict:
         return {"target": model_record(self.path) | {"used_for": "chat template and tokenizer only (the server "

