@@ -45,11 +45,11 @@ ARGS = ["run", "--category", "coding", "--num-prompts", str(PROMPTS), "--output-
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # `vllm bench serve` and our client against one server, one workload (the same request fields): how far
 # their figures may part, as factors. The definitions are the same; the clients share a 2-core machine
-# with the server, and repeated runs of either part by up to 1.45x in TPOT at concurrency 1 here. TTFT
-# parts further at concurrency 4: vllm bench serve's four requests reach the engine in one step, ours
-# in two (the first is prefilled alone), 52-59 ms against 67-83 ms over two repetitions.
-TOLERANCE = {"mean_tpot_ms": 1.6, "mean_itl_ms": 1.6, "mean_e2el_ms": 1.6, "output_throughput": 1.6,
-             "mean_ttft_ms": 2.0}
+# with the server, and repeated runs of either part by up to 1.45x in TPOT here, so medians are held,
+# within a factor 2. TTFT parts further at concurrency 4: vllm bench serve's four requests reach the
+# engine in one step, ours in two (the first is prefilled alone): 52-59 ms against 67-83 ms.
+TOLERANCE = {"median_tpot_ms": 2.0, "median_itl_ms": 2.0, "median_e2el_ms": 2.0, "output_throughput": 2.0,
+             "median_ttft_ms": 2.5}
 
 
 def _script() -> Path:
@@ -202,11 +202,14 @@ def external(tmp_path_factory):
                           "--request-timeout", "0.2", "--out", root / "timeout", "--json"], root)
         alive = vllm_server.models(url) is not None
         resumed = _cli(["run", "--resume", root / "timeout"], root)
+        paced = _cli([*ARGS[:3], "--num-prompts", "4", "--output-len", "8", "--temperature", "0", "--systems", "ngram",
+                      "--backend", "openai", "--base-url", url, "--max-concurrency", "4", "--request-rate", "4",
+                      "--burstiness", "0.5", "--out", root / "paced"], root)
     finally:
         vllm_server.stop(server)
     return {"ours": root / "ours", "summary": json.loads(ours.stdout), "bench": json.loads((root / "bench.json")
             .read_text()), "timed_out": timed_out, "timeout_dir": root / "timeout", "alive": alive,
-            "resumed": resumed, "port": server.port}
+            "resumed": resumed, "paced": paced, "paced_dir": root / "paced", "port": server.port}
 
 
 @needs_server
@@ -257,3 +260,20 @@ def test_a_server_that_cannot_start_is_one_line_with_its_log(tmp_path):
     assert proc.returncode == 2
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error")]
     assert line.startswith("error: vllm serve exited (") and "bogus" in line and "server-plain.log" in line
+
+
+@needs_server
+@needs_demo
+def test_requests_at_a_rate_are_sent_on_the_gamma_schedule(external):
+    from harness.backends.base import Schedule
+    from harness.runs.runner import Wave, arrival_seed
+
+    assert external["paced"].returncode == 0, external["paced"].stderr[-2000:]
+    manifest = json.loads((external["paced_dir"] / "manifest.json").read_text())
+    assert (manifest["settings"]["request_rate"], manifest["settings"]["burstiness"]) == (4.0, 0.5)
+    records = read_requests(external["paced_dir"])
+    wave = Wave("ngram", 4, 0.0, 0, [])
+    planned = Schedule(4, 4.0, 0.5, arrival_seed(manifest["settings"]["seed"], wave)).arrivals(len(records))
+    sent = sorted(r["start_utc"] for r in records)
+    assert [round(t - sent[0], 1) for t in sent] == pytest.approx([round(t, 1) for t in planned], abs=0.11)
+    assert sent[-1] - sent[0] > 0.1  # spread over time, not all at once

@@ -269,7 +269,7 @@ class Session:
             advance()
 
         schedule = Schedule(wave.concurrency, self.settings.get("request_rate"), self.settings.get("burstiness", 1.0),
-                            request_seed(self.settings["seed"], wave_id, wave.turn, wave.temperature))
+                            arrival_seed(self.settings["seed"], wave))
         told = self.backend.generate_many(p, prompts, specs, schedule, on_result)
         if told:
             self.folder.append({"wave": wave_id, "system": wave.system, "max_concurrency": wave.concurrency,
@@ -291,6 +291,12 @@ class Session:
 
     def _find(self, system: str, question_id: str, temp: float, turn: int, concurrency: int) -> dict | None:
         return self.records.get((system, question_id, turn, float(temp), concurrency))
+
+
+def arrival_seed(run_seed: int, wave: Wave) -> int:
+    """The seed of a wave's arrivals: the same for every run of these settings (as `vllm bench serve`'s
+    fixed seed), different per system, level, temperature and turn."""
+    return request_seed(run_seed, f"arrivals/{wave.system}/{wave.concurrency}", wave.turn, wave.temperature)
 
 
 @dataclass
