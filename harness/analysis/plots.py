@@ -1,12 +1,16 @@
-"""Pictures of a run's summary (matplotlib, no torch or rich)."""
+"""The pictures a run folder gets (matplotlib, no torch or rich): summary.png, and concurrency.png for a
+sweep. Their titles say what ran where (backend, device, target, split)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 
 def plot(summary: dict, path: Path, title: str) -> None:
-    """summary.png: per-position (joint) acceptance by system, and speedup with its interval, per temperature."""
+    """summary.png: per-position (joint) acceptance by system, and each speculative system's speedup over
+    plain decoding with its interval, per temperature (plain decoding, 1 by definition, is the line)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -17,59 +21,46 @@ def plot(summary: dict, path: Path, title: str) -> None:
     for r in overall:
         rates = r["spec_decode_per_position_acceptance_rates"]
         if rates:
+            level = f" c={r['max_concurrency']}" if summary.get("max_concurrency", [1]) != [1] else ""
             left.plot(range(1, len(rates) + 1), [x if x is not None else float("nan") for x in rates], marker="o",
-                      label=f"{r['system']} T={r['temperature']:g} (AL {r['spec_decode_acceptance_length']:.2f})")
+                      label=f"{r['system']} T={r['temperature']:g}{level} (AL {r['spec_decode_acceptance_length']:.2f})")
     left.set(xlabel="draft position", ylabel="share of rounds accepting it", ylim=(0, 1), title="acceptance by position")
     if left.lines:
         left.legend(fontsize=7)
-    labels = [f"{r['system']}\nT={r['temperature']:g}" for r in overall]
-    values = [r["speedup"] or 0.0 for r in overall]
-    errors = [[max(0.0, v - (r["speedup_ci95"] or [v, v])[0]) for v, r in zip(values, overall)],
-              [max(0.0, (r["speedup_ci95"] or [v, v])[1] - v) for v, r in zip(values, overall)]]
+    drafted = [r for r in overall if r["system"] != summary.get("baseline")]
+    labels = [f"{r['system']}\nT={r['temperature']:g}" + (f" c={r['max_concurrency']}" if r["max_concurrency"] != 1
+                                                          else "") for r in drafted]
+    values = [r["speedup"] or 0.0 for r in drafted]
+    errors = [[max(0.0, v - (r["speedup_ci95"] or [v, v])[0]) for v, r in zip(values, drafted)],
+              [max(0.0, (r["speedup_ci95"] or [v, v])[1] - v) for v, r in zip(values, drafted)]]
     right.bar(range(len(values)), values, yerr=errors, capsize=3, color="tab:blue")
-    right.axhline(1.0, color="grey", linewidth=0.8)
+    right.axhline(1.0, color="grey", linewidth=0.8, label="plain decoding")
     right.set_xticks(range(len(values)), labels, fontsize=7)
     right.set(ylabel="speedup over plain (TPOT)", title="speedup, 95 % interval")
+    right.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_sweep(summary: dict, path: Path, title: str) -> None:
-    """concurrency.png: per system, output throughput and the speedup over plain decoding (TPOT, with its
-    95 % interval) against the concurrency level."""
+def plot_sweep(summary: dict, path: Path, caption: str) -> None:
+    """concurrency.png: throughput and speedup against the concurrency level."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    overall = [r for r in summary["rows"] if r["category"] == "overall"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for system, temp in dict.fromkeys((r["system"], r["temperature"]) for r in overall):
-        mine = sorted((r for r in overall if (r["system"], r["temperature"]) == (system, temp)),
-                      key=lambda r: r["max_concurrency"])
-        levels = [r["max_concurrency"] for r in mine]
-        label = f"{system} T={temp:g}"
-        left.plot(levels, [r["output_throughput"] or float("nan") for r in mine], marker="o", label=label)
-        if system != summary.get("baseline"):
-            values = [r["speedup"] if r["speedup"] is not None else float("nan") for r in mine]
-            low = [max(0.0, v - (r["speedup_ci95"] or [v, v])[0]) for v, r in zip(values, mine)]
-            high = [max(0.0, (r["speedup_ci95"] or [v, v])[1] - v) for v, r in zip(values, mine)]
-            right.errorbar(levels, values, yerr=[low, high], marker="o", capsize=3, label=label)
-    levels = sorted({r["max_concurrency"] for r in overall})
-    for ax in (left, right):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.minorticks_off()
-        ax.set_xlabel("max concurrency (requests in flight)")
-    left.set(ylabel="output tokens / s", title="output throughput")
-    right.axhline(1.0, color="grey", linewidth=0.8)
-    right.set(ylabel="speedup over plain (TPOT)", title="speedup over plain at the same concurrency, 95 % interval")
-    for ax in (left, right):
-        if ax.lines:
-            ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    from harness.analysis.figures import speedup_vs_concurrency
+
+    fig = speedup_vs_concurrency(pd.DataFrame(summary["rows"]), caption, summary.get("baseline"))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def run_caption(manifest: dict, name: str) -> str:
+    """What ran where, for a run's pictures: backend, device, target, split."""
+    settings, prov = manifest.get("settings") or {}, manifest.get("provenance") or {}
+    device = prov.get("gpu") or settings.get("device")
+    return (f"run {name}: {settings.get('backend', 'native')} backend on {device}, {settings.get('target')}, "
+            f"{settings.get('split')}, {(prov.get('time_utc') or '')[:10]}")

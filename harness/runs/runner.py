@@ -28,7 +28,7 @@ from dspark.checkpoint import resolve_path
 from dspark.errors import DSparkError
 from dspark.tokenizer import chat_prompt_ids, conversation
 from harness.analysis.metrics import first_difference
-from harness.analysis.plots import plot, plot_sweep
+from harness.analysis.plots import plot, plot_sweep, run_caption
 from harness.analysis.records import MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key
 from harness.analysis.summary import expected_requests, markdown, summarize_folder, to_csv
 from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
@@ -341,14 +341,12 @@ def write_summaries(folder: RunFolder) -> dict:
     folder.write_text("summary.md", markdown(summary, f"run {folder.path.name}"))
     written = [name for name in (MANIFEST, REQUESTS) if (folder.path / name).is_file()]
     written += ["summary.json", "summary.csv", "summary.md"]
+    caption = run_caption(folder.manifest() or {}, folder.path.name)
     if summary["rows"]:
-        plot(summary, folder.path / "summary.png", f"run {folder.path.name}")
+        plot(summary, folder.path / "summary.png", caption)
         written.append("summary.png")
     if summary["max_concurrency"] != [1]:
-        settings = (folder.manifest() or {}).get("settings") or {}
-        plot_sweep(summary, folder.path / "concurrency.png", f"run {folder.path.name}: concurrency sweep "
-                   f"({settings.get('backend')} backend, {settings.get('device')}, {settings.get('target')}, "
-                   f"{settings.get('split')})")
+        plot_sweep(summary, folder.path / "concurrency.png", caption)
         written.append("concurrency.png")
     if (folder.path / WAVES).is_file():
         written.append(WAVES)
