@@ -5,9 +5,9 @@ neither torch nor rich.
   verify round: drafts proposed and accepted), `summary` (the summary rows), and `meta` (what
   produced each run: backend, device, target, split, date, git revision);
 - `positions(rounds)`: per system, the joint and conditional acceptance of each draft position;
-- `load_profiles(paths)`: a profile folder (`<system>.summary.json`, or the `<system>.sqlite` /
-  `<system>/trace.torch.json` it summarises), or one trace or summary file: kernel categories,
-  NVTX step ranges, launches, and the diagnoses.
+- `load_profiles(paths, summarize=...)`: a profile folder (`<system>.summary.json`, or the
+  `<system>.sqlite` / `<system>/trace.torch.json` it summarises), or one trace or summary file:
+  kernel categories, NVTX step ranges, launches, and the diagnoses.
 """
 
 from __future__ import annotations
@@ -103,13 +103,22 @@ class Profiles:
         return "; ".join(self.sources)
 
 
-def _summaries(path: Path) -> list[tuple[str, dict, int | None]]:
-    """(system, trace summary, output tokens) of a profile folder or of one trace or summary file."""
-    from harness.profiling.traces import summarize
+def _summaries(path: Path, summarize) -> list[tuple[str, dict, int | None]]:
+    """(system, trace summary, output tokens) of a profile folder or of one trace or summary file; a raw
+    trace goes through `summarize` (`harness.profiling.traces.summarize`, which the caller brings: the
+    analysis layer imports no profiling code)."""
+
+    def read(trace: Path) -> dict:
+        if trace.name.endswith(".summary.json"):
+            return json.loads(trace.read_text())
+        if summarize is None:
+            raise DSparkError(f"{trace}: a raw trace; give its summary (dspark-bench profile writes "
+                              "<system>.summary.json) or pass summarize=harness.profiling.traces.summarize")
+        return summarize(trace)
 
     if path.is_file():
-        return [(path.stem.removesuffix(".summary"), json.loads(path.read_text()) if path.suffix == ".json"
-                 and path.name.endswith(".summary.json") else summarize(path), None)]
+        return [(path.name.removesuffix(".summary.json").removesuffix(".sqlite").removesuffix(".json"), read(path),
+                 None)]
     if not path.is_dir():
         raise DSparkError(f"{path}: no such profile folder or trace file")
     found = {}
@@ -118,7 +127,7 @@ def _summaries(path: Path) -> list[tuple[str, dict, int | None]]:
     for f in sorted(path.glob("*.sqlite")) + sorted(path.glob("*/trace.torch.json")):
         system = f.stem if f.suffix == ".sqlite" else f.parent.name
         if system not in found:
-            found[system] = summarize(f)
+            found[system] = read(f)
     if not found:
         raise DSparkError(f"{path}: not a profile folder (no <system>.summary.json, .sqlite or trace.torch.json); "
                           "give a folder written by dspark-bench profile, or a trace file")
@@ -132,12 +141,13 @@ def _summaries(path: Path) -> list[tuple[str, dict, int | None]]:
     return out
 
 
-def load_profiles(paths: list[Path | str], progress=None) -> Profiles:
+def load_profiles(paths: list[Path | str], progress=None, summarize=None) -> Profiles:
+    """Profile folders or trace files as frames; `summarize` reads a raw trace (see `_summaries`)."""
     cats, ranges, launches, notes, sources = [], [], [], [], []
     for path in map(Path, paths):
         if progress is not None:
             progress(path.name)
-        found = _summaries(path)
+        found = _summaries(path, summarize)
         sources.append(_source(path, found[0][0], found[0][1]))
         for system, s, tokens in found:
             where = {"profile": path.name, "system": system}

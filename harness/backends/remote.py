@@ -13,6 +13,7 @@ them, else from its speculative counters around each wave.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -104,5 +105,5 @@ def _version(url: str) -> str | None:
     try:
         with urllib.request.urlopen(url + "/version", timeout=5) as resp:
             return json.loads(resp.read()).get("version")
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+    except (urllib.error.URLError, OSError, ValueError, AttributeError, http.client.HTTPException):
         return None

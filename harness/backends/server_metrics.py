@@ -5,6 +5,7 @@ request's; above, they are the wave's, pooled."""
 
 from __future__ import annotations
 
+import http.client
 import re
 import urllib.error
 import urllib.request
@@ -22,7 +23,7 @@ def fetch(base_url: str, timeout_s: float = 10.0) -> str | None:
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout_s) as resp:
             return resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return None
 
 

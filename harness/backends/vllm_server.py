@@ -8,6 +8,7 @@ It starts as `python -m vllm.entrypoints.openai.api_server`, the module behind `
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -89,7 +90,7 @@ def models(base_url: str) -> dict | None:
     try:
         with urllib.request.urlopen(base_url + "/v1/models", timeout=5) as resp:
             return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return None
 
 
