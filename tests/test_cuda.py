@@ -92,11 +92,18 @@ def test_engine_bench_runs_on_a_tiny_pair(tiny_dir):
     from harness.microbench.engine import BenchArgs, run_engine_bench
 
     out = run_engine_bench(BenchArgs(target=str(tiny_dir / "target"), draft=str(tiny_dir / "dspark"), context_len=64,
-                                     repeats=5, copy_gib=0.25, hf_new_tokens=4, dtype="float32"))
+                                     repeats=5, copy_gib=0.25, hf_new_tokens=4, dtype="float32",
+                                     sweep_context=(32, 128)))
     for key in ("copy_tbps", "step_bytes", "limit_tok_s", "decode_ms", "decode_tok_s", "decode_fraction_of_limit",
                 "verify8_ms", "verify16_ms", "verify8_over_decode", "draft_ms", "draft_over_decode", "round_ms",
-                "round_over_decode", "hf_generate_tok_s", "graphs_off_decode_ms", "nvtx_overhead_pct"):
+                "round_over_decode", "hf_generate_tok_s", "graphs_off_decode_ms", "nvtx_overhead_pct",
+                "draft_step_bytes", "draft_floor_ms", "draft_fraction_of_floor"):
         assert out[key] is not None and out[key] == out[key], key
+    assert [row["context_len"] for row in out["sweep"]] == [32, 128]
+    assert out["sweep"][1]["step_bytes"] > out["sweep"][0]["step_bytes"]  # more KV to read
+    for row in out["sweep"]:
+        assert all(row[k] > 0 for k in ("decode_ms", "decode_fraction_of_limit", "verify8_over_decode",
+                                        "draft_over_decode", "round_over_decode", "draft_fraction_of_floor"))
     assert out["copy_tbps"] > 0.1 and out["step_bytes"] > 0
 
 

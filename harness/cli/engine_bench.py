@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from dspark.errors import DSparkError
 from harness.cli.render import out, show
 from harness.runs.provenance import provenance
 
@@ -16,15 +17,24 @@ def engine_bench(
     dtype: str = typer.Option("bfloat16", help="bfloat16, float16 or float32."),
     repeats: int = typer.Option(50, min=5, help="Timed repeats per figure (the median is reported)."),
     skip_hf: bool = typer.Option(False, "--skip-hf", help="Skip the transformers generate peer."),
+    sweep_context: str = typer.Option("", help="Also these context lengths, comma-separated (e.g. 1024,4096,16384): "
+                                      "decode against its limit, verify, draft and round against decode, and the draft "
+                                      "step against its floor, at each."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ):
     """Step costs of the native engine at real shapes (random weights) against the bandwidth limit.
 
     Needs a CUDA GPU (it times device kernels against the GPU's own copy bandwidth); exits 2 without one."""
-    from harness.microbench.engine import BenchArgs, dumps, run_engine_bench, table_rows
+    from harness.microbench.engine import SWEEP, BenchArgs, dumps, run_engine_bench, sweep_rows, table_rows
 
+    try:
+        contexts = tuple(int(c) for c in sweep_context.split(",") if c.strip())
+    except ValueError:
+        raise DSparkError(f"--sweep-context must be whole numbers separated by commas, got '{sweep_context}'") from None
+    if any(c < 1 for c in contexts):
+        raise DSparkError(f"--sweep-context {sweep_context}: every context length must be at least 1")
     args = BenchArgs(target=target, draft=draft, context_len=context_len, dtype=dtype, repeats=repeats,
-                     skip_hf=skip_hf)
+                     skip_hf=skip_hf, sweep_context=contexts)
     result = run_engine_bench(args)
     result["provenance"] = provenance("cuda") | {"arguments": vars(args), "weights": "random normal(0, 0.02)"}
     if as_json:
@@ -36,3 +46,10 @@ def engine_bench(
     for name, value in table_rows(result):
         table.add_row(name, value)
     show(out, table)
+    if result.get("sweep"):
+        sweep = Table(title="by context length (ratios against that context's decode step)")
+        for header, _, _ in SWEEP:
+            sweep.add_column(header, justify="right")
+        for row in sweep_rows(result):
+            sweep.add_row(*row)
+        show(out, sweep)

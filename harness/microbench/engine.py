@@ -36,6 +36,7 @@ class BenchArgs:
     copy_gib: float = 4.0
     hf_new_tokens: int = 32
     skip_hf: bool = False
+    sweep_context: tuple[int, ...] = ()  # more context lengths: decode, verify, draft and round at each
 
 
 def _target_config(name: str) -> TargetConfig:
@@ -123,6 +124,14 @@ def step_bytes(target: torch.nn.Module, context_len: int) -> int:
     return weights + kv
 
 
+def draft_step_bytes(target: torch.nn.Module, draft: torch.nn.Module) -> int:
+    """Bytes one draft step must read: every draft weight, and the target's output head it projects
+    through (the draft's few new context rows and its KV are small beside them)."""
+    params = {id(p): p for p in draft.parameters()}
+    params.setdefault(id(target.lm_head.weight), target.lm_head.weight)
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
 @torch.inference_mode()
 def run_engine_bench(args: BenchArgs) -> dict:
     if not torch.cuda.is_available():
@@ -146,28 +155,58 @@ def run_engine_bench(args: BenchArgs) -> dict:
     out |= measure_speculative(target, draft, prompt, reps)
     out["draft_over_decode"] = out["draft_ms"] / out["decode_ms"]
     out["round_over_decode"] = out["round_ms"] / out["decode_ms"]
+    out["draft_step_bytes"] = draft_step_bytes(target, draft)
+    out["draft_floor_ms"] = out["draft_step_bytes"] / (out["copy_tbps"] * 1e12) * 1e3
+    out["draft_fraction_of_floor"] = out["draft_floor_ms"] / out["draft_ms"]
+    if args.sweep_context:
+        out["sweep"] = [measure_context(target, draft, dcfg, n, reps, out["copy_tbps"], high)
+                        for n in args.sweep_context]
     if not args.skip_hf:
         out["hf_generate_tok_s"] = hf_generate_tok_s(target, prompt, args.hf_new_tokens)
     return out
 
 
+def measure_context(target, draft, dcfg: DraftConfig, context_len: int, reps: int, copy_tbps: float,
+                    high: int) -> dict:
+    """A sweep row: the decode step (graph replay), verify of 8, the draft step and a whole round at one
+    context length, each against its floor or the decode step."""
+    prompt = torch.randint(0, high, (context_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    step, reset, _ = decode_step(target, prompt, graphs=True)
+    row = {"context_len": context_len, "step_bytes": step_bytes(target, context_len),
+           "decode_ms": cuda_median_ms(step, reps, reset)}
+    row["decode_fraction_of_limit"] = (1e3 / row["decode_ms"]) / (copy_tbps * 1e12 / row["step_bytes"])
+    row["verify8_over_decode"] = measure_verify(target, dcfg.target_layer_ids, prompt, 8, reps) / row["decode_ms"]
+    spec = measure_speculative(target, draft, prompt, reps)
+    row["draft_over_decode"] = spec["draft_ms"] / row["decode_ms"]
+    row["round_over_decode"] = spec["round_ms"] / row["decode_ms"]
+    row["draft_fraction_of_floor"] = draft_step_bytes(target, draft) / (copy_tbps * 1e12) * 1e3 / spec["draft_ms"]
+    return row
+
+
+def decode_step(target, prompt: list[int], graphs: bool):
+    """(the plain decode step after `prompt`, sampling included; the reset that rewinds it; its engine),
+    the engine's cache filled and its graph captured."""
+    ctx, cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
+    engine = Engine(target, None, use_graphs=graphs, nvtx=False)
+    engine.generate(prompt, cfg)
+    (decode,) = engine.steps
+
+    def reset():
+        engine.state.position.fill_(ctx)
+
+    return (lambda: engine.run_step(decode, cfg)), reset, engine
+
+
 def measure_plain(target, prompt: list[int], reps: int) -> dict:
-    """The plain decode step (sampling included) replayed from its graph and run eagerly, and the cost
-    of NVTX ranges around the replay (host time included)."""
-    ctx, cfg, out = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0), {}
+    """The plain decode step replayed from its graph and run eagerly, and the cost of NVTX ranges around
+    the replay (host time included)."""
+    out = {}
     for graphs in (False, True):
-        engine = Engine(target, None, use_graphs=graphs, nvtx=False)
-        engine.generate(prompt, cfg)  # fills the cache with the context and captures the graph
-        (decode,) = engine.steps
-
-        def reset(e=engine):
-            e.state.position.fill_(ctx)
-
-        out["decode_ms" if graphs else "graphs_off_decode_ms"] = cuda_median_ms(
-            lambda e=engine: e.run_step(decode, cfg), reps, reset)
+        step, reset, engine = decode_step(target, prompt, graphs)
+        out["decode_ms" if graphs else "graphs_off_decode_ms"] = cuda_median_ms(step, reps, reset)
     for name, nvtx in (("nvtx_on_decode_ms", True), ("nvtx_off_decode_ms", False)):
         engine.nvtx = nvtx
-        out[name] = host_median_ms(lambda: engine.run_step(decode, cfg), reps, reset)
+        out[name] = host_median_ms(step, reps, reset)
     out["nvtx_overhead_pct"] = 100 * (out["nvtx_on_decode_ms"] / out["nvtx_off_decode_ms"] - 1)
     return out
 
@@ -248,8 +287,20 @@ def table_rows(out: dict) -> list[tuple[str, str]]:
            "decode_tok_s": "{:.1f} tok/s", "decode_fraction_of_limit": "{:.1%}", "graphs_off_decode_ms": "{:.3f} ms",
            "verify8_ms": "{:.3f} ms", "verify16_ms": "{:.3f} ms", "verify8_over_decode": "{:.2f}x",
            "draft_ms": "{:.3f} ms", "draft_over_decode": "{:.2f}x", "round_ms": "{:.3f} ms",
-           "round_over_decode": "{:.2f}x", "hf_generate_tok_s": "{:.1f} tok/s", "nvtx_overhead_pct": "{:+.2f} %"}
+           "round_over_decode": "{:.2f}x", "draft_step_bytes": "{:,} B", "draft_floor_ms": "{:.3f} ms",
+           "draft_fraction_of_floor": "{:.1%}", "hf_generate_tok_s": "{:.1f} tok/s", "nvtx_overhead_pct": "{:+.2f} %"}
     return [(k, fmt[k].format(out[k])) for k in fmt if out.get(k) is not None]
+
+
+SWEEP = [("context", "context_len", "{:,}"), ("decode ms", "decode_ms", "{:.3f}"),
+         ("of limit", "decode_fraction_of_limit", "{:.1%}"), ("verify 8", "verify8_over_decode", "{:.2f}x"),
+         ("draft", "draft_over_decode", "{:.2f}x"), ("round", "round_over_decode", "{:.2f}x"),
+         ("draft of floor", "draft_fraction_of_floor", "{:.1%}")]
+
+
+def sweep_rows(out: dict) -> list[list[str]]:
+    """The context sweep's table: one row per context length (SWEEP's columns)."""
+    return [[fmt.format(row[key]) for _, key, fmt in SWEEP] for row in out.get("sweep") or []]
 
 
 def dumps(out: dict) -> str:
