@@ -15,8 +15,11 @@ serving benchmark measures per request (the definitions of `vllm bench serve`).
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 
 
@@ -34,6 +37,16 @@ class StreamResult:
     spec_decode: dict | None = None  # vLLM's per-request speculative metrics (the final usage chunk's)
     error: str | None = None  # the request failed: what the server or the connection said
     start_utc: float = 0.0  # when it was sent (wall clock)
+
+
+def get(url: str, timeout_s: float = 5.0) -> bytes | None:
+    """The body of a plain GET of one of the server's endpoints (`/v1/models`, `/metrics`, `/version`), or
+    None where it does not answer, has no such endpoint, or breaks off mid-answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.read()
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+        return None
 
 
 def chat_body(model: str, messages: list[dict], max_tokens: int, temperature: float, seed: int,

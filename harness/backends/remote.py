@@ -13,16 +13,14 @@ them, else from its speculative counters around each wave.
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends import server_metrics, vllm_server
 from harness.backends.base import Capabilities, Prepared, RequestSpec
 from harness.backends.fingerprints import model_record
+from harness.backends.openai_stream import get
 from harness.backends.served import ServedBackend
 from harness.backends.target import TargetFiles
 from harness.specs.experiments import System
@@ -102,8 +100,8 @@ class OpenAIBackend(TargetFiles, ServedBackend):
 
 def _version(url: str) -> str | None:
     """What `/version` says (vLLM has it; other servers may not)."""
+    body = get(url + "/version")
     try:
-        with urllib.request.urlopen(url + "/version", timeout=5) as resp:
-            return json.loads(resp.read()).get("version")
-    except (urllib.error.URLError, OSError, ValueError, AttributeError, http.client.HTTPException):
+        return None if body is None else json.loads(body).get("version")
+    except (ValueError, AttributeError):
         return None

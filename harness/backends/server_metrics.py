@@ -5,10 +5,9 @@ request's; above, they are the wave's, pooled."""
 
 from __future__ import annotations
 
-import http.client
 import re
-import urllib.error
-import urllib.request
+
+from harness.backends.openai_stream import get
 
 # vLLM's counter names (without `_total`), and the key each delta is kept under (vLLM's per-request names)
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "num_spec_steps",
@@ -20,11 +19,8 @@ SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 
 def fetch(base_url: str, timeout_s: float = 10.0) -> str | None:
     """The text of `base_url/metrics`, or None where the server has none (or does not answer)."""
-    try:
-        with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout_s) as resp:
-            return resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
-        return None
+    body = get(base_url.rstrip("/") + "/metrics", timeout_s)
+    return None if body is None else body.decode("utf-8", errors="replace")
 
 
 def spec_counters(text: str | None) -> dict | None:

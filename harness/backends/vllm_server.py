@@ -8,7 +8,6 @@ It starts as `python -m vllm.entrypoints.openai.api_server`, the module behind `
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
@@ -16,12 +15,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from dspark.errors import DSparkError
+from harness.backends.openai_stream import get
 
 
 def free_port() -> int:
@@ -87,10 +85,10 @@ def start(model: Path, engine_args: dict, log: Path, ready_s: float, env: dict |
 
 def models(base_url: str) -> dict | None:
     """The server's `/v1/models`, or None while it does not answer."""
+    body = get(base_url + "/v1/models")
     try:
-        with urllib.request.urlopen(base_url + "/v1/models", timeout=5) as resp:
-            return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+        return None if body is None else json.loads(body)
+    except ValueError:
         return None
 
 

@@ -25,12 +25,11 @@ def engine_bench(
     """Step costs of the native engine at real shapes (random weights) against the bandwidth limit.
 
     Needs a CUDA GPU (it times device kernels against the GPU's own copy bandwidth); exits 2 without one."""
+    from harness.cli.options import number_list
     from harness.microbench.engine import SWEEP, BenchArgs, dumps, run_engine_bench, sweep_rows, table_rows
 
-    try:
-        contexts = tuple(int(c) for c in sweep_context.split(",") if c.strip())
-    except ValueError:
-        raise DSparkError(f"--sweep-context must be whole numbers separated by commas, got '{sweep_context}'") from None
+    contexts = tuple(number_list(sweep_context or None, "--sweep-context", int, "whole numbers", "context length",
+                                 "1024,4096,16384") or ())
     if any(c < 1 for c in contexts):
         raise DSparkError(f"--sweep-context {sweep_context}: every context length must be at least 1")
     args = BenchArgs(target=target, draft=draft, context_len=context_len, dtype=dtype, repeats=repeats,

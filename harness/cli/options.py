@@ -133,28 +133,26 @@ def names(text: str | None, flag: str = "--category") -> list[str] | None:
     return values
 
 
-def temperatures(text: str | None) -> list[float] | None:
+def number_list(text: str | None, flag: str, convert, kind: str, noun: str, example: str) -> list | None:
+    """A comma-separated list of numbers (`convert`: int or float), refused in one line when a value is
+    not one (`kind`) or when it names none (`noun`, with an `example`)."""
     if text is None:
         return None
     try:
-        values = [float(t) for t in text.split(",") if t.strip()]
+        values = [convert(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise DSparkError(f"--temperature must be numbers separated by commas, got '{text}'") from None
+        raise DSparkError(f"{flag} must be {kind} separated by commas, got '{text}'") from None
     if not values:
-        raise DSparkError(f"--temperature '{text}' names no temperature; give one or more, e.g. 0,1")
+        raise DSparkError(f"{flag} '{text}' names no {noun}; give one or more, e.g. {example}")
     return values
+
+
+def temperatures(text: str | None) -> list[float] | None:
+    return number_list(text, "--temperature", float, "numbers", "temperature", "0,1")
 
 
 def levels(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise DSparkError(f"--max-concurrency must be whole numbers separated by commas, got '{text}'") from None
-    if not values:
-        raise DSparkError(f"--max-concurrency '{text}' names no level; give one or more, e.g. 1,4,16,32")
-    return values
+    return number_list(text, "--max-concurrency", int, "whole numbers", "level", "1,4,16,32")
 
 
 def token_ids(text: str) -> list[int]:
