@@ -149,16 +149,19 @@ class DraftModel(nn.Module):
 
         One matrix product projects the rows to the keys and values of every draft layer at once.
         """
-        c = self.hidden_norm(kernels.linear(feats, self.fc.weight))
-        step = AttentionStep.build(positions, positions, 0, self.config.backbone, c.dtype, slots)
+        fed = kernels.linear(feats, self.fc.weight)
+        step = AttentionStep.build(positions, positions, 0, self.config.backbone, fed.dtype, slots)
         attns = [layer.self_attn for layer in self.layers]
         if torch.is_grad_enabled():
+            c = self.hidden_norm(fed)
             kvs = [torch.cat((a.k_proj(c), a.v_proj(c)), dim=-1) for a in attns]
         else:
             if self.context_kv is None or self._versions() != self._context_versions:
                 raise RuntimeError("DraftModel: the context projections are not fused, or changed in place since; "
                                    "call fuse() after building, loading or editing the weights (the loaders do)")
-            kvs = kernels.linear(c, *self.context_kv).chunk(len(attns), dim=-1)
+            # hidden_norm inside the product's kernel on the GPU
+            _, kv = kernels.norm_linear(fed, None, self.hidden_norm.weight, self.hidden_norm.eps, *self.context_kv)
+            kvs = kv.chunk(len(attns), dim=-1)
         for i, (attn, kv) in enumerate(zip(attns, kvs)):
             attn.store_kv(kv, step, cache, i)
 

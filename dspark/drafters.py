@@ -15,7 +15,8 @@ from torch import Tensor
 
 from dspark.draft import DraftModel
 from dspark.layers import KVCache
-from dspark.sampling import GREEDY_TEMPERATURE, gumbel_noise, probs, sample, sample_logits, top2_margin
+from dspark import kernels
+from dspark.sampling import GREEDY_TEMPERATURE, draw, race_noise, top2_margin
 from dspark.steps import DecodeState, scratch_positions, visible_len
 
 
@@ -74,8 +75,7 @@ class BlockDrafter:
         hidden = hidden[cfg.block_size - cfg.num_drafts :]  # fill-in layout: slot 0 predicts nothing
         logits = model.base_logits(hidden)  # [n, Vd]
         if model.markov_head is None:
-            q = probs(logits, temperature)
-            draft_ids = sample(q, generator)
+            draft_ids, q = draw(logits, temperature, generator, with_probs=True)
             conf = torch.sigmoid(model.confidence_head(hidden, None)) if model.confidence_head else None
         else:
             q, draft_ids, conf, logits = self._markov_sample(hidden, logits, state.anchor, temperature, generator)
@@ -101,27 +101,32 @@ class BlockDrafter:
         """Left to right: slot k's logits get the bias of the token sampled at slot k-1 (the anchor for k=0).
         Returns (q, the drafts, their confidence, the corrected logits).
 
-        Only the sampling is sequential (Gumbel-max on the corrected logits, noise drawn for all
-        slots at once); the distributions q are formed afterwards in one batched softmax.
+        Only the sampling is sequential (the race on the corrected logits, noise drawn for all slots at
+        once); the distributions q are formed afterwards for all slots at once. The vanilla head runs
+        as one fused launch per slot (`kernels.markov_sample`); the gated and recurrent heads, whose
+        bias also depends on the slot's hidden state, step through `MarkovHead.step`.
         """
-        model = self.model
-        prev, state = anchor.view(1), None
-        noise = gumbel_noise(tuple(logits.shape), temperature, generator, logits.device)
-        corrected, ids, prevs = [], [], []
-        for k in range(hidden.shape[0]):
-            bias, _, state = model.markov_head.step(hidden[k : k + 1], prev, state)
-            row = logits[k : k + 1] + bias
-            d = sample_logits(row, None if noise is None else noise[k : k + 1])
-            corrected.append(row)
-            ids.append(d)
-            prevs.append(prev)
-            prev = self._to_target[d]
+        head = self.model.markov_head
+        noise = race_noise(tuple(logits.shape), temperature, generator, logits.device)
+        greedy = temperature <= GREEDY_TEMPERATURE
+        if head.kind == "vanilla":
+            q, ids, prevs, corrected = kernels.markov_sample(logits, head.markov_w1.weight, head.markov_w2.weight,
+                                                             self._to_target, anchor, noise, temperature, greedy)
+        else:
+            state = None
+
+            def bias_of(prev: Tensor, k: int) -> Tensor:
+                nonlocal state
+                bias, _, state = head.step(hidden[k : k + 1], prev, state)
+                return bias
+
+            q, ids, prevs, corrected = kernels.markov_sample_ref(logits, bias_of, self._to_target, anchor, noise,
+                                                                 temperature, greedy)
         conf = None
-        if model.confidence_head is not None:  # slot k sees h_k and x_{k-1}, never x_k: batched after the loop
-            e = model.markov_head.markov_w1(torch.cat(prevs)) if model.config.confidence_head_with_markov else None
-            conf = torch.sigmoid(model.confidence_head(hidden, e))
-        corrected = torch.cat(corrected)
-        return probs(corrected, temperature), torch.cat(ids), conf, corrected
+        if self.model.confidence_head is not None:  # slot k sees h_k and x_{k-1}, never x_k: batched after the loop
+            e = head.markov_w1(prevs) if self.model.config.confidence_head_with_markov else None
+            conf = torch.sigmoid(self.model.confidence_head(hidden, e))
+        return q, ids, conf, corrected
 
 
 class NgramDrafter:

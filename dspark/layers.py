@@ -130,14 +130,18 @@ class FusedProjections(nn.Module):
             self.fuse()
         return out
 
-    def project(self, x: Tensor) -> Tensor:
+    def project_normed(self, x: Tensor, delta: Tensor | None, norm: RMSNorm, gated: bool = False) -> tuple[Tensor, Tensor]:
+        """(x + delta, the projections of its norm): the residual add and the norm run inside the
+        product's kernel on the GPU; `gated` (the [gate; up] pair): silu(gate) * up in its epilogue."""
         parts = self.parts()
         if torch.is_grad_enabled():
-            return torch.cat([p(x) for p in parts], dim=-1)
+            x, h = norm.add_forward(x, delta)
+            y = torch.cat([p(h) for p in parts], dim=-1)
+            return x, kernels.silu_mul(y) if gated else y
         if self.fused is None or self.fused[0].data_ptr() != parts[0].weight.data_ptr():
             raise RuntimeError(f"{type(self).__name__}: projections not fused (or replaced since); call the "
                                "model's fuse() after building or loading it (the loaders and builders do)")
-        return kernels.linear(x, *self.fused)
+        return kernels.norm_linear(x, delta, norm.weight, norm.eps, *self.fused, gated=gated)
 
 
 class Attention(FusedProjections):
@@ -161,8 +165,8 @@ class Attention(FusedProjections):
         kernels.qk_norm_rope_cache(kv, 0, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight, self.eps,
                                    step.cos, step.sin, step.slots, cache.k[layer], cache.v[layer])
 
-    def forward(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
-        qkv = self.project(x)
+    def forward(self, qkv: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
+        """Attention of the projected [q | k | v] rows (normed, rotated, K/V cached) through o_proj."""
         q = kernels.qk_norm_rope_cache(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
                                        self.k_norm.weight, self.eps, step.cos, step.sin, step.slots,
                                        cache.k[layer], cache.v[layer])
@@ -181,16 +185,17 @@ class MLP(FusedProjections):
     def parts(self) -> list[nn.Linear]:
         return [self.gate_proj, self.up_proj]
 
-    def forward(self, x: Tensor) -> Tensor:
-        act = kernels.silu_mul(self.project(x))
+    def forward(self, act: Tensor) -> Tensor:
+        """down_proj of silu(gate) * up (`project_normed(..., gated=True)` gives it)."""
         return kernels.linear(act, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm Qwen3 layer; parameter names follow Hugging Face's checkpoints.
 
-    The residual add of the previous layer's MLP output is fused into this layer's first norm:
-    a layer takes (x, delta) and returns (x', delta') whose sum is its output.
+    The residual add of the previous layer's MLP output is fused into this layer's first norm, and
+    each norm into the product that reads it: a layer takes (x, delta) and returns (x', delta')
+    whose sum is its output.
     """
 
     def __init__(self, cfg: BackboneConfig):
@@ -206,9 +211,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, delta: Tensor | None, step: AttentionStep, cache: KVCache,
                 layer: int) -> tuple[Tensor, Tensor]:
-        x, h = self.input_layernorm.add_forward(x, delta)
-        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, step, cache, layer))
-        return x, self.mlp(h)
+        x, qkv = self.self_attn.project_normed(x, delta, self.input_layernorm)
+        x, act = self.mlp.project_normed(x, self.self_attn(qkv, step, cache, layer), self.post_attention_layernorm,
+                                         gated=True)
+        return x, self.mlp(act)
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -2,7 +2,8 @@
 
 All probabilities are float32. Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)),
 which draws exactly from p, needs no normalisation (so a residual max(p - q, 0) is sampled as is)
-and runs the same on CPU and GPU, inside or outside a CUDA graph.
+and runs the same on CPU and GPU, inside or outside a CUDA graph. From logits it is the same race
+in log space, argmax(logits - T * log E), which never forms the softmax (`draw`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dspark import kernels
+
 GREEDY_TEMPERATURE = 1e-5  # at or below this, sampling is argmax
 
 
 def probs(logits: Tensor, temperature: float) -> Tensor:
     """softmax(logits / T) in float32 over the last axis; one-hot at the argmax when T is ~0."""
-    logits = logits.float()
-    if temperature <= GREEDY_TEMPERATURE:
-        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.softmax(logits / temperature, dim=-1)
+    greedy = temperature <= GREEDY_TEMPERATURE
+    return kernels.race(logits, None, temperature, greedy, want_probs=True)[1]
 
 
 def sample(weights: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -29,13 +30,21 @@ def sample(weights: Tensor, generator: torch.Generator | None) -> Tensor:
     return (weights / noise).argmax(-1)
 
 
-def gumbel_noise(shape: tuple[int, ...], temperature: float, generator: torch.Generator | None,
-                 device: torch.device) -> Tensor | None:
-    """T * Gumbel(0, 1) noise, so that argmax(logits + noise) samples softmax(logits / T) exactly
-    (the exponential race in log space); None at greedy temperatures, where argmax is the sample."""
+def race_noise(shape: tuple[int, ...], temperature: float, generator: torch.Generator | None,
+               device: torch.device) -> Tensor | None:
+    """Exp(1) arrival times for the exponential race: argmax(logits - T * log(noise)) samples
+    softmax(logits / T) exactly, with no normalisation; None at greedy temperatures (argmax is the sample)."""
     if temperature <= GREEDY_TEMPERATURE:
         return None
-    return -temperature * torch.empty(shape, device=device).exponential_(generator=generator).log()
+    return torch.empty(shape, device=device).exponential_(generator=generator)
+
+
+def draw(logits: Tensor, temperature: float, generator: torch.Generator | None,
+         with_probs: bool = False) -> tuple[Tensor, Tensor | None]:
+    """A token per row of `logits` [..., V] from softmax(logits / T) (the argmax when T is ~0), and
+    with `with_probs` the distribution it came from (`probs`), in the same two passes over the vocabulary."""
+    noise = race_noise(tuple(logits.shape), temperature, generator, logits.device)
+    return kernels.race(logits, noise, temperature, temperature <= GREEDY_TEMPERATURE, with_probs)
 
 
 def top2_margin(logits: Tensor) -> Tensor:
@@ -43,11 +52,6 @@ def top2_margin(logits: Tensor) -> Tensor:
     one that float error in another engine can flip."""
     top = logits.float().topk(2, dim=-1).values
     return top[..., 0] - top[..., 1]
-
-
-def sample_logits(logits: Tensor, noise: Tensor | None) -> Tensor:
-    """Sample from softmax(logits / T) given `gumbel_noise(..., T)` without forming the softmax."""
-    return (logits if noise is None else logits.float() + noise).argmax(-1)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from dspark.layers import KVCache
-from dspark.sampling import Streams, probs, rejection_sample, sample
+from dspark.sampling import Streams, draw, probs, rejection_sample
 from dspark.target import Qwen3Target
 
 
@@ -72,7 +72,7 @@ class TargetSteps:
         """One plain step: the anchor's logits, a sampled next token, the state moved by one."""
         s = self.state
         hidden, _ = self.target(s.anchor.view(1, 1), s.position.view(1, 1), self.cache, visible_len(self.cache))
-        token = sample(probs(self.target.logits(hidden[:, -1]), temperature), self.streams.target)
+        token, _ = draw(self.target.logits(hidden[:, -1]), temperature, self.streams.target)
         s.anchor.copy_(token)
         s.position.add_(1)
 

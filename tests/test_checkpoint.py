@@ -20,6 +20,7 @@ import torch
 from cli_runner import run_cli
 from safetensors.torch import load_file, save_file
 
+from dspark import kernels
 from dspark.checkpoint import load_draft, load_target, save_draft, save_target
 from dspark.config import DraftConfig, TargetConfig
 from dspark.drafters import BlockDrafter
@@ -521,18 +522,21 @@ class _Recorder(BlockDrafter):
     def __init__(self, model):
         super().__init__(model)
         self.proposals, self.anchors, self.markov_prev = [], [], []
-        step = type(model.markov_head).step.__get__(model.markov_head)  # the class's, not an earlier wrapper
-
-        def recording_step(h, prev, state):
-            self.markov_prev[-1].append(int(prev))
-            return step(h, prev, state)
-
-        model.markov_head.step = recording_step
 
     def propose(self, state, *args, **kwargs):
         self.anchors.append(int(state.anchor))
-        self.markov_prev.append([])
-        super().propose(state, *args, **kwargs)
+        sample = kernels.markov_sample
+
+        def recording(*a, **kw):
+            out = sample(*a, **kw)
+            self.markov_prev.append(out[2].tolist())  # the previous tokens the head's rows were taken at
+            return out
+
+        kernels.markov_sample = recording
+        try:
+            super().propose(state, *args, **kwargs)
+        finally:
+            kernels.markov_sample = sample
         self.proposals.append(SimpleNamespace(tokens=state.draft_tokens[0].clone(), probs=state.draft_probs[0].clone()))
 
 

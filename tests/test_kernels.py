@@ -1,6 +1,12 @@
-"""Each fused Triton kernel against its PyTorch reference, on the GPU, in float32 and bfloat16."""
+"""Each fused Triton kernel against its PyTorch reference, on the GPU, in float32 and bfloat16.
+
+With `TRITON_INTERPRET=1` on a machine without CUDA (and Triton installed) they run on the CPU in
+Triton's interpreter: slow, float32 only, but it checks the kernels' logic anywhere.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -8,7 +14,9 @@ import torch
 from dspark import kernels as K
 from dspark.layers import rope_cos_sin
 
-pytestmark = pytest.mark.cuda
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and not torch.cuda.is_available()
+DEVICE = "cpu" if INTERPRET else "cuda"
+pytestmark = [] if INTERPRET else pytest.mark.cuda
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -17,20 +25,29 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
 
 
+@pytest.fixture(autouse=True)
+def _inference():
+    """The kernels serve inference: with autograd on, every function runs its reference instead."""
+    with torch.inference_mode():
+        yield
+
+
 @pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def dtype(request):
+    if INTERPRET and request.param == torch.bfloat16:
+        pytest.skip("Triton's CPU interpreter gets bfloat16 products wrong; bfloat16 is checked on the GPU")
     return request.param
 
 
 def test_add_rms_norm(dtype):
-    x, d = torch.randn(2, 7, 4096, device="cuda", dtype=dtype), torch.randn(2, 7, 4096, device="cuda", dtype=dtype)
-    w = torch.rand(4096, device="cuda", dtype=dtype) + 0.5
+    x, d = torch.randn(2, 7, 4096, device=DEVICE, dtype=dtype), torch.randn(2, 7, 4096, device=DEVICE, dtype=dtype)
+    w = torch.rand(4096, device=DEVICE, dtype=dtype) + 0.5
     (sx, h), (rx, rh) = K.add_rms_norm(x, d, w, 1e-6), K.add_rms_norm_ref(x, d, w, 1e-6)
     assert torch.equal(sx, rx) and _rel(h, rh) < TOL[dtype]
 
 
 def test_silu_mul(dtype):
-    gu = torch.randn(3, 5, 2 * 12288, device="cuda", dtype=dtype)
+    gu = torch.randn(3, 5, 2 * 12288, device=DEVICE, dtype=dtype)
     assert _rel(K.silu_mul(gu), K.silu_mul_ref(gu)) < TOL[dtype]
 
 
@@ -38,11 +55,11 @@ def test_silu_mul(dtype):
 def test_qk_norm_rope_cache(dtype, heads):
     hq, hkv = heads
     b, t, d, s = 2, 8, 128, 300
-    qkv = torch.randn(b, t, (hq + 2 * hkv) * d, device="cuda", dtype=dtype)
-    qn, kn = torch.rand(d, device="cuda", dtype=dtype) + 0.5, torch.rand(d, device="cuda", dtype=dtype) + 0.5
-    pos = torch.stack([torch.randperm(s - 1, device="cuda")[:t] for _ in range(b)])  # distinct per row
+    qkv = torch.randn(b, t, (hq + 2 * hkv) * d, device=DEVICE, dtype=dtype)
+    qn, kn = torch.rand(d, device=DEVICE, dtype=dtype) + 0.5, torch.rand(d, device=DEVICE, dtype=dtype) + 0.5
+    pos = torch.stack([torch.randperm(s - 1, device=DEVICE)[:t] for _ in range(b)])  # distinct per row
     cos, sin = rope_cos_sin(pos, d, 1e6, dtype)
-    caches = [torch.randn(b, hkv, s, d, device="cuda", dtype=dtype) for _ in range(2)]
+    caches = [torch.randn(b, hkv, s, d, device=DEVICE, dtype=dtype) for _ in range(2)]
     ref_caches = [c.clone() for c in caches]
     q = K.qk_norm_rope_cache(qkv, hq, hkv, qn, kn, 1e-6, cos, sin, pos, *caches)
     rq = K.qk_norm_rope_cache_ref(qkv, hq, hkv, qn, kn, 1e-6, cos, sin, pos, *ref_caches)
@@ -54,25 +71,26 @@ def test_qk_norm_rope_cache(dtype, heads):
 @pytest.mark.parametrize("t,kv_len", [(1, 1100), (8, 1100), (16, 77)])
 def test_attention(dtype, t, kv_len):
     b, hq, hkv, d = 1, 32, 8, 128
-    q = torch.randn(b, hq, t, d, device="cuda", dtype=dtype)
-    ck, cv = (torch.randn(b, hkv, kv_len + 10, d, device="cuda", dtype=dtype) for _ in range(2))
-    limits = torch.sort(torch.randint(0, kv_len, (b, t), device="cuda"), dim=-1).values
+    q = torch.randn(b, hq, t, d, device=DEVICE, dtype=dtype)
+    ck, cv = (torch.randn(b, hkv, kv_len + 10, d, device=DEVICE, dtype=dtype) for _ in range(2))
+    limits = torch.sort(torch.randint(0, kv_len, (b, t), device=DEVICE), dim=-1).values
     assert _rel(K.attention(q, ck, cv, limits, kv_len), K.attention_ref(q, ck, cv, limits, kv_len)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("m", [1, 8, 16])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 4096), (24576, 4096), (4096, 12288), (1000, 300)])
 def test_linear(dtype, m, n, k):
-    x = torch.randn(m, k, device="cuda", dtype=dtype)
-    w = torch.randn(n, k, device="cuda", dtype=dtype) * 0.02
+    x = torch.randn(m, k, device=DEVICE, dtype=dtype)
+    w = torch.randn(n, k, device=DEVICE, dtype=dtype) * 0.02
     assert _rel(K.linear(x, w), torch.nn.functional.linear(x, w)) < TOL[dtype]
 
 
 def test_linear_falls_back_beyond_16_rows_and_with_autograd():
-    x = torch.randn(17, 256, device="cuda")
-    w = torch.randn(64, 256, device="cuda", requires_grad=True)
-    y = K.linear(x, w)
-    y.sum().backward()  # the PyTorch path: gradients flow
+    with torch.inference_mode(False), torch.enable_grad():
+        x = torch.randn(17, 256, device=DEVICE)
+        w = torch.randn(64, 256, device=DEVICE, requires_grad=True)
+        y = K.linear(x, w)
+        y.sum().backward()  # the PyTorch path: gradients flow
     assert w.grad is not None
 
 
@@ -80,8 +98,99 @@ def test_linear_falls_back_beyond_16_rows_and_with_autograd():
 def test_causal_prefill_attention(t):
     """A half-precision prefill from slot 0 runs SDPA's causal kernel: equal to the masked reference."""
     b, hq, hkv, d = 2, 32, 8, 128
-    q = torch.randn(b, hq, t, d, device="cuda", dtype=torch.bfloat16)
-    ck, cv = (torch.randn(b, hkv, t + 10, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    limits = torch.arange(t, device="cuda")[None].expand(b, t)
+    q = torch.randn(b, hq, t, d, device=DEVICE, dtype=torch.bfloat16)
+    ck, cv = (torch.randn(b, hkv, t + 10, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    limits = torch.arange(t, device=DEVICE)[None].expand(b, t)
     out = K.attention(q, ck, cv, limits, t, causal=True)
     assert _rel(out, K.attention_ref(q, ck, cv, limits, t)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (1000, 300)])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_norm_linear(dtype, rows, n, k, with_delta):
+    """Residual add + RMSNorm in the product's prologue: x + delta exact, the product within rounding."""
+    x = torch.randn(rows, k, device=DEVICE, dtype=dtype)
+    d = torch.randn(rows, k, device=DEVICE, dtype=dtype) if with_delta else None
+    nw = torch.rand(k, device=DEVICE, dtype=dtype) + 0.5
+    w = torch.randn(n, k, device=DEVICE, dtype=dtype) * 0.02
+    (sx, y), (rx, ry) = K.norm_linear(x, d, nw, 1e-6, w), K.norm_linear_ref(x, d, nw, 1e-6, w)
+    assert torch.equal(sx, rx) and _rel(y, ry) < TOL[dtype]
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_norm_linear_gated(dtype, rows):
+    """gate/up with SwiGLU in the epilogue: silu(x @ gate^T) * (x @ up^T), x normed in the prologue."""
+    k, inter = 512, 1536
+    x, d = (torch.randn(rows, k, device=DEVICE, dtype=dtype) for _ in range(2))
+    nw = torch.rand(k, device=DEVICE, dtype=dtype) + 0.5
+    w = torch.randn(2 * inter, k, device=DEVICE, dtype=dtype) * 0.05
+    (sx, y), (rx, ry) = K.norm_linear(x, d, nw, 1e-6, w, gated=True), K.norm_linear_ref(x, d, nw, 1e-6, w, gated=True)
+    assert y.shape == (rows, inter) and torch.equal(sx, rx) and _rel(y, ry) < TOL[dtype]
+
+
+def test_norm_linear_many_rows_runs_the_kernels_one_by_one():
+    x, d = torch.randn(2, 20, 256, device=DEVICE), torch.randn(2, 20, 256, device=DEVICE)
+    nw, w = torch.rand(256, device=DEVICE) + 0.5, torch.randn(2 * 96, 256, device=DEVICE) * 0.05
+    (sx, y), (rx, ry) = K.norm_linear(x, d, nw, 1e-6, w, gated=True), K.norm_linear_ref(x, d, nw, 1e-6, w, gated=True)
+    assert torch.equal(sx, rx) and _rel(y, ry) < 1e-5
+
+
+@pytest.mark.parametrize("vocab", [151936, 1000])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_race_equals_its_reference(vocab, temperature):
+    """Multi-block race arg-max and probabilities: the same winner as the reference, the same distribution."""
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    logits = torch.randn(3, vocab, device=DEVICE, generator=gen) * 4
+    greedy = temperature == 0.0
+    noise = None if greedy else torch.empty(3, vocab, device=DEVICE).exponential_(generator=gen)
+    (idx, p), (ridx, rp) = (f(logits, noise, temperature, greedy, True) for f in (K.race, K.race_ref))
+    assert torch.equal(idx, ridx)
+    torch.testing.assert_close(p, rp, rtol=1e-4, atol=1e-7)
+    idx_only, none = K.race(logits, noise, temperature, greedy, False)
+    assert none is None and torch.equal(idx_only, ridx)
+
+
+def test_race_breaks_ties_at_the_lowest_index():
+    logits = torch.zeros(2, 5000, device=DEVICE)
+    logits[0, [4000, 700, 2500]] = 3.0  # equal maxima in different blocks
+    logits[1, [1, 3]] = 1.0  # and in one block
+    idx, p = K.race(logits, None, 0.0, True, True)
+    assert idx.tolist() == [700, 1] and p.sum(-1).tolist() == [1.0, 1.0] and p[0, 700] == 1.0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("rank", [256, 24])
+def test_markov_sample_equals_its_reference(dtype, temperature, rank):
+    """The fused slot loop: the same drafts, previous tokens, corrected logits and q as the step-by-step
+    reference (bias = w2 @ w1[prev] rounded to the weights' dtype), given the same noise."""
+    n, vocab, target_vocab = 7, 151936 if rank == 256 else 3000, 152064 if rank == 256 else 3100
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    logits = torch.randn(n, vocab, device=DEVICE, generator=gen) * 3
+    w1 = (torch.randn(target_vocab, rank, device=DEVICE, generator=gen) * 0.5).to(dtype)
+    w2 = (torch.randn(vocab, rank, device=DEVICE, generator=gen) * 0.5).to(dtype)
+    to_target = torch.arange(vocab, device=DEVICE) + 17  # a reduced vocabulary's map
+    anchor = torch.tensor([5], device=DEVICE)
+    greedy = temperature == 0.0
+    noise = None if greedy else torch.empty(n, vocab, device=DEVICE).exponential_(generator=gen)
+
+    def bias_of(prev, k):
+        return torch.nn.functional.linear(w1[prev], w2).float()
+
+    q, ids, prevs, corrected = K.markov_sample(logits, w1, w2, to_target, anchor, noise, temperature, greedy)
+    rq, rids, rprevs, rcorrected = K.markov_sample_ref(logits, bias_of, to_target, anchor, noise, temperature, greedy)
+    assert torch.equal(ids, rids) and torch.equal(prevs, rprevs)
+    assert prevs.tolist() == [5] + (to_target[ids[:-1]]).tolist()
+    torch.testing.assert_close(corrected, rcorrected, rtol=TOL[dtype], atol=TOL[dtype])
+    torch.testing.assert_close(q, rq, rtol=1e-3, atol=1e-6)
+
+
+def test_attention_splits_follow_the_live_length():
+    """A short context in a long cache: the splits share the live keys; stale keys past the limit never count."""
+    b, hq, hkv, d, cache_len = 1, 32, 8, 128, 4096
+    q = torch.randn(b, hq, 1, d, device=DEVICE, dtype=torch.bfloat16)
+    ck, cv = (torch.randn(b, hkv, cache_len, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    for live in (1, 63, 64, 65, 700, cache_len - 1):
+        limits = torch.tensor([[live - 1]], device=DEVICE)
+        out = K.attention(q, ck, cv, limits, cache_len - 1)
+        assert _rel(out, K.attention_ref(q, ck, cv, limits, cache_len - 1)) < TOL[torch.bfloat16], live

@@ -21,7 +21,7 @@ from dspark.engine.step import ACCEPT, DECODE, PREFILL, VERIFY, WARMUP, Step, pr
 from dspark.engine.timing import StepTimer, synchronize
 from dspark.errors import DSparkError
 from dspark.profiling import Ranges
-from dspark.sampling import GREEDY_TEMPERATURE, Streams, probs, sample
+from dspark.sampling import GREEDY_TEMPERATURE, Streams, draw
 from dspark.steps import DecodeState, TargetSteps
 from dspark.target import Qwen3Target
 
@@ -226,7 +226,7 @@ class Engine:
         with self._ranges(PREFILL):
             ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
             hidden, feats = self.target(ids, None, self.cache, n, taps)  # a prefill from position 0
-            state.anchor.copy_(sample(probs(self.target.logits(hidden[:, -1]), cfg.temperature), self.streams.target))
+            state.anchor.copy_(draw(self.target.logits(hidden[:, -1]), cfg.temperature, self.streams.target)[0])
             state.position.fill_(n)
             if self.drafter:
                 self.drafter.start(state, feats)

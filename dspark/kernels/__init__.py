@@ -1,0 +1,35 @@
+"""Fused GPU kernels (Triton) for the small operations around the matrix products, with their reference.
+
+Each public function computes the same thing as its `*_ref` twin in plain PyTorch; on CUDA tensors
+it runs one Triton kernel instead of several PyTorch ones (the reference runs on CPU, without
+Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its reference.
+
+- `add_rms_norm`: residual add and RMSNorm in one pass (x += delta; h = norm(x) * w).
+- `qk_norm_rope_cache`: per-head q/k RMSNorm, RoPE on both, K/V written to the cache at their positions.
+- `silu_mul`: SwiGLU's silu(gate) * up on the fused gate/up projection output.
+- `attention`: GQA attention of T query rows over the cache, each row seeing keys up to its limit.
+- `linear`: x @ W^T for up to 16 rows, streaming W faster than cuBLAS does at these shapes
+  (benchmarks/gemv_h200.txt).
+- `norm_linear`: the residual add and RMSNorm folded into the product that reads them (q/k/v,
+  gate/up), and for gate/up SwiGLU's silu(gate) * up in the same kernel's epilogue.
+- `race`: sampling and distributions over the whole vocabulary, spread over many programs: the
+  exponential race's arg-max (a token drawn from softmax(logits / T)) and softmax or one-hot probs.
+- `markov_sample`: the vanilla Markov head's left-to-right loop, one launch per slot (bias product,
+  noise, arg-max and the softmax statistics), then one launch for every slot's probabilities.
+
+On Hopper GPUs the kernels launch with programmatic dependent launch (PDL): a kernel is scheduled
+while the one before it drains and waits on it before touching memory (`DSPARK_PDL=0` turns it off).
+"""
+
+from dspark.kernels.activation import silu_mul, silu_mul_ref
+from dspark.kernels.attention import SPLIT_KV_MAX_QUERIES, attention, attention_ref, split_kv_attention
+from dspark.kernels.gemv import linear, norm_linear, norm_linear_ref
+from dspark.kernels.launch import use_triton
+from dspark.kernels.norms import (add_rms_norm, add_rms_norm_ref, qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm_ref,
+                                  rope_ref)
+from dspark.kernels.sampling import SAMPLE_BLOCK, markov_sample, markov_sample_ref, race, race_ref
+
+__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "add_rms_norm", "add_rms_norm_ref", "attention", "attention_ref",
+           "linear", "markov_sample", "markov_sample_ref", "norm_linear", "norm_linear_ref", "qk_norm_rope_cache",
+           "qk_norm_rope_cache_ref", "race", "race_ref", "rms_norm_ref", "rope_ref", "silu_mul", "silu_mul_ref",
+           "split_kv_attention", "use_triton"]

@@ -1,0 +1,156 @@
+"""GQA attention of T query rows over the cache: split-KV ("flash decoding") kernels for few rows, SDPA for many."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dspark.kernels.launch import launch_options, pdl, sm_count, tl, triton, use_triton
+
+
+def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int,
+                  mask: Tensor | None = None) -> Tensor:
+    """q [B, Hq, T, D] over keys 0..kv_len-1; query (b, t) sees keys at slots <= limits[b, t], or where
+    an explicit `mask` [B, 1, T, kv_len] is True."""
+    if mask is None:
+        mask = (torch.arange(kv_len, device=q.device) <= limits[..., None])[:, None]
+    k, v = cache_k[:, :, :kv_len], cache_v[:, :, :kv_len]
+    gqa = q.shape[1] != k.shape[1]
+    if gqa and q.dtype == torch.float32:
+        # float32 has no fused masked GQA kernel (SDPA falls back to its unfused math, in training too):
+        # repeated K/V let the memory-efficient kernel run (benchmarks/attention_bench.py)
+        k, v = k.repeat_interleave(q.shape[1] // k.shape[1], 1), v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+        gqa = False
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+# Above this many query rows per sequence (a prefill, the trainer's target pass) attention goes to
+# PyTorch's fused SDPA: the split-KV kernel runs one program per query row, with the GQA group padded
+# to 16 rows, and its work grows as rows x keys without tensor-core tiles over the rows
+# (benchmarks/attention_bench.py measures the crossover on the H200). A half-precision prefill from
+# position 0 takes SDPA's causal kernel (no mask; 3.3x the masked call's speed at 4096 rows there);
+# float32 keeps the masked call, which measured faster than causal at the trainer's shape.
+SPLIT_KV_MAX_QUERIES = 16
+
+
+def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int,
+              mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    """q [B, Hq, T, D] over cached keys 0..kv_len-1 (see `attention_ref`): the split-KV kernel for
+    decoding and block verification, SDPA for many query rows, an explicit mask and autograd.
+    `causal`: a prefill from slot 0 (query t sees slots <= t, T = kv_len); in half precision it runs
+    as SDPA's causal (flash) attention, with no mask built."""
+    hq, t, d = q.shape[1:]
+    if mask is None and use_triton(q) and 16 <= d and not d & (d - 1) and t <= SPLIT_KV_MAX_QUERIES:
+        return split_kv_attention(q, cache_k, cache_v, limits, kv_len)
+    if causal and mask is None and q.dtype in (torch.bfloat16, torch.float16):
+        return F.scaled_dot_product_attention(q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], is_causal=True,
+                                              enable_gqa=hq != cache_k.shape[1])
+    return attention_ref(q, cache_k, cache_v, limits, kv_len, mask)
+
+
+def split_kv_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
+    """Split-KV ("flash decoding") attention: each program takes one KV head's query group for one
+    row over one chunk of keys; a second kernel merges the chunks' partial softmaxes.
+    The number of splits is fixed by the cache size (a CUDA graph's grid cannot change); each row's
+    keys, up to its limit, are cut into that many chunks inside the kernel, so the splits share the
+    live context evenly however much of the cache it fills.
+    Returns [B, Hq, T, D] (on the GPU a view of token-major memory)."""
+    b, hq, t, d = q.shape
+    hkv = cache_k.shape[1]
+    group = hq // hkv
+    gp = max(16, triton.next_power_of_2(group))  # tensor-core tiles need 16 rows
+    block_n = 64
+    splits = max(1, min(triton.cdiv(kv_len, block_n), triton.cdiv(2 * sm_count(q.device), b * hkv * t)))
+    q = q.contiguous()
+    part_o = torch.empty(b * hkv * t * splits * gp, d, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(2, b * hkv * t * splits * gp, dtype=torch.float32, device=q.device)
+    limits = limits.contiguous()
+    _attention_split_kernel[(b * hkv, t, splits)](
+        q, cache_k, cache_v, part_o, part_ml, limits, t, hq, hkv, kv_len, splits, part_ml.shape[1],
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), 1.0 / math.sqrt(d),
+        G=group, GP=gp, D=d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32, PDL=pdl(q), **launch_options(q),
+    )
+    out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)  # token-major: o_proj reads it without a copy
+    _attention_merge_kernel[(b * hq * t,)](part_o, part_ml, out, t, hq, hkv, splits, part_ml.shape[1], G=group,
+                                            GP=gp, D=d, SP=triton.next_power_of_2(splits), PDL=pdl(q),
+                                            **launch_options(q))
+    return out.permute(0, 2, 1, 3)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _attention_split_kernel(q_ptr, k_ptr, v_ptr, po_ptr, pml_ptr, lim_ptr, T, HQ, HKV, kv_len, S, L_OFF,
+                                c_sb, c_sh, c_sp, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                                BLOCK_N: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        bk = tl.program_id(0)  # b * HKV + kv head
+        t = tl.program_id(1)
+        sp = tl.program_id(2)
+        b = bk // HKV
+        hk = bk % HKV
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + ((b * HQ + hk * G + g[:, None]) * T + t) * D + d[None, :], mask=g[:, None] < G,
+                    other=0.0)
+        limit = tl.minimum(tl.load(lim_ptr + b * T + t), kv_len - 1)
+        chunk = tl.cdiv(tl.cdiv(limit + 1, S), BLOCK_N) * BLOCK_N  # the live keys 0..limit over S splits
+        start = sp * chunk
+        end = tl.minimum(start + chunk, limit + 1)
+        m_i = tl.full([GP], -float("inf"), dtype=tl.float32)
+        l_i = tl.zeros([GP], dtype=tl.float32)
+        acc = tl.zeros([GP, D], dtype=tl.float32)
+        base = b * c_sb + hk * c_sh
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            valid = offs < end
+            k = tl.load(k_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(valid[None, :], s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            v = tl.load(v_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0)
+            if IEEE:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        row = ((bk * T + t) * S + sp) * GP + g
+        tl.store(po_ptr + row[:, None] * D + d[None, :], acc)
+        tl.store(pml_ptr + row, m_i)
+        tl.store(pml_ptr + L_OFF + row, l_i)
+
+    @triton.jit
+    def _attention_merge_kernel(po_ptr, pml_ptr, o_ptr, T, HQ, HKV, S, L_OFF, G: tl.constexpr, GP: tl.constexpr,
+                                D: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        pid = tl.program_id(0)  # (b * HQ + h) * T + t
+        t = pid % T
+        bh = pid // T
+        b = bh // HQ
+        h = bh % HQ
+        bk = b * HKV + h // G
+        g = h % G
+        sp = tl.arange(0, SP)
+        d = tl.arange(0, D)
+        row = ((bk * T + t) * S + sp) * GP + g
+        ok = sp < S
+        m = tl.load(pml_ptr + row, mask=ok, other=-float("inf"))
+        l_s = tl.load(pml_ptr + L_OFF + row, mask=ok, other=0.0)
+        w = tl.where(ok & (l_s > 0), tl.exp(m - tl.max(m, axis=0)), 0.0)
+        acc = tl.sum(w[:, None] * tl.load(po_ptr + row[:, None] * D + d[None, :], mask=ok[:, None], other=0.0),
+                     axis=0)
+        tl.store(o_ptr + ((b * T + t) * HQ + h) * D + d, (acc / tl.sum(w * l_s, axis=0)).to(o_ptr.dtype.element_ty))

@@ -1,0 +1,214 @@
+"""Sampling over the whole vocabulary on many programs: the exponential race, softmax, and the Markov loop."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dspark.kernels.launch import launch_options, pdl, tl, triton, use_triton
+
+
+def race_ref(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
+             want_probs: bool) -> tuple[Tensor, Tensor | None]:
+    """Per row of `logits` [..., V]: the arg-max of logits - T * log(noise) (with `noise` ~ Exp(1), a
+    draw from softmax(logits / T); the plain arg-max without noise), and when `want_probs` the
+    distribution in float32: one-hot at the arg-max when `greedy`, else softmax(logits / T)."""
+    x = logits.float()
+    idx = (x if noise is None else x - temperature * noise.log()).argmax(-1)
+    if not want_probs:
+        return idx, None
+    if greedy:
+        return idx, torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
+    return idx, torch.softmax(x / temperature, dim=-1)
+
+
+def race(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
+         want_probs: bool) -> tuple[Tensor, Tensor | None]:
+    """`race_ref` in two launches over the whole vocabulary: per block of columns, the arg-max and the
+    softmax's running max and sum; then per block again, the row's totals and its slice of the
+    probabilities (PyTorch's softmax and arg-max run one program per row)."""
+    if not use_triton(logits):
+        return race_ref(logits, noise, temperature, greedy, want_probs)
+    shape = logits.shape
+    x = logits.reshape(-1, shape[-1]).contiguous()
+    rows, vocab = x.shape
+    nb = triton.cdiv(vocab, SAMPLE_BLOCK)
+    parts = torch.empty(4, rows, nb, dtype=torch.float32, device=x.device)
+    noise = x if noise is None else noise.reshape(rows, vocab).contiguous()
+    inv_t = 0.0 if greedy else 1.0 / temperature
+    softmax = want_probs and not greedy
+    _sample_partials_kernel[(rows, nb)](x, noise, parts, vocab, rows, nb, temperature, inv_t, BLOCK=SAMPLE_BLOCK,
+                                        NOISE=noise is not x, SOFTMAX=softmax, PDL=pdl(x), **launch_options(x))
+    idx, out = _finish(x, parts, nb, inv_t, greedy, want_probs)
+    return idx.view(shape[:-1]), None if out is None else out.view(shape)
+
+
+def _finish(x: Tensor, parts: Tensor, nb: int, inv_t: float, greedy: bool,
+            want_probs: bool) -> tuple[Tensor, Tensor | None]:
+    rows, vocab = x.shape
+    idx = torch.empty(rows, dtype=torch.long, device=x.device)
+    out = torch.empty(rows, vocab, dtype=torch.float32, device=x.device) if want_probs else None
+    _sample_finish_kernel[(rows, nb if want_probs else 1)](
+        x, parts, idx, idx if out is None else out, vocab, rows, nb, inv_t, BLOCK=SAMPLE_BLOCK,
+        NBP=triton.next_power_of_2(nb), PROBS=want_probs, GREEDY=greedy, PDL=pdl(x), **launch_options(x))
+    return idx, out
+
+
+SAMPLE_BLOCK = 512  # vocabulary columns per program: 297 programs over Qwen3's 151,936 (about 2 per SM)
+
+
+def markov_sample_ref(logits: Tensor, bias_of, to_target: Tensor, anchor: Tensor, noise: Tensor | None,
+                      temperature: float, greedy: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The Markov head's sequential sampling (spec section 3): slot k's logits [n, V] get `bias_of(prev, k)`
+    [1, V], the bias of the token drawn at slot k-1 (target id; the anchor for slot 0), and its draft
+    is the race's arg-max on the corrected row. Returns (q, the drafts (draft ids), the previous
+    tokens (target ids), the corrected logits); q is formed once for all rows after the loop."""
+    prev, rows, ids, prevs = anchor.view(1), [], [], []
+    for k in range(logits.shape[0]):
+        row = logits[k : k + 1] + bias_of(prev, k)
+        d, _ = race_ref(row, None if noise is None else noise[k : k + 1], temperature, greedy, False)
+        rows.append(row)
+        ids.append(d)
+        prevs.append(prev)
+        prev = to_target[d]
+    corrected = torch.cat(rows)
+    return race_ref(corrected, None, temperature, greedy, True)[1], torch.cat(ids), torch.cat(prevs), corrected
+
+
+def markov_sample(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anchor: Tensor, noise: Tensor | None,
+                  temperature: float, greedy: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`markov_sample_ref` for the vanilla head (bias = w2 @ w1[prev], rounded to the weights' dtype as the
+    head's product is): one launch per slot reduces the previous slot's block arg-maxes to its token,
+    gathers its w1 row, forms its block of the corrected row and that block's race and softmax
+    statistics; one more launch writes every slot's q and draft."""
+    n, vocab = logits.shape
+    if not use_triton(logits):
+        def bias_of(prev: Tensor, k: int) -> Tensor:
+            return F.linear(w1[prev], w2).float()
+        return markov_sample_ref(logits, bias_of, to_target, anchor, noise, temperature, greedy)
+    x = logits.float().contiguous()
+    nb = triton.cdiv(vocab, SAMPLE_BLOCK)
+    parts = torch.empty(4, n, nb, dtype=torch.float32, device=x.device)
+    corrected = torch.empty_like(x)
+    prevs = torch.empty(n, dtype=torch.long, device=x.device)
+    noise = x if noise is None else noise.contiguous()
+    inv_t = 0.0 if greedy else 1.0 / temperature
+    rank = w1.shape[1]
+    for k in range(n):
+        _markov_sample_kernel[(nb,)](
+            x, w1, w2.contiguous(), to_target, anchor, noise, parts, corrected, prevs, k, vocab, n, nb, temperature,
+            inv_t, RANK=rank, RB=min(32, triton.next_power_of_2(rank)), BLOCK=SAMPLE_BLOCK,
+            NBP=triton.next_power_of_2(nb), NOISE=noise is not x, SOFTMAX=not greedy, PDL=pdl(x), num_warps=8,
+            **launch_options(x))
+    ids, q = _finish(corrected, parts, nb, inv_t, greedy, True)
+    return q, ids, prevs, corrected
+
+
+if triton is not None:
+
+    @triton.jit
+    def _block_race(x, noise_ptr, cols, mask, parts_ptr, row, blk, R, NB, t, inv_t, NOISE: tl.constexpr,
+                    SOFTMAX: tl.constexpr):
+        """One block of a row (x: float32, -inf where masked): its race arg-max and, for the softmax,
+        its max of x / T and sum of exp(x / T - max), into parts [4, R, NB]."""
+        if NOISE:
+            e = tl.load(noise_ptr + cols, mask=mask, other=1.0)
+            score = tl.where(mask, x - t * tl.log(e), -float("inf"))
+        else:
+            score = x
+        best = tl.max(score, axis=0)
+        idx = tl.argmax(score, axis=0)  # the first of equal maxima, as torch's argmax
+        at = row * NB + blk
+        tl.store(parts_ptr + at, best)
+        tl.store(parts_ptr + R * NB + at, (tl.min(cols, axis=0) + idx).to(tl.float32))
+        if SOFTMAX:
+            z = x * inv_t
+            m = tl.max(z, axis=0)
+            total = tl.where(m == -float("inf"), 0.0, tl.sum(tl.exp(z - m), axis=0))
+            tl.store(parts_ptr + 2 * R * NB + at, m)
+            tl.store(parts_ptr + 3 * R * NB + at, total)
+
+    @triton.jit
+    def _row_winner(parts_ptr, row, R, NB, NBP: tl.constexpr):
+        """The row's race winner from its blocks' partials: the best score, the lowest index on ties."""
+        j = tl.arange(0, NBP)
+        ok = j < NB
+        best = tl.load(parts_ptr + row * NB + j, mask=ok, other=-float("inf"))
+        idx = tl.load(parts_ptr + R * NB + row * NB + j, mask=ok, other=3.0e38)
+        return tl.min(tl.where(best == tl.max(best, axis=0), idx, 3.0e38), axis=0).to(tl.int64)
+
+    @triton.jit
+    def _sample_partials_kernel(x_ptr, noise_ptr, parts_ptr, V, R, NB, t, inv_t, BLOCK: tl.constexpr,
+                                NOISE: tl.constexpr, SOFTMAX: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        row = tl.program_id(0)
+        blk = tl.program_id(1)
+        cols = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < V
+        x = tl.load(x_ptr + row * V + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        _block_race(x, noise_ptr + row * V, cols, mask, parts_ptr, row, blk, R, NB, t, inv_t, NOISE, SOFTMAX)
+
+    @triton.jit
+    def _sample_finish_kernel(x_ptr, parts_ptr, idx_ptr, out_ptr, V, R, NB, inv_t, BLOCK: tl.constexpr,
+                              NBP: tl.constexpr, PROBS: tl.constexpr, GREEDY: tl.constexpr, PDL: tl.constexpr):
+        """Each program reduces its row's partials: program 0 writes the winner, and with PROBS every
+        program writes its block of the one-hot (GREEDY) or softmax probabilities."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        row = tl.program_id(0)
+        blk = tl.program_id(1)
+        winner = _row_winner(parts_ptr, row, R, NB, NBP)
+        if blk == 0:
+            tl.store(idx_ptr + row, winner)
+        if PROBS:
+            cols = blk * BLOCK + tl.arange(0, BLOCK)
+            mask = cols < V
+            if GREEDY:
+                p = tl.where(cols == winner, 1.0, 0.0)
+            else:
+                j = tl.arange(0, NBP)
+                ok = j < NB
+                m = tl.load(parts_ptr + 2 * R * NB + row * NB + j, mask=ok, other=-float("inf"))
+                top = tl.max(m, axis=0)
+                total = tl.sum(tl.load(parts_ptr + 3 * R * NB + row * NB + j, mask=ok, other=0.0)
+                               * tl.exp(m - top), axis=0)
+                x = tl.load(x_ptr + row * V + cols, mask=mask, other=-float("inf")).to(tl.float32)
+                p = tl.exp(x * inv_t - top) / total
+            tl.store(out_ptr + row * V + cols, p, mask=mask)
+
+    @triton.jit
+    def _markov_sample_kernel(x_ptr, w1_ptr, w2_ptr, to_target_ptr, anchor_ptr, noise_ptr, parts_ptr, corr_ptr,
+                              prevs_ptr, k, V, R, NB, t, inv_t, RANK: tl.constexpr, RB: tl.constexpr,
+                              BLOCK: tl.constexpr, NBP: tl.constexpr, NOISE: tl.constexpr, SOFTMAX: tl.constexpr,
+                              PDL: tl.constexpr):
+        """Slot k of the Markov loop, one block of columns per program: the previous token (the anchor, or
+        the winner of slot k-1's partials mapped to a target id), its bias w2 @ w1[prev] on this block,
+        the corrected logits and their race and softmax partials."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        blk = tl.program_id(0)
+        cols = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < V
+        if k == 0:
+            prev = tl.load(anchor_ptr)
+        else:
+            prev = tl.load(to_target_ptr + _row_winner(parts_ptr, k - 1, R, NB, NBP))
+        if blk == 0:
+            tl.store(prevs_ptr + k, prev)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for r0 in range(0, RANK, RB):
+            rr = r0 + tl.arange(0, RB)
+            e = tl.load(w1_ptr + prev * RANK + rr, mask=rr < RANK, other=0.0).to(tl.float32)
+            w = tl.load(w2_ptr + cols[:, None] * RANK + rr[None, :], mask=mask[:, None] & (rr[None, :] < RANK),
+                        other=0.0)
+            acc += tl.sum(w.to(tl.float32) * e[None, :], axis=1)
+        bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)  # the head's product rounds to the weights' dtype
+        x = tl.load(x_ptr + k * V + cols, mask=mask, other=0.0) + bias
+        tl.store(corr_ptr + k * V + cols, x, mask=mask)
+        x = tl.where(mask, x, -float("inf"))
+        _block_race(x, noise_ptr + k * V, cols, mask, parts_ptr, k, blk, R, NB, t, inv_t, NOISE, SOFTMAX)
