@@ -185,12 +185,12 @@ def test_markov_sample_equals_its_reference(dtype, temperature, rank):
     torch.testing.assert_close(q, rq, rtol=1e-3, atol=1e-6)
 
 
-def test_attention_splits_follow_the_live_length():
+def test_attention_splits_follow_the_live_length(dtype):
     """A short context in a long cache: the splits share the live keys; stale keys past the limit never count."""
     b, hq, hkv, d, cache_len = 1, 32, 8, 128, 4096
-    q = torch.randn(b, hq, 1, d, device=DEVICE, dtype=torch.bfloat16)
-    ck, cv = (torch.randn(b, hkv, cache_len, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(b, hq, 1, d, device=DEVICE, dtype=dtype)
+    ck, cv = (torch.randn(b, hkv, cache_len, d, device=DEVICE, dtype=dtype) for _ in range(2))
     for live in (1, 63, 64, 65, 700, cache_len - 1):
         limits = torch.tensor([[live - 1]], device=DEVICE)
         out = K.attention(q, ck, cv, limits, cache_len - 1)
-        assert _rel(out, K.attention_ref(q, ck, cv, limits, cache_len - 1)) < TOL[torch.bfloat16], live
+        assert _rel(out, K.attention_ref(q, ck, cv, limits, cache_len - 1)) < TOL[dtype], live
