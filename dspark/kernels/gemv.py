@@ -74,30 +74,44 @@ if triton is not None:
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, NORM: tl.constexpr,
                      DELTA: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
         """y[:M] = x[:M] @ W^T, one program per BLOCK_N output columns streaming its rows of W once.
-        NORM: x is (x + delta) put through RMSNorm (norm weight folded into x, the row scale into the
-        accumulator); GATED: W holds gate rows then up rows, and y = silu(x @ gate^T) * (x @ up^T)."""
+        NORM: x is (x + delta) put through RMSNorm: the norm weight multiplies x, the squares add up
+        elementwise beside the products and the row scale multiplies the accumulator at the end, so the
+        loop stays a plain pipelined stream of W; program 0 writes x + delta in a pass of its own.
+        GATED: W holds gate rows then up rows, and y = silu(x @ gate^T) * (x @ up^T)."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, BLOCK_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        # the first step is peeled: under PDL its tiles of W (no kernel writes weights) are requested
-        # before the wait for the kernel that produced x
-        rk = tl.arange(0, BLOCK_K)
-        w, wu = _gemv_tiles(w_ptr, rn, rk, N, K, GATED)
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        acc, acc_up, sumsq = _gemv_step(x_ptr, d_ptr, nw_ptr, xo_ptr, w, wu, rm, rk, M, K, pid, acc, acc_up, sumsq,
-                                        IEEE, NORM, DELTA, GATED)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
+        squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
-            w, wu = _gemv_tiles(w_ptr, rn, rk, N, K, GATED)
-            acc, acc_up, sumsq = _gemv_step(x_ptr, d_ptr, nw_ptr, xo_ptr, w, wu, rm, rk, M, K, pid, acc, acc_up,
-                                            sumsq, IEEE, NORM, DELTA, GATED)
+            wmask = (rn[:, None] < N) & (rk[None, :] < K)
+            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
+            xmask = (rm[:, None] < M) & (rk[None, :] < K)
+            x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=xmask, other=0.0)
+            if NORM:
+                if DELTA:  # rounded to the storage dtype, as torch's add
+                    x = x + tl.load(d_ptr + rm[:, None] * K + rk[None, :], mask=xmask, other=0.0)
+                xf = x.to(tl.float32)
+                squares += xf * xf
+                nw = tl.load(nw_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
+                x = (xf * nw[None, :]).to(w.dtype)
+            if IEEE:  # float32 weights: full-precision products, not TF32
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+            if GATED:
+                wu = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
+                if IEEE:
+                    acc_up += tl.dot(x, tl.trans(wu), input_precision="ieee")
+                else:
+                    acc_up += tl.dot(x, tl.trans(wu))
         if NORM:
-            inv = 1.0 / tl.sqrt(sumsq / K + eps)
+            inv = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
             acc = acc * inv[:, None]
             acc_up = acc_up * inv[:, None]
         out = acc.to(y_ptr.dtype.element_ty)
@@ -105,39 +119,11 @@ if triton is not None:
             gf = out.to(tl.float32)
             out = (gf / (1.0 + tl.exp(-gf))).to(y_ptr.dtype.element_ty) * acc_up.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], out, mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-    @triton.jit
-    def _gemv_tiles(w_ptr, rn, rk, N, K, GATED: tl.constexpr):
-        """A program's tile of W at columns rk (and of the up rows, N further down, when GATED)."""
-        mask = (rn[:, None] < N) & (rk[None, :] < K)
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=mask, other=0.0)
-        if GATED:
-            wu = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=mask, other=0.0)
-        else:
-            wu = w
-        return w, wu
-
-    @triton.jit
-    def _gemv_step(x_ptr, d_ptr, nw_ptr, xo_ptr, w, wu, rm, rk, M, K, pid, acc, acc_up, sumsq, IEEE: tl.constexpr,
-                   NORM: tl.constexpr, DELTA: tl.constexpr, GATED: tl.constexpr):
-        """One BLOCK_K step: the rows' x (residual-added and norm-weighted under NORM) against the tiles."""
-        xmask = (rm[:, None] < M) & (rk[None, :] < K)
-        x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=xmask, other=0.0)
-        if NORM:
-            if DELTA:  # rounded to the storage dtype, as torch's add
-                x = x + tl.load(d_ptr + rm[:, None] * K + rk[None, :], mask=xmask, other=0.0)
-                if pid == 0:
-                    tl.store(xo_ptr + rm[:, None] * K + rk[None, :], x, mask=xmask)
-            xf = x.to(tl.float32)
-            sumsq += tl.sum(xf * xf, axis=1)
-            nw = tl.load(nw_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-            x = (xf * nw[None, :]).to(w.dtype)
-        if IEEE:  # float32 weights: full-precision products, not TF32
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-            if GATED:
-                acc_up += tl.dot(x, tl.trans(wu), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(w))
-            if GATED:
-                acc_up += tl.dot(x, tl.trans(wu))
-        return acc, acc_up, sumsq
+        if DELTA:
+            if pid == 0:
+                for k0 in range(0, K, BLOCK_K):
+                    rk = k0 + tl.arange(0, BLOCK_K)
+                    xmask = (rm[:, None] < M) & (rk[None, :] < K)
+                    s = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=xmask, other=0.0)
+                    s = s + tl.load(d_ptr + rm[:, None] * K + rk[None, :], mask=xmask, other=0.0)
+                    tl.store(xo_ptr + rm[:, None] * K + rk[None, :], s, mask=xmask)

@@ -1,0 +1,81 @@
+"""What folding the norm and SwiGLU into the matrix-vector kernel buys, and what PDL buys, per projection.
+
+For each Qwen3-8B decode projection (M = 1, bf16) this captures a CUDA graph of 8 back-to-back calls on
+8 copies of the weight (so no call finds its weight in L2) and reports the median time per call and the
+weight bandwidth, for the unfused chain (add+RMSNorm kernel, product, SiLU*mul kernel) and the fused
+kernel, with programmatic dependent launch off and on.
+
+    python benchmarks/gemv_fusion_bench.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import torch
+
+from dspark import kernels as K
+
+HIDDEN, INTER = 4096, 12288
+CALLS = 8
+
+
+def graph_us(fn, reps: int = 30) -> float:
+    """Median microseconds per call of `fn(i)` over CALLS calls replayed from one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(CALLS):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS):
+            fn(i)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def main() -> None:
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    x = torch.randn(1, HIDDEN, device="cuda", dtype=dt)
+    d = torch.randn(1, HIDDEN, device="cuda", dtype=dt)
+    nw = torch.rand(HIDDEN, device="cuda", dtype=dt) + 0.5
+    act = torch.randn(1, INTER, device="cuda", dtype=dt)
+    shapes = {"qkv": (6144, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN),
+              "down": (HIDDEN, INTER), "lm_head": (151936, HIDDEN)}
+    rows = []
+    for name, (n, k) in shapes.items():
+        ws = [torch.randn(n, k, device="cuda", dtype=dt) * 0.02 for _ in range(CALLS)]
+        nbytes = n * k * 2
+        cases = {"product": lambda i: K.linear(act if k == INTER else x, ws[i])}
+        if name == "qkv":
+            cases = {"unfused": lambda i: K.linear(K.add_rms_norm(x, d, nw, 1e-6)[1], ws[i]),
+                     "fused": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i])}
+        elif name == "gate_up":
+            cases = {"unfused": lambda i: K.silu_mul(K.linear(K.add_rms_norm(x, d, nw, 1e-6)[1], ws[i])),
+                     "fused": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i], gated=True)}
+        for case, fn in cases.items():
+            for pdl in ("0", "1"):
+                os.environ["DSPARK_PDL"] = pdl
+                us = graph_us(fn)
+                rows.append({"shape": name, "case": case, "pdl": pdl == "1", "us": round(us, 2),
+                             "weight_tbps": round(nbytes / (us * 1e-6) / 1e12, 3)})
+                print(json.dumps(rows[-1]), flush=True)
+        del ws
+    os.environ.pop("DSPARK_PDL")
+
+
+if __name__ == "__main__":
+    main()
