@@ -2,8 +2,9 @@
 
 For each Qwen3-8B decode projection (M = 1, bf16) this captures a CUDA graph of 8 back-to-back calls on
 8 copies of the weight (so no call finds its weight in L2) and reports the median time per call and the
-weight bandwidth, for the unfused chain (add+RMSNorm kernel, product, SiLU*mul kernel) and the fused
-kernel, with programmatic dependent launch off and on.
+weight bandwidth of the chain the engine runs (the add+RMSNorm kernel, then the product; for gate/up
+with SiLU*mul as a kernel of its own or in the product's epilogue), with programmatic dependent
+launch off and on.
 
     python benchmarks/gemv_fusion_bench.py
 """
@@ -61,11 +62,10 @@ def main() -> None:
         nbytes = n * k * 2
         cases = {"product": lambda i: K.linear(act if k == INTER else x, ws[i])}
         if name == "qkv":
-            cases = {"unfused": lambda i: K.linear(K.add_rms_norm(x, d, nw, 1e-6)[1], ws[i]),
-                     "fused": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i])}
+            cases = {"norm, product": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i])}
         elif name == "gate_up":
-            cases = {"unfused": lambda i: K.silu_mul(K.linear(K.add_rms_norm(x, d, nw, 1e-6)[1], ws[i])),
-                     "fused": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i], gated=True)}
+            cases = {"norm, product, silu*mul": lambda i: K.silu_mul(K.norm_linear(x, d, nw, 1e-6, ws[i])[1]),
+                     "norm, product with SwiGLU epilogue": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i], gated=True)}
         for case, fn in cases.items():
             for pdl in ("0", "1"):
                 os.environ["DSPARK_PDL"] = pdl
@@ -73,7 +73,7 @@ def main() -> None:
                 rows.append({"shape": name, "case": case, "pdl": pdl == "1", "us": round(us, 2),
                              "weight_tbps": round(nbytes / (us * 1e-6) / 1e12, 3)})
                 print(json.dumps(rows[-1]), flush=True)
-        del ws
+        ws.clear()
     os.environ.pop("DSPARK_PDL")
 
 

@@ -159,7 +159,6 @@ class DraftModel(nn.Module):
             if self.context_kv is None or self._versions() != self._context_versions:
                 raise RuntimeError("DraftModel: the context projections are not fused, or changed in place since; "
                                    "call fuse() after building, loading or editing the weights (the loaders do)")
-            # hidden_norm inside the product's kernel on the GPU
             _, kv = kernels.norm_linear(fed, None, self.hidden_norm.weight, self.hidden_norm.eps, *self.context_kv)
             kvs = kv.chunk(len(attns), dim=-1)
         for i, (attn, kv) in enumerate(zip(attns, kvs)):

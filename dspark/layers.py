@@ -131,8 +131,8 @@ class FusedProjections(nn.Module):
         return out
 
     def project_normed(self, x: Tensor, delta: Tensor | None, norm: RMSNorm, gated: bool = False) -> tuple[Tensor, Tensor]:
-        """(x + delta, the projections of its norm): the residual add and the norm run inside the
-        product's kernel on the GPU; `gated` (the [gate; up] pair): silu(gate) * up in its epilogue."""
+        """(x + delta, the projections of its norm); `gated` (the [gate; up] pair): silu(gate) * up,
+        on the GPU in the product's epilogue."""
         parts = self.parts()
         if torch.is_grad_enabled():
             x, h = norm.add_forward(x, delta)
@@ -193,9 +193,8 @@ class MLP(FusedProjections):
 class DecoderLayer(nn.Module):
     """Pre-norm Qwen3 layer; parameter names follow Hugging Face's checkpoints.
 
-    The residual add of the previous layer's MLP output is fused into this layer's first norm, and
-    each norm into the product that reads it: a layer takes (x, delta) and returns (x', delta')
-    whose sum is its output.
+    The residual add of the previous layer's MLP output is fused into this layer's first norm:
+    a layer takes (x, delta) and returns (x', delta') whose sum is its output.
     """
 
     def __init__(self, cfg: BackboneConfig):

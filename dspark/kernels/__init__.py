@@ -10,8 +10,8 @@ Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its referen
 - `attention`: GQA attention of T query rows over the cache, each row seeing keys up to its limit.
 - `linear`: x @ W^T for up to 16 rows, streaming W faster than cuBLAS does at these shapes
   (benchmarks/gemv_h200.txt).
-- `norm_linear`: the residual add and RMSNorm folded into the product that reads them (q/k/v,
-  gate/up), and for gate/up SwiGLU's silu(gate) * up in the same kernel's epilogue.
+- `norm_linear`: add+RMSNorm, then the product that reads it (q/k/v, gate/up); for gate/up, SwiGLU's
+  silu(gate) * up in the product's epilogue.
 - `race`: sampling and distributions over the whole vocabulary, spread over many programs: the
   exponential race's arg-max (a token drawn from softmax(logits / T)) and softmax or one-hot probs.
 - `markov_sample`: the vanilla Markov head's left-to-right loop, one launch per slot (bias product,
