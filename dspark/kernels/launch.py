@@ -24,8 +24,10 @@ def use_triton(t: Tensor) -> bool:
 
 
 def pdl(t: Tensor) -> bool:
-    """Programmatic dependent launch: CUDA compute capability 9 and newer, not in the interpreter."""
-    return (t.is_cuda and os.environ.get("DSPARK_PDL", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+    """Programmatic dependent launch, with `DSPARK_PDL=1` (CUDA compute capability 9 and newer, not in the
+    interpreter). Off by default: on the H200 it saved about 1 us per call in a chain of products, but
+    the whole decode step ran 0.1 ms slower with it and the round 0.3 ms (benchmarks/RESULTS.md)."""
+    return (t.is_cuda and os.environ.get("DSPARK_PDL") == "1" and os.environ.get("TRITON_INTERPRET") != "1"
             and _capability(t.device.index if t.device.index is not None else torch.cuda.current_device()) >= 9)
 
 
