@@ -150,7 +150,8 @@ class DraftModel(nn.Module):
         One matrix product projects the rows to the keys and values of every draft layer at once.
         """
         fed = kernels.linear(feats, self.fc.weight)
-        step = AttentionStep.build(positions, positions, 0, self.config.backbone, fed.dtype, slots)
+        step = AttentionStep.build(positions, positions, 0, self.config.backbone, fed.dtype, slots,
+                                   table_len=cache.max_len if slots is None else 0)
         attns = [layer.self_attn for layer in self.layers]
         if torch.is_grad_enabled():
             c = self.hidden_norm(fed)
@@ -176,7 +177,8 @@ class DraftModel(nn.Module):
         if self.mask_embedding is not None:
             x = torch.cat((x[:, :1], self.mask_embedding.to(x.dtype).expand(x.shape[0], x.shape[1] - 1, -1)), dim=1)
         last = positions[:, -1:].expand_as(positions)
-        step = AttentionStep.build(positions, last, kv_len, self.config.backbone, x.dtype, slots, mask)
+        step = AttentionStep.build(positions, last, kv_len, self.config.backbone, x.dtype, slots, mask,
+                                   table_len=cache.max_len if slots is None else 0)
         delta = None
         for i, layer in enumerate(self.layers):
             x, delta = layer(x, delta, step, cache, i)

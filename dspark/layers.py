@@ -39,6 +39,24 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dt
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+_ROPE_TABLES: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def rope_table(length: int, head_dim: int, theta: float, dtype: torch.dtype,
+               device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos/sin [>= length, head_dim] of positions 0, 1, ... (`rope_cos_sin`'s numbers), built once per
+    shape and kept: a forward then gathers its rows in two launches instead of computing them in about
+    ten. It grows (doubling) only when a longer cache asks, which happens before any graph capture."""
+    key = (head_dim, theta, dtype, torch.device(device))
+    table = _ROPE_TABLES.get(key)
+    if table is None or table[0].shape[0] < length:
+        size = max(length, 2 * table[0].shape[0] if table is not None else 0)
+        with torch.inference_mode():
+            table = rope_cos_sin(torch.arange(size, device=device), head_dim, theta, dtype)
+        _ROPE_TABLES[key] = table
+    return table
+
+
 @dataclass
 class AttentionStep:
     """What every layer of one forward shares: query positions, RoPE tables and the visibility mask."""
@@ -54,9 +72,15 @@ class AttentionStep:
 
     @classmethod
     def build(cls, positions: Tensor, limits: Tensor, kv_len: int, cfg: BackboneConfig, dtype: torch.dtype,
-              slots: Tensor | None = None, mask: Tensor | None = None, causal: bool = False):
-        """`limits[b, t]`: the highest key slot query (b, t) may see (its own position when causal)."""
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)
+              slots: Tensor | None = None, mask: Tensor | None = None, causal: bool = False, table_len: int = 0):
+        """`limits[b, t]`: the highest key slot query (b, t) may see (its own position when causal).
+        `table_len` > 0: every position is below it (a cache's length), and without autograd the RoPE
+        rows come from `rope_table`."""
+        if table_len and not torch.is_grad_enabled():
+            cos, sin = (t[positions] for t in rope_table(table_len, cfg.head_dim, cfg.rope_theta, dtype,
+                                                         positions.device))
+        else:
+            cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)
         return cls(positions, cos, sin, limits, kv_len, positions if slots is None else slots, mask, causal)
 
 

@@ -91,20 +91,6 @@ def rejection_sample(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Te
     outcome, so this runs inside a CUDA graph. Returns (accepted count [B], next token [B]).
     """
     b, n = draft_tokens.shape
-    device = target_probs.device
-    counted = torch.full((b,), n, device=device) if num_proposed is None else num_proposed
-    valid = torch.arange(n, device=device) < counted[:, None]
-    p_d = target_probs[:, :n].gather(-1, draft_tokens[..., None]).squeeze(-1)
-    q_d = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
-    u = torch.rand(b, n, device=device, generator=streams.accept)
-    ok = (u * q_d < p_d) & valid
-    accepted = ok.long().cumprod(-1).sum(-1)
-    rows = torch.arange(b, device=device)
-    p_next = target_probs[rows, accepted]
-    q_pad = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)
-    q_next = q_pad[rows, accepted] * (accepted < counted)[:, None]  # past the proposal: no q, a bonus from p
-    residual = (p_next - q_next).clamp_min(0)
-    # Float noise can leave no mass where p == q; rejection then had probability ~0: fall back to p.
-    empty = residual.sum(-1, keepdim=True) <= 1e-8
-    residual = torch.where(empty, p_next, residual)
-    return accepted, sample(residual, streams.target)
+    u = torch.rand(b, n, device=target_probs.device, generator=streams.accept)
+    noise = torch.empty(b, target_probs.shape[-1], device=target_probs.device).exponential_(generator=streams.target)
+    return kernels.accept(draft_tokens, draft_probs, target_probs, num_proposed, u, noise)

@@ -62,7 +62,8 @@ class Qwen3Target(nn.Module):
             if kv_len != input_ids.shape[1]:
                 raise ValueError(f"a prefill (positions=None) sees its own {input_ids.shape[1]} keys, not {kv_len}")
             positions = torch.arange(kv_len, device=input_ids.device)[None].expand(input_ids.shape[0], kv_len)
-        step = AttentionStep.build(positions, positions, kv_len, self.config.backbone, x.dtype, causal=prefill)
+        step = AttentionStep.build(positions, positions, kv_len, self.config.backbone, x.dtype, causal=prefill,
+                                   table_len=cache.max_len)
         tapped = [x] if -1 in taps else []
         delta = None
         for i, layer in enumerate(self.model.layers):

@@ -194,3 +194,27 @@ def test_attention_splits_follow_the_live_length(dtype):
         limits = torch.tensor([[live - 1]], device=DEVICE)
         out = K.attention(q, ck, cv, limits, cache_len - 1)
         assert _rel(out, K.attention_ref(q, ck, cv, limits, cache_len - 1)) < TOL[dtype], live
+
+
+@pytest.mark.parametrize("vocab", [151936, 700])
+@pytest.mark.parametrize("with_counts", [True, False])
+def test_accept_equals_its_reference(vocab, with_counts):
+    """The fused acceptance rule: the same accepted counts and next tokens as the reference, given the same
+    uniforms and arrival times, over rows that accept nothing, some and everything, and a row whose
+    residual is empty (p <= q everywhere: the next token comes from p)."""
+    b, n = 6, 7
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    q = torch.softmax(torch.randn(b, n, vocab, device=DEVICE, generator=gen) * 3, -1)
+    p = torch.softmax(torch.randn(b, n + 1, vocab, device=DEVICE, generator=gen) * 3, -1)
+    p[1, :n] = q[1]  # accepts everything: the bonus row
+    tokens = torch.stack([torch.multinomial(q[i], 1, generator=gen)[:, 0] for i in range(b)])
+    p[2, 0] = q[2, 0]
+    p[2, 0, tokens[2, 0]] = 0.0  # slot 0 always rejected, and p <= q leaves an empty residual
+    tokens[3] = q[3].argmin(-1)  # improbable drafts, accepted whenever p is larger there
+    counted = torch.tensor([7, 7, 7, 3, 0, 5], device=DEVICE) if with_counts else None
+    for _ in range(5):
+        u = torch.rand(b, n, device=DEVICE, generator=gen)
+        noise = torch.empty(b, vocab, device=DEVICE).exponential_(generator=gen)
+        got = K.accept(tokens, q, p, counted, u, noise)
+        want = K.accept_ref(tokens, q, p, counted, u, noise)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -14,6 +14,7 @@ Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its referen
   silu(gate) * up in the product's epilogue.
 - `race`: sampling and distributions over the whole vocabulary, spread over many programs: the
   exponential race's arg-max (a token drawn from softmax(logits / T)) and softmax or one-hot probs.
+- `accept`: the lossless acceptance rule (accepted prefix, residual or bonus token) in two launches.
 - `markov_sample`: the vanilla Markov head's left-to-right loop, one launch per slot (bias product,
   noise, arg-max and the softmax statistics), then one launch for every slot's probabilities.
 
@@ -28,9 +29,10 @@ from dspark.kernels.gemv import linear, norm_linear, norm_linear_ref
 from dspark.kernels.launch import use_triton
 from dspark.kernels.norms import (add_rms_norm, add_rms_norm_ref, qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm_ref,
                                   rope_ref)
-from dspark.kernels.sampling import SAMPLE_BLOCK, markov_sample, markov_sample_ref, race, race_ref
+from dspark.kernels.sampling import (SAMPLE_BLOCK, accept, accept_ref, markov_sample, markov_sample_ref, race,
+                                     race_ref)
 
-__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "add_rms_norm", "add_rms_norm_ref", "attention", "attention_ref",
-           "linear", "markov_sample", "markov_sample_ref", "norm_linear", "norm_linear_ref", "qk_norm_rope_cache",
-           "qk_norm_rope_cache_ref", "race", "race_ref", "rms_norm_ref", "rope_ref", "silu_mul", "silu_mul_ref",
-           "split_kv_attention", "use_triton"]
+__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "add_rms_norm", "add_rms_norm_ref",
+           "attention", "attention_ref", "linear", "markov_sample", "markov_sample_ref", "norm_linear", "norm_linear_ref",
+           "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race", "race_ref", "rms_norm_ref", "rope_ref", "silu_mul",
+           "silu_mul_ref", "split_kv_attention", "use_triton"]

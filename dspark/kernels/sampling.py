@@ -105,6 +105,56 @@ def markov_sample(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anc
     return q, ids, prevs, corrected
 
 
+def accept_ref(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, counted: Tensor | None, u: Tensor,
+               noise: Tensor) -> tuple[Tensor, Tensor]:
+    """The lossless acceptance rule (`sampling.rejection_sample`) given its randomness: uniforms `u` [B, n]
+    and Exp(1) arrival times `noise` [B, V] for the race that draws the residual (or bonus) token.
+    Returns (accepted count [B], next token [B])."""
+    b, n = draft_tokens.shape
+    device = target_probs.device
+    counted = torch.full((b,), n, device=device) if counted is None else counted
+    valid = torch.arange(n, device=device) < counted[:, None]
+    p_d = target_probs[:, :n].gather(-1, draft_tokens[..., None]).squeeze(-1)
+    q_d = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+    ok = (u * q_d < p_d) & valid
+    accepted = ok.long().cumprod(-1).sum(-1)
+    rows = torch.arange(b, device=device)
+    p_next = target_probs[rows, accepted]
+    q_pad = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)
+    q_next = q_pad[rows, accepted] * (accepted < counted)[:, None]  # past the proposal: no q, a bonus from p
+    residual = (p_next - q_next).clamp_min(0)
+    # Float noise can leave no mass where p == q; rejection then had probability ~0: fall back to p.
+    empty = residual.sum(-1, keepdim=True) <= EMPTY_RESIDUAL
+    residual = torch.where(empty, p_next, residual)
+    return accepted, (residual / noise).argmax(-1)
+
+
+EMPTY_RESIDUAL = 1e-8
+
+
+def accept(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, counted: Tensor | None, u: Tensor,
+           noise: Tensor) -> tuple[Tensor, Tensor]:
+    """`accept_ref` in two launches: every program finds the accepted prefix (n gathers) and races its
+    block of the residual and of p; a finishing launch sums the residual's blocks and picks the winner
+    (PyTorch's version is about 25 small kernels)."""
+    if not use_triton(target_probs) or target_probs.dtype != torch.float32:
+        return accept_ref(draft_tokens, draft_probs, target_probs, counted, u, noise)
+    b, n = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    nb = triton.cdiv(vocab, SAMPLE_BLOCK)
+    parts = torch.empty(5, b, nb, dtype=torch.float32, device=u.device)
+    accepted = torch.empty(b, dtype=torch.long, device=u.device)
+    token = torch.empty(b, dtype=torch.long, device=u.device)
+    tok, dp, tp = draft_tokens.contiguous(), draft_probs.contiguous(), target_probs.contiguous()
+    count = tok if counted is None else counted.contiguous()
+    u, noise = u.contiguous(), noise.contiguous()
+    _accept_partials_kernel[(b, nb)](tok, dp, tp, count, u, noise, parts, accepted, n, vocab, b, nb,
+                                     BLOCK=SAMPLE_BLOCK, COUNTED=counted is not None, PDL=pdl(u), **launch_options(u))
+    _accept_finish_kernel[(b,)](parts, token, b, nb, EMPTY_RESIDUAL, NBP=triton.next_power_of_2(nb), PDL=pdl(u),
+                                **launch_options(u))
+    return accepted, token
+
+
 if triton is not None:
 
     @triton.jit
@@ -212,3 +262,63 @@ if triton is not None:
         tl.store(corr_ptr + k * V + cols, x, mask=mask)
         x = tl.where(mask, x, -float("inf"))
         _block_race(x, noise_ptr + k * V, cols, mask, parts_ptr, k, blk, R, NB, t, inv_t, NOISE, SOFTMAX)
+
+    @triton.jit
+    def _accept_partials_kernel(tok_ptr, dp_ptr, tp_ptr, count_ptr, u_ptr, noise_ptr, parts_ptr, acc_ptr, n, V, R, NB,
+                                BLOCK: tl.constexpr, COUNTED: tl.constexpr, PDL: tl.constexpr):
+        """Row b, block blk: the accepted prefix (slot i kept while u_i q_i(d_i) < p_i(d_i)), then over this
+        block the residual max(p - q, 0) of the next row (q = 0 past the proposal): its sum, and the race
+        arg-max of the residual and of p against the same arrival times."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        b = tl.program_id(0)
+        blk = tl.program_id(1)
+        if COUNTED:
+            counted = tl.load(count_ptr + b)
+        else:
+            counted = n
+        accepted = 0
+        running = 1
+        for i in range(0, n):
+            d = tl.load(tok_ptr + b * n + i)
+            p_d = tl.load(tp_ptr + (b * (n + 1) + i) * V + d)
+            q_d = tl.load(dp_ptr + (b * n + i) * V + d)
+            ok = (tl.load(u_ptr + b * n + i) * q_d < p_d) & (i < counted)
+            running = running * ok.to(tl.int32)
+            accepted += running
+        if blk == 0:
+            tl.store(acc_ptr + b, accepted.to(tl.int64))
+        cols = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < V
+        p = tl.load(tp_ptr + (b * (n + 1) + accepted) * V + cols, mask=mask, other=0.0)
+        has_q = (cols * 0 + accepted) < counted  # past the proposal no q: a bonus token from p
+        q = tl.load(dp_ptr + (b * n + accepted) * V + cols, mask=mask & has_q, other=0.0)
+        residual = tl.maximum(p - q, 0.0)
+        e = tl.load(noise_ptr + b * V + cols, mask=mask, other=1.0)
+        r_score = tl.where(mask, residual / e, -float("inf"))
+        p_score = tl.where(mask, p / e, -float("inf"))
+        at = b * NB + blk
+        first = blk * BLOCK
+        tl.store(parts_ptr + at, tl.sum(residual, axis=0))
+        tl.store(parts_ptr + R * NB + at, tl.max(r_score, axis=0))
+        tl.store(parts_ptr + 2 * R * NB + at, (first + tl.argmax(r_score, axis=0)).to(tl.float32))
+        tl.store(parts_ptr + 3 * R * NB + at, tl.max(p_score, axis=0))
+        tl.store(parts_ptr + 4 * R * NB + at, (first + tl.argmax(p_score, axis=0)).to(tl.float32))
+
+    @triton.jit
+    def _accept_finish_kernel(parts_ptr, token_ptr, R, NB, empty_below, NBP: tl.constexpr, PDL: tl.constexpr):
+        """The residual's total decides which race counts (p's when float error left it empty); its
+        winner is the best score, the lowest index on ties."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        b = tl.program_id(0)
+        j = tl.arange(0, NBP)
+        ok = j < NB
+        total = tl.sum(tl.load(parts_ptr + b * NB + j, mask=ok, other=0.0), axis=0)
+        which = tl.where(total <= empty_below, 2, 0)  # offset to p's race when the residual is empty
+        best = tl.load(parts_ptr + (1 + which) * R * NB + b * NB + j, mask=ok, other=-float("inf"))
+        idx = tl.load(parts_ptr + (2 + which) * R * NB + b * NB + j, mask=ok, other=3.0e38)
+        winner = tl.min(tl.where(best == tl.max(best, axis=0), idx, 3.0e38), axis=0)
+        tl.store(token_ptr + b, winner.to(tl.int64))
