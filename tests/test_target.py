@@ -88,3 +88,17 @@ def test_a_prefill_without_positions_is_the_causal_forward(tmp_path, dtype):
     assert _rel(caches[0].k[4].float(), caches[1].k[4].float()) <= tol
     with pytest.raises(ValueError, match="sees its own 40 keys"):
         model(ids, None, caches[0], 41)
+
+
+def test_rope_table_rows_equal_rope_cos_sin():
+    """The RoPE table a forward gathers from holds exactly the rows `rope_cos_sin` computes, and grows
+    (keeping them) when a longer cache asks."""
+    from dspark.layers import rope_cos_sin, rope_table
+
+    positions = torch.tensor([[0, 5, 99, 1023]])
+    for dtype in (torch.float32, torch.bfloat16):
+        cos, sin = rope_table(1024, 64, 1e6, dtype, torch.device("cpu"))
+        want = rope_cos_sin(positions, 64, 1e6, dtype)
+        assert torch.equal(cos[positions], want[0]) and torch.equal(sin[positions], want[1])
+        longer = rope_table(3000, 64, 1e6, dtype, torch.device("cpu"))
+        assert longer[0].shape[0] >= 3000 and torch.equal(longer[0][:1024], cos[:1024])

@@ -84,6 +84,10 @@ def test_kernel_categories_and_api_names():
     assert kernel_category("_add_rms_norm_kernel") == "norm"
     assert kernel_category("void vllm::rotary_embedding_kernel<float>") == "rotary"
     assert kernel_category("_silu_mul_kernel") == "activation"
+    for ours in ("_sample_partials_kernel", "_sample_finish_kernel", "_markov_sample_kernel", "_accept_partials_kernel",
+                 "_accept_finish_kernel"):
+        assert kernel_category(ours) == "softmax/sampling", ours
+    assert kernel_category("_gemv_kernel") == "GEMM"
     assert kernel_category("void at::native::vectorized_elementwise_kernel<4>") == "elementwise"
     assert kernel_category("ncclDevKernel_AllReduce_Sum") == "communication"
     assert kernel_category("void at::native::reduce_kernel<512, 1>") == "reduce"

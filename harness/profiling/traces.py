@@ -42,7 +42,7 @@ CATEGORIES: list[tuple[str, str]] = [
     ("norm", r"rms_norm|layer_norm|_norm_|Norm|norm_kernel"),
     ("rotary", r"(?i)rotary|rope"),
     ("activation", r"(?i)act_and_mul|silu|gelu|swiglu"),
-    ("softmax/sampling", r"(?i)softmax|argmax|argmin|sort|radix|topk|top_k|multinomial|exponential|sampl"),
+    ("softmax/sampling", r"(?i)softmax|argmax|argmin|sort|radix|topk|top_k|multinomial|exponential|sampl|_accept_"),
     ("reduce", r"(?i)reduce_kernel|reduce|cumsum|scan"),
     ("elementwise", r"(?i)elementwise|vectorized|unrolled|CatArrayBatched|fill|copy|index|where|cast"),
 ]
