@@ -1,10 +1,11 @@
-"""What folding the norm and SwiGLU into the matrix-vector kernel buys, and what PDL buys, per projection.
+"""What folding SwiGLU into the matrix-vector kernel buys, per Qwen3-8B decode projection.
 
 For each Qwen3-8B decode projection (M = 1, bf16) this captures a CUDA graph of 8 back-to-back calls on
 8 copies of the weight (so no call finds its weight in L2) and reports the median time per call and the
 weight bandwidth of the chain the engine runs (the add+RMSNorm kernel, then the product; for gate/up
-with SiLU*mul as a kernel of its own or in the product's epilogue), with programmatic dependent
-launch off and on.
+with SiLU*mul as a kernel of its own or in the product's epilogue). The recorded runs in
+`gemv_fusion_h200*.jsonl` also compared programmatic dependent launch and a norm folded into the
+product's prologue, both since removed (benchmarks/RESULTS.md).
 
     python benchmarks/gemv_fusion_bench.py
 """
@@ -12,7 +13,6 @@ launch off and on.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 
 import torch
@@ -67,14 +67,11 @@ def main() -> None:
             cases = {"norm, product, silu*mul": lambda i: K.silu_mul(K.norm_linear(x, d, nw, 1e-6, ws[i])[1]),
                      "norm, product with SwiGLU epilogue": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i], gated=True)}
         for case, fn in cases.items():
-            for pdl in ("0", "1"):
-                os.environ["DSPARK_PDL"] = pdl
-                us = graph_us(fn)
-                rows.append({"shape": name, "case": case, "pdl": pdl == "1", "us": round(us, 2),
-                             "weight_tbps": round(nbytes / (us * 1e-6) / 1e12, 3)})
-                print(json.dumps(rows[-1]), flush=True)
+            us = graph_us(fn)
+            rows.append({"shape": name, "case": case, "us": round(us, 2),
+                         "weight_tbps": round(nbytes / (us * 1e-6) / 1e12, 3)})
+            print(json.dumps(rows[-1]), flush=True)
         ws.clear()
-    os.environ.pop("DSPARK_PDL")
 
 
 if __name__ == "__main__":

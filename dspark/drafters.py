@@ -13,9 +13,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from dspark import kernels
 from dspark.draft import DraftModel
 from dspark.layers import KVCache
-from dspark import kernels
 from dspark.sampling import GREEDY_TEMPERATURE, draw, race_noise, top2_margin
 from dspark.steps import DecodeState, scratch_positions, visible_len
 

@@ -17,10 +17,6 @@ Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its referen
 - `accept`: the lossless acceptance rule (accepted prefix, residual or bonus token) in two launches.
 - `markov_sample`: the vanilla Markov head's left-to-right loop, one launch per slot (bias product,
   noise, arg-max and the softmax statistics), then one launch for every slot's probabilities.
-
-With `DSPARK_PDL=1` on Hopper GPUs the kernels launch with programmatic dependent launch (PDL): a
-kernel is scheduled while the one before it drains and waits on it before touching memory. It is off
-by default: it measured slower over a whole decode step (benchmarks/RESULTS.md).
 """
 
 from dspark.kernels.activation import silu_mul, silu_mul_ref

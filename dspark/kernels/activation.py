@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dspark.kernels.launch import launch_options, pdl, tl, triton, use_triton
+from dspark.kernels.launch import tl, triton, use_triton
 
 
 def silu_mul_ref(gate_up: Tensor) -> Tensor:
@@ -22,8 +22,7 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     g2 = gate_up.reshape(-1, shape[-1]).contiguous()
     out = torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, out, inter, BLOCK=block, PDL=pdl(g2),
-                                                                **launch_options(g2))
+    _silu_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, out, inter, BLOCK=block)
     return out.view(*shape[:-1], inter)
 
 
@@ -38,10 +37,7 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 if triton is not None:
 
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+    def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter

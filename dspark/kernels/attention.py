@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dspark.kernels.launch import launch_options, pdl, sm_count, tl, triton, use_triton
+from dspark.kernels.launch import sm_count, tl, triton, use_triton
 
 
 def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int,
@@ -71,12 +71,11 @@ def split_kv_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tens
     _attention_split_kernel[(b * hkv, t, splits)](
         q, cache_k, cache_v, part_o, part_ml, limits, t, hq, hkv, kv_len, splits, part_ml.shape[1],
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), 1.0 / math.sqrt(d),
-        G=group, GP=gp, D=d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32, PDL=pdl(q), **launch_options(q),
+        G=group, GP=gp, D=d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
     )
     out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)  # token-major: o_proj reads it without a copy
     _attention_merge_kernel[(b * hq * t,)](part_o, part_ml, out, t, hq, hkv, splits, part_ml.shape[1], G=group,
-                                            GP=gp, D=d, SP=triton.next_power_of_2(splits), PDL=pdl(q),
-                                            **launch_options(q))
+                                            GP=gp, D=d, SP=triton.next_power_of_2(splits))
     return out.permute(0, 2, 1, 3)
 
 
@@ -85,10 +84,7 @@ if triton is not None:
     @triton.jit
     def _attention_split_kernel(q_ptr, k_ptr, v_ptr, po_ptr, pml_ptr, lim_ptr, T, HQ, HKV, kv_len, S, L_OFF,
                                 c_sb, c_sh, c_sp, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                                BLOCK_N: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+                                BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
         bk = tl.program_id(0)  # b * HKV + kv head
         t = tl.program_id(1)
         sp = tl.program_id(2)
@@ -133,10 +129,7 @@ if triton is not None:
 
     @triton.jit
     def _attention_merge_kernel(po_ptr, pml_ptr, o_ptr, T, HQ, HKV, S, L_OFF, G: tl.constexpr, GP: tl.constexpr,
-                                D: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+                                D: tl.constexpr, SP: tl.constexpr):
         pid = tl.program_id(0)  # (b * HQ + h) * T + t
         t = pid % T
         bh = pid // T

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dspark.kernels.launch import launch_options, pdl, tl, triton, use_triton
 from dspark.kernels.activation import silu_mul, silu_mul_ref
+from dspark.kernels.launch import tl, triton, use_triton
 from dspark.kernels.norms import add_rms_norm, add_rms_norm_ref
 
 
@@ -60,7 +60,7 @@ def _gemv(x: Tensor, weight: Tensor, gated: bool = False) -> Tensor:
         block_k, stages = block_k // 2, 3
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x2, weight, y, rows, n, k, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
-        GATED=gated, PDL=pdl(x), num_warps=4, num_stages=stages, **launch_options(x))
+        GATED=gated, num_warps=4, num_stages=stages)
     return y.view(*x.shape[:-1], n)
 
 
@@ -68,12 +68,9 @@ if triton is not None:
 
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_K: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr):
         """y[:M] = x[:M] @ W^T, one program per BLOCK_N output columns streaming its rows of W once.
         GATED: W holds gate rows then up rows, and y = silu(x @ gate^T) * (x @ up^T)."""
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, BLOCK_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

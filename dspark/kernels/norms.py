@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dspark.kernels.launch import launch_options, pdl, tl, triton, use_triton
+from dspark.kernels.launch import tl, triton, use_triton
 
 
 def rms_norm_ref(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -51,7 +51,7 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) ->
     out_x, out_h = (x2 if delta is None else torch.empty_like(x2)), torch.empty_like(x2)
     n = shape[-1]
     _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, out_x, out_h, n, eps, BLOCK=triton.next_power_of_2(n),
-                                         DELTA=delta is not None, PDL=pdl(x), **launch_options(x))
+                                         DELTA=delta is not None)
     return out_x.view(shape), out_h.view(shape)
 
 
@@ -68,7 +68,7 @@ def qk_norm_rope_cache(qkv: Tensor, num_heads: int, num_kv_heads: int, q_norm: T
     grid = (b * t, num_heads + 2 * num_kv_heads)
     _qk_norm_rope_cache_kernel[grid](
         qkv, q, cos, sin, positions, q_norm, k_norm, cache_k, cache_v, t, num_heads, num_kv_heads,
-        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), eps, D=d, PDL=pdl(qkv), **launch_options(qkv),
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), eps, D=d,
     )
     return q
 
@@ -77,10 +77,7 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, out_x_ptr, out_h_ptr, n, eps, BLOCK: tl.constexpr,
-                             DELTA: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+                             DELTA: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n
@@ -95,10 +92,7 @@ if triton is not None:
 
     @triton.jit
     def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, ck_ptr, cv_ptr,
-                                   T, HQ, HKV, c_sb, c_sh, c_sp, eps, D: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+                                   T, HQ, HKV, c_sb, c_sh, c_sp, eps, D: tl.constexpr):
         token = tl.program_id(0)  # b * T + t
         head = tl.program_id(1)  # q heads, then k heads, then v heads
         b = token // T

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dspark.kernels.launch import launch_options, pdl, tl, triton, use_triton
+from dspark.kernels.launch import tl, triton, use_triton
 
 
 def race_ref(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
@@ -35,11 +35,12 @@ def race(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
     rows, vocab = x.shape
     nb = triton.cdiv(vocab, SAMPLE_BLOCK)
     parts = torch.empty(4, rows, nb, dtype=torch.float32, device=x.device)
-    noise = x if noise is None else noise.reshape(rows, vocab).contiguous()
+    has_noise = noise is not None
+    noise = noise.reshape(rows, vocab).contiguous() if has_noise else x  # x: an unread stand-in
     inv_t = 0.0 if greedy else 1.0 / temperature
     softmax = want_probs and not greedy
     _sample_partials_kernel[(rows, nb)](x, noise, parts, vocab, rows, nb, temperature, inv_t, BLOCK=SAMPLE_BLOCK,
-                                        NOISE=noise is not x, SOFTMAX=softmax, PDL=pdl(x), **launch_options(x))
+                                        NOISE=has_noise, SOFTMAX=softmax)
     idx, out = _finish(x, parts, nb, inv_t, greedy, want_probs)
     return idx.view(shape[:-1]), None if out is None else out.view(shape)
 
@@ -51,7 +52,7 @@ def _finish(x: Tensor, parts: Tensor, nb: int, inv_t: float, greedy: bool,
     out = torch.empty(rows, vocab, dtype=torch.float32, device=x.device) if want_probs else None
     _sample_finish_kernel[(rows, nb if want_probs else 1)](
         x, parts, idx, idx if out is None else out, vocab, rows, nb, inv_t, BLOCK=SAMPLE_BLOCK,
-        NBP=triton.next_power_of_2(nb), PROBS=want_probs, GREEDY=greedy, PDL=pdl(x), **launch_options(x))
+        NBP=triton.next_power_of_2(nb), PROBS=want_probs, GREEDY=greedy)
     return idx, out
 
 
@@ -92,15 +93,16 @@ def markov_sample(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anc
     parts = torch.empty(4, n, nb, dtype=torch.float32, device=x.device)
     corrected = torch.empty_like(x)
     prevs = torch.empty(n, dtype=torch.long, device=x.device)
-    noise = x if noise is None else noise.contiguous()
+    has_noise = noise is not None
+    noise = noise.contiguous() if has_noise else x  # x: an unread stand-in
     inv_t = 0.0 if greedy else 1.0 / temperature
+    w1, w2 = w1.contiguous(), w2.contiguous()
     rank = w1.shape[1]
     for k in range(n):
         _markov_sample_kernel[(nb,)](
-            x, w1, w2.contiguous(), to_target, anchor, noise, parts, corrected, prevs, k, vocab, n, nb, temperature,
+            x, w1, w2, to_target, anchor, noise, parts, corrected, prevs, k, vocab, n, nb, temperature,
             inv_t, RANK=rank, RB=min(32, triton.next_power_of_2(rank)), BLOCK=SAMPLE_BLOCK,
-            NBP=triton.next_power_of_2(nb), NOISE=noise is not x, SOFTMAX=not greedy, PDL=pdl(x), num_warps=8,
-            **launch_options(x))
+            NBP=triton.next_power_of_2(nb), NOISE=has_noise, SOFTMAX=not greedy, num_warps=8)
     ids, q = _finish(corrected, parts, nb, inv_t, greedy, True)
     return q, ids, prevs, corrected
 
@@ -149,9 +151,8 @@ def accept(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, coun
     count = tok if counted is None else counted.contiguous()
     u, noise = u.contiguous(), noise.contiguous()
     _accept_partials_kernel[(b, nb)](tok, dp, tp, count, u, noise, parts, accepted, n, vocab, b, nb,
-                                     BLOCK=SAMPLE_BLOCK, COUNTED=counted is not None, PDL=pdl(u), **launch_options(u))
-    _accept_finish_kernel[(b,)](parts, token, b, nb, EMPTY_RESIDUAL, NBP=triton.next_power_of_2(nb), PDL=pdl(u),
-                                **launch_options(u))
+                                     BLOCK=SAMPLE_BLOCK, COUNTED=counted is not None)
+    _accept_finish_kernel[(b,)](parts, token, b, nb, EMPTY_RESIDUAL, NBP=triton.next_power_of_2(nb))
     return accepted, token
 
 
@@ -180,20 +181,18 @@ if triton is not None:
             tl.store(parts_ptr + 3 * R * NB + at, total)
 
     @triton.jit
-    def _row_winner(parts_ptr, row, R, NB, NBP: tl.constexpr):
-        """The row's race winner from its blocks' partials: the best score, the lowest index on ties."""
+    def _row_winner(best_ptr, idx_ptr, NB, NBP: tl.constexpr):
+        """A race's winner from its NB blocks' best scores and their indices (float): the best score,
+        the lowest index on ties."""
         j = tl.arange(0, NBP)
         ok = j < NB
-        best = tl.load(parts_ptr + row * NB + j, mask=ok, other=-float("inf"))
-        idx = tl.load(parts_ptr + R * NB + row * NB + j, mask=ok, other=3.0e38)
+        best = tl.load(best_ptr + j, mask=ok, other=-float("inf"))
+        idx = tl.load(idx_ptr + j, mask=ok, other=3.0e38)
         return tl.min(tl.where(best == tl.max(best, axis=0), idx, 3.0e38), axis=0).to(tl.int64)
 
     @triton.jit
     def _sample_partials_kernel(x_ptr, noise_ptr, parts_ptr, V, R, NB, t, inv_t, BLOCK: tl.constexpr,
-                                NOISE: tl.constexpr, SOFTMAX: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+                                NOISE: tl.constexpr, SOFTMAX: tl.constexpr):
         row = tl.program_id(0)
         blk = tl.program_id(1)
         cols = blk * BLOCK + tl.arange(0, BLOCK)
@@ -203,15 +202,12 @@ if triton is not None:
 
     @triton.jit
     def _sample_finish_kernel(x_ptr, parts_ptr, idx_ptr, out_ptr, V, R, NB, inv_t, BLOCK: tl.constexpr,
-                              NBP: tl.constexpr, PROBS: tl.constexpr, GREEDY: tl.constexpr, PDL: tl.constexpr):
+                              NBP: tl.constexpr, PROBS: tl.constexpr, GREEDY: tl.constexpr):
         """Each program reduces its row's partials: program 0 writes the winner, and with PROBS every
         program writes its block of the one-hot (GREEDY) or softmax probabilities."""
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0)
         blk = tl.program_id(1)
-        winner = _row_winner(parts_ptr, row, R, NB, NBP)
+        winner = _row_winner(parts_ptr + row * NB, parts_ptr + (R + row) * NB, NB, NBP)
         if blk == 0:
             tl.store(idx_ptr + row, winner)
         if PROBS:
@@ -233,21 +229,17 @@ if triton is not None:
     @triton.jit
     def _markov_sample_kernel(x_ptr, w1_ptr, w2_ptr, to_target_ptr, anchor_ptr, noise_ptr, parts_ptr, corr_ptr,
                               prevs_ptr, k, V, R, NB, t, inv_t, RANK: tl.constexpr, RB: tl.constexpr,
-                              BLOCK: tl.constexpr, NBP: tl.constexpr, NOISE: tl.constexpr, SOFTMAX: tl.constexpr,
-                              PDL: tl.constexpr):
+                              BLOCK: tl.constexpr, NBP: tl.constexpr, NOISE: tl.constexpr, SOFTMAX: tl.constexpr):
         """Slot k of the Markov loop, one block of columns per program: the previous token (the anchor, or
         the winner of slot k-1's partials mapped to a target id), its bias w2 @ w1[prev] on this block,
         the corrected logits and their race and softmax partials."""
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         blk = tl.program_id(0)
         cols = blk * BLOCK + tl.arange(0, BLOCK)
         mask = cols < V
         if k == 0:
             prev = tl.load(anchor_ptr)
         else:
-            prev = tl.load(to_target_ptr + _row_winner(parts_ptr, k - 1, R, NB, NBP))
+            prev = tl.load(to_target_ptr + _row_winner(parts_ptr + (k - 1) * NB, parts_ptr + (R + k - 1) * NB, NB, NBP))
         if blk == 0:
             tl.store(prevs_ptr + k, prev)
         acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -265,13 +257,10 @@ if triton is not None:
 
     @triton.jit
     def _accept_partials_kernel(tok_ptr, dp_ptr, tp_ptr, count_ptr, u_ptr, noise_ptr, parts_ptr, acc_ptr, n, V, R, NB,
-                                BLOCK: tl.constexpr, COUNTED: tl.constexpr, PDL: tl.constexpr):
+                                BLOCK: tl.constexpr, COUNTED: tl.constexpr):
         """Row b, block blk: the accepted prefix (slot i kept while u_i q_i(d_i) < p_i(d_i)), then over this
         block the residual max(p - q, 0) of the next row (q = 0 past the proposal): its sum, and the race
         arg-max of the residual and of p against the same arrival times."""
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(0)
         blk = tl.program_id(1)
         if COUNTED:
@@ -307,18 +296,14 @@ if triton is not None:
         tl.store(parts_ptr + 4 * R * NB + at, (first + tl.argmax(p_score, axis=0)).to(tl.float32))
 
     @triton.jit
-    def _accept_finish_kernel(parts_ptr, token_ptr, R, NB, empty_below, NBP: tl.constexpr, PDL: tl.constexpr):
+    def _accept_finish_kernel(parts_ptr, token_ptr, R, NB, empty_below, NBP: tl.constexpr):
         """The residual's total decides which race counts (p's when float error left it empty); its
         winner is the best score, the lowest index on ties."""
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(0)
         j = tl.arange(0, NBP)
         ok = j < NB
         total = tl.sum(tl.load(parts_ptr + b * NB + j, mask=ok, other=0.0), axis=0)
         which = tl.where(total <= empty_below, 2, 0)  # offset to p's race when the residual is empty
-        best = tl.load(parts_ptr + (1 + which) * R * NB + b * NB + j, mask=ok, other=-float("inf"))
-        idx = tl.load(parts_ptr + (2 + which) * R * NB + b * NB + j, mask=ok, other=3.0e38)
-        winner = tl.min(tl.where(best == tl.max(best, axis=0), idx, 3.0e38), axis=0)
-        tl.store(token_ptr + b, winner.to(tl.int64))
+        winner = _row_winner(parts_ptr + (1 + which) * R * NB + b * NB, parts_ptr + (2 + which) * R * NB + b * NB, NB,
+                             NBP)
+        tl.store(token_ptr + b, winner)
