@@ -23,7 +23,8 @@ from harness.analysis.records import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
                                 reason="the demo models are not built")
-TIMING = {"ttft_ms", "tpot_ms", "e2el_ms", "round_ms", "time_utc", "start_utc", "wave", "peak_memory_bytes"}
+TIMING = {"ttft_ms", "tpot_ms", "e2el_ms", "round_ms", "time_utc", "start_utc", "wave", "peak_memory_bytes",
+          "contention"}
 
 
 def _process(args, cwd, env=None, timeout=600, base_env=None):
@@ -59,7 +60,8 @@ def test_readme_main_command(tmp_path):
     assert "AL: acceptance length" in legend and "= plain: greedy outputs equal" in legend  # the legend, whole
     (run_dir,) = (tmp_path / "results").iterdir()
     assert f"wrote {run_dir.relative_to(tmp_path)}: manifest.json, requests.jsonl, summary.json" in proc.stdout
-    assert "[0/64 requests, 0 s] plain T=0 (warm-up)" in proc.stderr and "[64/64 requests," in proc.stderr
+    assert "[0/64 requests, 0 s] warm-up plain T=0 (untimed)" in proc.stderr and "[64/64 requests," in proc.stderr
+    assert "T=0 coding plain" in proc.stderr  # the timed requests: systems alternate within a temperature
     assert "threads: 1 (auto: target weights 14 MB" in proc.stderr
     assert {p.name for p in run_dir.iterdir()} >= {"manifest.json", "requests.jsonl", "summary.json", "summary.csv",
                                                    "summary.md", "summary.png"}
@@ -106,6 +108,7 @@ def test_resume_from_the_folder_alone_gives_the_uninterrupted_requests(tmp_path,
     monkeypatch.setattr(backends.NativeBackend, "generate", dying)
     code, _, err = run_cli(monkeypatch, capfd, *args, "--out", cut)
     assert code == 130 and f"continue with: dspark-bench run --resume {cut}" in err
+    assert err.count("interrupted") == 1  # said once, with what was kept
     summary = json.loads((cut / "summary.json").read_text())
     assert (summary["complete"], summary["requests_done"], summary["requests_expected"]) == (False, 5, len(whole))
     code, out, _ = run_cli(monkeypatch, capfd, "report", cut)

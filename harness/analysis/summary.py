@@ -11,22 +11,61 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.analysis.metrics import acceptance, acceptance_from_totals, latency_stats, speedup, speedup_macro
+from harness.analysis.metrics import (acceptance, acceptance_from_totals, latency_stats, percentile,
+                                      speedup_with_contention)
 from harness.analysis.records import MANIFEST, read_requests, read_waves
 
 BASELINE = "plain"  # the method of the baseline system
 
 
-def _pairs(records: list[dict], baseline: dict[tuple, dict]) -> tuple[list[float], list[float]]:
-    """TPOTs of the requests whose prompt equals the baseline's at the same concurrency (a later turn's
-    differs once an earlier reply did)."""
+def _timed(r: dict) -> float | None:
+    return r["tpot_ms"]
+
+
+def _pairs(records: list[dict], baseline: dict[tuple, dict], tpot=_timed) -> tuple[list[float], list[float]]:
+    """TPOTs (as `tpot` reads them from a record) of the requests whose prompt equals the baseline's at the
+    same concurrency (a later turn's differs once an earlier reply did)."""
     base, mine = [], []
     for r in records:
         b = baseline.get(_pair_key(r))
         if b is not None and b["tpot_ms"] and r["tpot_ms"] and b.get("prompt_sha256") == r.get("prompt_sha256"):
-            base.append(b["tpot_ms"])
-            mine.append(r["tpot_ms"])
+            base.append(tpot(b))
+            mine.append(tpot(r))
     return base, mine
+
+
+def uncontended_tpot(records: list[dict]):
+    """A record's TPOT as it would have been with the cores to itself: a contended request's scaled by its
+    CPU share (CPU seconds per wall second) over its system's share when uncontended (the median of its
+    uncontended requests, else the most any of its requests had). Uncontended requests, and records
+    without contention figures (older runs), keep their TPOT."""
+    shares: dict[str, list[float]] = defaultdict(list)
+    quiet: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        c = r.get("contention") or {}
+        if c.get("cpu_share"):
+            shares[r["system"]].append(c["cpu_share"])
+            if not c.get("contended"):
+                quiet[r["system"]].append(c["cpu_share"])
+    reference = {s: percentile(quiet[s], 50) if quiet[s] else max(v) for s, v in shares.items()}
+
+    def tpot(r: dict) -> float | None:
+        c = r.get("contention") or {}
+        if not c.get("contended") or not c.get("cpu_share") or not r["tpot_ms"]:
+            return r["tpot_ms"]
+        return r["tpot_ms"] * min(1.0, c["cpu_share"] / reference[r["system"]])
+
+    return tpot
+
+
+def contention_figures(records: list[dict]) -> dict:
+    """How many of the requests were timed on a shared machine, and how shared (from their `contention`)."""
+    seen = [r["contention"] for r in records if r.get("contention")]
+    other = [c["other_cores"] for c in seen if c.get("other_cores") is not None and c.get("contended")]
+    return {"contention_measured": len(seen), "contended_requests": sum(bool(c.get("contended")) for c in seen),
+            "other_cores_mean": sum(other) / len(other) if other else None,
+            "other_cores_max": max(other, default=None),
+            "cpu_share_min": min((c["cpu_share"] for c in seen if c.get("cpu_share") is not None), default=None)}
 
 
 def _pair_key(r: dict) -> tuple:
@@ -74,8 +113,9 @@ def counted_acceptance(records: list[dict], waves: dict[str, dict],
 
 
 def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseline: bool,
-                    waves: dict[str, dict] | None = None) -> dict:
-    """One row's figures, over the group's finished requests (failed ones only counted)."""
+                    waves: dict[str, dict] | None = None, uncontended=_timed) -> dict:
+    """One row's figures, over the group's finished requests (failed ones only counted); `uncontended`
+    reads a record's TPOT as if its machine had been quiet (`uncontended_tpot`), for the interval."""
     group, failed = records, sum(1 for r in records if r.get("failed"))
     records = [r for r in records if not r.get("failed")]
     lengths = [n for r in records for n in r["acceptance_lengths"]]
@@ -102,6 +142,7 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
     loads = [x for r in in_time for x in r.get("load_avg") or []]
     row |= {"load_avg_before": (in_time[0].get("load_avg") or [None])[0],
             "load_avg_after": (in_time[-1].get("load_avg") or [None])[-1], "load_avg_max": max(loads, default=None)}
+    row |= contention_figures(records)
     for kind in ("propose", "verify", "accept", "decode", "host"):
         per_round = [ms for r in records for ms in r["round_ms"].get(kind, [])]
         row[f"mean_{kind}_ms"] = sum(per_round) / len(per_round) if per_round else None
@@ -110,7 +151,8 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
     greedy = [r for r in records if r.get("matches_baseline") is not None]
     row["matches_baseline"] = sum(r["matches_baseline"] is True for r in greedy) if greedy else None
     row["matches_baseline_of"] = len(greedy) if greedy else None
-    s = speedup(*_pairs(records, baseline)) if has_baseline else None
+    s = speedup_with_contention([_pairs(records, baseline)], [_pairs(records, baseline, uncontended)]) \
+        if has_baseline else None
     row |= s or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
     return row
 
@@ -155,6 +197,7 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
     base_system = next((r["system"] for r in records if r["method"] == BASELINE), None)
     has_baseline = base_system is not None
     baseline = {_pair_key(r): r for r in records if r["system"] == base_system and not r.get("failed")}
+    quiet = uncontended_tpot([r for r in records if not r.get("failed")])
     groups: dict[tuple, list[dict]] = defaultdict(list)
     order: list[str] = []
     for r in records:
@@ -170,7 +213,7 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
                 group = groups[(system, temp, conc, cat)]
                 per_cat.append({"system": system, "method": group[0]["method"], "temperature": temp,
                                 "max_concurrency": conc, "category": cat,
-                                **summarize_group(group, baseline, has_baseline, by_wave)})
+                                **summarize_group(group, baseline, has_baseline, by_wave, quiet)})
             everything = [r for c in cats for r in groups[(system, temp, conc, c)]]
             overall = {"system": system, "method": per_cat[0]["method"], "temperature": temp, "max_concurrency": conc,
                        "category": "overall", **summarize_group(everything, baseline, False, by_wave)}
@@ -179,7 +222,8 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
                 vals = [row[key] for row in per_cat if row[key] is not None]
                 if vals or key != "spec_decode_acceptance_length":  # (wave counters: only the pooled figure)
                     overall[key] = sum(vals) / len(vals) if vals else None
-            macro = speedup_macro([_pairs(groups[(system, temp, conc, c)], baseline) for c in cats]) \
+            macro = speedup_with_contention([_pairs(groups[(system, temp, conc, c)], baseline) for c in cats],
+                                            [_pairs(groups[(system, temp, conc, c)], baseline, quiet) for c in cats]) \
                 if has_baseline else None
             overall |= macro or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
             rows += per_cat + [overall]
@@ -195,7 +239,7 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
         row["requests_expected"] = (sum(n for (s, t, k, _), n in plan.items() if (s, t, k) == key) if row["category"]
                                     == "overall" else plan.get(key + (row["category"],))) if plan is not None else None
         if row["speedup_pairs"] < 2:  # one prompt pair has no spread: no interval to show
-            row["speedup_ci95"] = None
+            row["speedup_ci95"] = row["speedup_ci95_timed"] = None
         ci = row["speedup_ci95"]
         row["speedup_ci95_spans_1"] = bool(ci and ci[0] <= 1 <= ci[1]) if row["system"] != base_system else None
     loads = [r["load_avg_max"] for r in rows if r["load_avg_max"] is not None]
@@ -205,6 +249,14 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
                "complete": len(records) >= sum(plan.values()) if plan is not None else None,
                "max_concurrency": sorted({r["max_concurrency"] for r in rows}),
                "cores": cores, "load_avg_max": max(loads, default=None),
+               **{k: v for k, v in contention_figures([r for r in records if not r.get("failed")]).items()
+                  if k in ("contention_measured", "contended_requests", "other_cores_mean", "other_cores_max")},
+               "contention_widened": [f"{r['system']} T={r['temperature']:g}" + (
+                   f" c={r['max_concurrency']}" if r["max_concurrency"] != 1 else "") + ": "
+                   f"{r['speedup_ci95'][0]:.2f}-{r['speedup_ci95'][1]:.2f} (wall times alone: "
+                   f"{r['speedup_ci95_timed'][0]:.2f}-{r['speedup_ci95_timed'][1]:.2f})"
+                   for r in rows if r["category"] == "overall" and r.get("speedup_ci95_timed")
+                   and r["speedup_ci95"]],
                "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
                         "speedups, its interval a bootstrap stratified by category); counts, tokens, time, "
                         "throughputs and percentiles pool every request; pooled_acceptance_length pools every "
@@ -221,7 +273,17 @@ def warnings(summary: dict) -> list[str]:
     if summary.get("requests_failed"):
         out.append(f"{summary['requests_failed']} requests failed (timed out or refused; each recorded with its "
                    "error in requests.jsonl, left out of every figure, not sent again)")
-    if summary.get("cores") and (summary.get("load_avg_max") or 0) > summary["cores"]:
+    if summary.get("contended_requests"):
+        other = summary.get("other_cores_mean")
+        widened = summary.get("contention_widened") or []
+        out.append(f"contention: {summary['contended_requests']} of {summary['contention_measured']} timed requests "
+                   "ran while other processes competed for the cores" +
+                   (f" (they used {other:.1f} of {summary['cores']} cores on average meanwhile)"
+                    if other is not None and summary.get("cores") else "") +
+                   ("; speedup intervals widened to cover those requests' times scaled back to a quiet machine: "
+                    + "; ".join(widened) if widened else "") + "; rerun on a quiet machine for tight figures")
+    elif not summary.get("contention_measured") and summary.get("cores") and \
+            (summary.get("load_avg_max") or 0) > summary["cores"]:  # (a run from before contention was measured)
         out.append(f"noisy timing: the load average reached {summary['load_avg_max']:.1f} on {summary['cores']} "
                    "cores while requests were timed (other work competed for the CPU); compare speedups with care")
     return out
@@ -243,11 +305,16 @@ COLUMNS = [("system", "system"), ("T", "temperature"), ("requests", "requests"),
 
 
 SWEPT = ("c", "max_concurrency")  # a column of a sweep's tables, after T
+BUSY = ("busy", "contended_requests")  # a column of a run that saw contention, after requests
 
 
 def columns(summary: dict) -> list[tuple[str, str]]:
-    """The table's columns: COLUMNS, and the concurrency where the run swept it."""
-    return COLUMNS[:2] + [SWEPT] + COLUMNS[2:] if summary.get("max_concurrency", [1]) != [1] else COLUMNS
+    """The table's columns: COLUMNS, the concurrency where the run swept it, and how many requests were
+    timed on a busy machine where any was."""
+    cols = COLUMNS[:2] + [SWEPT] + COLUMNS[2:] if summary.get("max_concurrency", [1]) != [1] else list(COLUMNS)
+    if summary.get("contended_requests"):
+        cols.insert(cols.index(("requests", "requests")) + 1, BUSY)
+    return cols
 
 
 def cells(row: dict, cols: list[tuple[str, str]] = COLUMNS) -> list[str]:
@@ -263,6 +330,8 @@ def cells(row: dict, cols: list[tuple[str, str]] = COLUMNS) -> list[str]:
             expected = row.get("requests_expected")
             failed = f" ({row['failed']} failed)" if row.get("failed") else ""
             cells.append((f"{v}/{expected}" if expected is not None and v < expected else str(v)) + failed)
+        elif key == "contended_requests":
+            cells.append(f"{v}/{row['contention_measured']}" if row.get("contention_measured") else "-")
         elif key == "matches_baseline":
             cells.append("-" if v is None else f"{v}/{row['matches_baseline_of']}")
         elif key == "temperature":
@@ -274,7 +343,7 @@ def cells(row: dict, cols: list[tuple[str, str]] = COLUMNS) -> list[str]:
     return cells
 
 
-LEGEND = ("T: temperature; c: requests in flight at most (a sweep's level); requests: requests summarised "
+LEGEND = ("T: temperature; requests: requests summarised "
           "(done/expected while the run is unfinished; failed ones counted, left out of the figures); "
           "tokens: output tokens of those requests; time s: the time any of them was in flight (one at a time: "
           "their summed end-to-end latency); TPOT ms: mean time "
@@ -282,7 +351,17 @@ LEGEND = ("T: temperature; c: requests in flight at most (a sweep's level); requ
           "this system's, paired by prompt (* when its 95% interval spans 1: no clear speedup or slowdown); "
           "95% CI: a bootstrap interval of the speedup over prompts; AL: acceptance length, tokens per verify "
           "round; accept: accepted / proposed draft tokens; rounds: verify rounds; = plain: greedy outputs equal "
-          "to plain decoding's, of those compared; speedups are against plain decoding at the same c")
+          "to plain decoding's, of those compared")
+LEGEND_OF = {"max_concurrency": "c: requests in flight at most (a sweep's level; speedups are against plain "
+                                "decoding at the same c)",
+             "contended_requests": "busy: requests timed while other processes competed for the cores (tasks "
+                                   "waited for a core), of those measured (a speedup's interval then also covers "
+                                   "their times scaled back to a quiet machine)"}
+
+
+def legend(summary: dict) -> str:
+    """The legend of `columns(summary)`: LEGEND and the definitions of the columns this run adds."""
+    return "; ".join([LEGEND] + [LEGEND_OF[key] for _, key in columns(summary) if key in LEGEND_OF])
 
 SWEEP_COLUMNS = [("system", "system"), ("T", "temperature"), ("c", "max_concurrency"),
                  ("req/s", "request_throughput"), ("out tok/s", "output_throughput"), ("TTFT ms", "mean_ttft_ms"),
@@ -309,10 +388,18 @@ def sweep_cells(row: dict) -> list[str]:
     return out
 
 
+def contention_line(summary: dict) -> str:
+    """The line a table's title gets when requests were timed on a busy machine."""
+    return (f"CONTENTION: {summary['contended_requests']} of {summary['contention_measured']} requests timed on a busy "
+            "machine (busy column); speedup intervals widened")
+
+
 def markdown(summary: dict, title: str) -> str:
     lines = [f"# {title}", ""]
     if summary.get("complete") is False:
         lines += [f"INCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done", ""]
+    if summary.get("contended_requests"):
+        lines += [contention_line(summary), ""]
     cats = list(dict.fromkeys(r["category"] for r in summary["rows"]))
     for cat in ["overall"] + [c for c in cats if c != "overall"]:
         cols = columns(summary)
@@ -320,7 +407,7 @@ def markdown(summary: dict, title: str) -> str:
         lines += ["| " + " | ".join(cells(r, cols)) + " |" for r in summary["rows"] if r["category"] == cat]
         lines.append("")
     lines += [f"**Warning**: {w}" for w in warnings(summary)] + ([""] if warnings(summary) else [])
-    lines += [LEGEND, ""]
+    lines += [legend(summary), ""]
     if summary.get("max_concurrency", [1]) != [1]:
         cols = SWEEP_COLUMNS
         lines += ["## concurrency sweep (overall)", "", "| " + " | ".join(h for h, _ in cols) + " |",

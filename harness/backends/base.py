@@ -24,6 +24,9 @@ class Capabilities:
     step_timing: bool  # per-round propose / verify / accept times (`round_ms`)
     acceptance: str  # how finely acceptance is known: "round", "request" or "run" (server counters)
     deterministic_greedy: bool  # greedy tokens repeat exactly, so they can be held against plain decoding's
+    # every system stays prepared and warm at once (they share one loaded target), so a run can alternate them
+    # prompt by prompt: drift in the machine's speed then lands on both sides of each pair
+    interleaves: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ def _config(spec: RequestSpec) -> GenerationConfig:
 
 class NativeBackend:
     name = "native"
-    capabilities = Capabilities(max_concurrency=1, step_timing=True, acceptance="round", deterministic_greedy=True)
+    capabilities = Capabilities(max_concurrency=1, step_timing=True, acceptance="round", deterministic_greedy=True,
+                                interleaves=True)
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,

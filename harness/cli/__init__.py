@@ -19,6 +19,7 @@ from harness.cli.render import err
 from harness.cli.report import report as report_command
 from harness.cli.run import run as run_command
 from harness.cli.trace import trace_app
+from harness.runs.progress import Interrupted
 from harness.cli.train_draft import train_draft as train_draft_command
 
 # typer re-exports BadParameter; its base is the usage error, of click or of the copy of click that newer typer ships.
@@ -58,6 +59,8 @@ def main() -> None:
                                                                            exc.format_message(), re.I):
             hint = "; a flag takes no value (write --ignore-eos, not --ignore-eos true)"
         _refuse(f"{exc.format_message()}{hint} (see {command} --help)")
+    except Interrupted:  # the run has said what it kept
+        sys.exit(130)
     except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted", highlight=False)
         sys.exit(130)

@@ -13,6 +13,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
+class Interrupted(BaseException):
+    """A Ctrl-C the run has already answered (what it kept and how to resume): the command line exits 130
+    and adds nothing. Not a KeyboardInterrupt, which typer turns into a bare exit code on its way out."""
+
+
 class RunProgress:
     """`with RunProgress(console, total) as p: p.step("plain T=0", "coding"); ...; p.advance()`.
 

@@ -1,14 +1,19 @@
 """`dspark-bench run`: SPEED-Bench prompts through every system of an experiment, each request
 recorded as it finishes, then the summaries.
 
-Order: systems (plain decoding first, so greedy outputs can be checked against it as they come),
-then concurrency levels, temperatures, prompts and turns. Requests go out in waves
-(`Session.waves`): one request at a time at concurrency 1, every prompt of a turn together above,
-at most the level in flight. Each system gets its caches, graph captures and one short
-request before any timing. At temperature > 0 a request's seed derives from the run seed, the
-question, the turn and the temperature, so every system draws the same target-side randomness and
-a resumed request is the same draw. The runner speaks to its backend only through
-`harness.backends.base.Backend`.
+Order: on a backend whose systems stay warm together (`Capabilities.interleaves`, our engine) the
+systems alternate prompt by prompt: for each temperature, prompt and turn, plain decoding first (so
+greedy outputs are checked against it as they come), then each drafter, before the next prompt; so
+a machine that slows down or speeds up during the run moves both sides of every pair. Elsewhere
+(one vLLM engine or server at a time) systems run one after another, then concurrency levels,
+temperatures, prompts and turns. Requests go out in waves (`Session.waves`): one request at a time
+at concurrency 1, every prompt of a turn together above, at most the level in flight. Every system
+gets its caches, graph captures and one short request before any timing (all of them first, when
+they alternate or are profiled). Around every request the runner measures how much the machine was
+shared (`harness.runs.contention`) and records it with the request. At temperature > 0 a request's
+seed derives from the run seed, the question, the turn and the temperature, so every system draws
+the same target-side randomness and a resumed request is the same draw. The runner speaks to its
+backend only through `harness.backends.base.Backend`.
 """
 
 from __future__ import annotations
@@ -34,10 +39,10 @@ from harness.analysis.summary import expected_requests, markdown, summarize_fold
 from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
-from harness.runs import threads
+from harness.runs import contention, threads
 from harness.runs.folder import RunFolder
 from harness.runs.plan import RunOptions, default_out, recorded_options, request_seed, resolve_settings
-from harness.runs.progress import RunProgress
+from harness.runs.progress import Interrupted, RunProgress
 from harness.runs.provenance import provenance
 from harness.specs import datasets
 from harness.specs.experiments import load_experiment
@@ -49,24 +54,29 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
     session = Session.open(opts, console)
     waves = session.waves()
     try:
-        if opts.profiled:  # everything untimed happens before the capture window opens
-            for wave in waves:
-                session.warm(wave.system, wave.temperature)
-        with RunProgress(console, sum(len(w.rows) for w in waves)) as progress, \
-                session.backend.capture(opts.profiled, session.folder.path):
-            for wave in waves:
-                label = f"{wave.system} T={wave.temperature:g}" + (f" c={wave.concurrency}" if session.sweep else "")
-                if (wave.system, wave.temperature) not in session.warmed:
-                    progress.step(label, "(warm-up)")
-                    session.warm(wave.system, wave.temperature)
-                progress.step(label, wave.rows[0].category if len(wave.rows) == 1 else f"{len(wave.rows)} requests")
-                session.serve(wave, progress.advance)
+        with RunProgress(console, sum(len(w.rows) for w in waves)) as progress:
+            if session.keeps_all_warm:  # every warm-up before the first timed request (and the capture window)
+                for system, temp in dict.fromkeys((w.system, w.temperature) for w in waves):
+                    progress.step(f"warm-up {system} T={temp:g}", "(untimed)")
+                    session.warm(system, temp)
+            with session.backend.capture(opts.profiled, session.folder.path):
+                for wave in waves:
+                    level = f" c={wave.concurrency}" if session.sweep else ""
+                    if (wave.system, wave.temperature) not in session.warmed:
+                        progress.step(f"warm-up {wave.system} T={wave.temperature:g}{level}", "(untimed)")
+                        session.warm(wave.system, wave.temperature)
+                    what = wave.rows[0].category if len(wave.rows) == 1 else f"{len(wave.rows)} requests"
+                    if session.interleaved:  # the label changes per temperature, the system per request
+                        progress.step(f"T={wave.temperature:g}", f"{what} {wave.system}")
+                    else:
+                        progress.step(f"{wave.system} T={wave.temperature:g}{level}", what)
+                    session.serve(wave, progress.advance)
     except KeyboardInterrupt:
         write_summaries(session.folder)  # of the finished requests, marked incomplete
         console.print(f"interrupted: {len(read_requests(session.folder.path))} finished requests and their summaries "
                       f"are in {session.folder.path}; continue with: dspark-bench run --resume {session.folder.path}",
                       highlight=False, soft_wrap=True)
-        raise
+        raise Interrupted from None
     finally:  # engines and servers stop with the run, whichever way it ends
         for prepared in session.prepared.values():
             session.backend.release(prepared)
@@ -121,8 +131,13 @@ class Session:
             raise DSparkError(f"{exp.target}: the tokenizer has no chat template; SPEED-Bench prompts need one")
         turns_of = {r.question_id: (list(r.turns) if settings["turns"] == "all" else [r.turns[0]]) for r in rows}
         levels = settings.get("max_concurrency", [1])
-        jobs = [(name, conc, temp, row, turn) for name in settings["systems"] for conc in levels
-                for temp in settings["temperatures"] for row in rows for turn in range(len(turns_of[row.question_id]))]
+        if backend.capabilities.interleaves:  # the systems alternate on each prompt, plain decoding first
+            jobs = [(name, conc, temp, row, turn) for conc in levels for temp in settings["temperatures"]
+                    for row in rows for turn in range(len(turns_of[row.question_id])) for name in settings["systems"]]
+        else:
+            jobs = [(name, conc, temp, row, turn) for name in settings["systems"] for conc in levels
+                    for temp in settings["temperatures"] for row in rows
+                    for turn in range(len(turns_of[row.question_id]))]
         prepared = {name: backend.prepare(exp.system(name)) for name in settings["systems"]}
         models = backend.models()
         for p in prepared.values():
@@ -171,6 +186,15 @@ class Session:
         return next((n for n in self.settings["systems"] if self.prepared[n].method == "plain"), None)  # sorted first
 
     @property
+    def interleaved(self) -> bool:
+        return self.backend.capabilities.interleaves
+
+    @property
+    def keeps_all_warm(self) -> bool:
+        """Every system warm at once: when they alternate, or in a profile (nothing untimed inside its window)."""
+        return self.interleaved or bool(self.opts.profiled)
+
+    @property
     def sweep(self) -> bool:
         return "max_concurrency" in self.settings
 
@@ -203,11 +227,12 @@ class Session:
 
     def warm(self, name: str, temp: float) -> None:
         """Caches sized for the run's longest request, graphs captured, one short request: all untimed.
-        Outside a profile, the other systems' caches and graphs are released first (one on the device at
-        a time); a profile warms every system before its capture window and releases none."""
+        Where systems run one after another, the other systems' caches and graphs are released first (one
+        on the device at a time); where they alternate, or in a profile, every system is warmed before
+        the first timed request and none is released."""
         if (name, temp) in self.warmed:
             return
-        if not self.opts.profiled:
+        if not self.keeps_all_warm:
             for other, q in self.prepared.items():
                 if other != name:
                     self.backend.release(q)
@@ -245,6 +270,7 @@ class Session:
             return
         wave_id = uuid.uuid4().hex[:12]
         load_before = os.getloadavg()[0]
+        sent_at = contention.sample()  # (above concurrency 1 each request's figures span the wave up to its end)
         counted = "server counters (request)" if len(sent) == 1 else "server counters (wave)"
 
         def on_result(i: int, result: RequestResult) -> None:
@@ -264,7 +290,8 @@ class Session:
                     record["matches_baseline"] = first_difference(result.tokens, base["output_ids"])
             record |= {"max_concurrency": wave.concurrency, "wave": wave_id, "start_utc": result.start_utc,
                        "peak_memory_bytes": self.backend.peak_memory(),
-                       "load_avg": [load_before, os.getloadavg()[0]]}
+                       "load_avg": [load_before, os.getloadavg()[0]],
+                       "contention": contention.between(sent_at, contention.sample())}
             self._write(record)
             advance()
 
