@@ -1,10 +1,17 @@
 """Run folders, profile folders and trace summaries as pandas frames, for notebooks and reports. Needs
-neither torch nor rich.
+neither torch nor rich. Every frame has its columns even when a run has no row for it (a run of
+plain decoding only, an interrupted or failed one, a vLLM run that reports only totals), so a reader
+never meets a missing column.
 
-- `load_runs(paths)`: `requests` (one row per request, failed ones flagged), `rounds` (one row per
-  verify round: drafts proposed and accepted), `summary` (the summary rows), and `meta` (what
-  produced each run: backend, device, target, split, date, git revision);
-- `positions(rounds)`: per system, the joint and conditional acceptance of each draft position;
+- `load_runs(paths)`: `requests` (one row per request, failed ones flagged; drafted rounds and accepted
+  drafts from the rounds or from the backend's totals), `rounds` (one row per verify round: drafts
+  proposed and accepted), `counts` (per request, or per served wave where only the server counted,
+  and draft position: rounds that proposed, reached and accepted it), `summary` (the summary rows),
+  `meta` (what produced each run: backend, device, target, split, categories, date, git revision) and
+  `warnings` (each run's summary warnings: incomplete, failed requests, contention);
+- `positions(counts)`: per system, the joint and conditional acceptance of each draft position, with
+  Wilson 95 % intervals from the counts;
+- `bootstrap` / `acceptance_intervals`: 95 % intervals over requests;
 - `load_profiles(paths, summarize=...)`: a profile folder (`<system>.summary.json`, or the
   `<system>.sqlite` / `<system>/trace.torch.json` it summarises), or one trace or summary file:
   kernel categories, NVTX step ranges, launches, and the diagnoses.
@@ -13,17 +20,35 @@ neither torch nor rich.
 from __future__ import annotations
 
 import json
+import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from dspark.errors import DSparkError
-from harness.analysis.metrics import acceptance
-from harness.analysis.records import MANIFEST, REQUESTS, read_requests
+from harness.analysis.metrics import percentile
+from harness.analysis.records import MANIFEST, REQUESTS, read_requests, read_waves
 from harness.analysis.summary import summarize_folder
 
+BASELINE = "plain"  # the method of the baseline system
 RUN_COLUMNS = ("system", "method", "temperature", "category", "question_id", "turn")
+KEY = ("run", *RUN_COLUMNS, "max_concurrency", "failed")
+REQUEST_COLUMNS = (*KEY, "prompt_tokens", "output_tokens", "ttft_ms", "tpot_ms", "e2el_ms", "num_rounds",
+                   "matches_baseline", "spec_rounds", "spec_accepted", "acceptance_length", "acceptance_from",
+                   "target_confidence")
+ROUND_COLUMNS = (*KEY, "round", "proposed", "accepted")
+COUNT_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", "position", "proposed", "reached",
+                 "accepted")
+META_COLUMNS = ("run", "path", "backend", "device", "cpu", "cores", "target", "split", "categories", "systems",
+                "date", "git", "dirty", "requests_done", "requests_expected", "complete")
+SUMMARY_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", "category", "requests",
+                   "completed", "failed", "mean_tpot_ms", "speedup", "speedup_ci95", "speedup_pairs",
+                   "spec_decode_acceptance_length", "spec_decode_acceptance_rate", "num_rounds",
+                   "output_throughput", "throughput_speedup", "matches_baseline", "matches_baseline_of",
+                   "requests_expected")
+Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 
 @dataclass
@@ -32,6 +57,8 @@ class Runs:
     rounds: pd.DataFrame
     summary: pd.DataFrame
     meta: pd.DataFrame  # one row per run
+    counts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COUNT_COLUMNS))
+    warnings: dict[str, list[str]] = field(default_factory=dict)  # run -> its summary's warnings
 
     def caption(self) -> str:
         """What produced these runs, for a figure's title: backend, device, target, date."""
@@ -43,52 +70,163 @@ def is_run(path: Path) -> bool:
     return (Path(path) / MANIFEST).is_file() or (Path(path) / REQUESTS).is_file()
 
 
+def _labels(paths: list[Path]) -> list[str]:
+    """Each run's name in tables and legends: its folder's name, with its parent's where two share it."""
+    names = [p.name for p in paths]
+    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
+
+
+def _meta(label: str, path: Path, manifest: dict, summary: dict) -> dict:
+    settings = manifest.get("settings") or {}
+    prov = manifest.get("provenance") or {}
+    git = prov.get("git") or {}
+    return {"run": label, "path": str(path), "backend": settings.get("backend", "native"),
+            "device": prov.get("gpu") or prov.get("device") or settings.get("device") or "?",
+            "cpu": prov.get("cpu"), "cores": prov.get("cores"), "target": settings.get("target") or "?",
+            "split": settings.get("split"), "categories": ", ".join(settings.get("categories") or []) or "all",
+            "systems": ", ".join(settings.get("systems") or []), "date": (prov.get("time_utc") or "")[:10] or "?",
+            "git": git.get("commit"), "dirty": git.get("dirty"), "requests_done": summary.get("requests_done"),
+            "requests_expected": summary.get("requests_expected"), "complete": summary.get("complete")}
+
+
+def _position_counts(proposed: list[int], accepted: list[int]) -> list[tuple[int, int, int, int]]:
+    """(position k, rounds proposing k, rounds that could accept k: accepted k - 1 and proposed k, rounds
+    accepting k) from one request's rounds."""
+    out = []
+    for k in range(1, max(proposed, default=0) + 1):
+        out.append((k, sum(d >= k for d in proposed), sum(a >= k - 1 and d >= k for a, d in zip(accepted, proposed)),
+                    sum(a >= k for a in accepted)))
+    return out
+
+
+def _total_counts(totals: dict) -> list[tuple[int, int, int, int]]:
+    """The same from a backend's totals (vLLM's per request, or a server's counters over a wave): as vLLM
+    counts them, every speculative step proposes every position."""
+    steps, per_pos = totals.get("num_spec_steps") or 0, totals.get("accepted_per_pos") or []
+    return [(k, steps, steps if k == 1 else per_pos[k - 2], per_pos[k - 1]) for k in range(1, len(per_pos) + 1)
+            if steps]
+
+
 def load_runs(paths: list[Path | str], progress=None) -> Runs:
     """Every given run folder (a folder that is not one is refused in one line). `progress(name)` is
     called as each run is read."""
-    requests, rounds, summaries, meta = [], [], [], []
-    for path in map(Path, paths):
+    paths = [Path(p) for p in paths]
+    for path in paths:
         if not is_run(path):
             raise DSparkError(f"{path}: not a run folder (no manifest.json or requests.jsonl); give a folder "
                               "written by dspark-bench run")
+    requests, rounds, counts, summaries, meta, notes = [], [], [], [], [], {}
+    for path, label in zip(paths, _labels(paths)):
         if progress is not None:
             progress(path.name)
         manifest = json.loads((path / MANIFEST).read_text()) if (path / MANIFEST).is_file() else {}
-        settings = manifest.get("settings") or {}
-        prov = manifest.get("provenance") or {}
-        label = path.name
-        meta.append({"run": label, "path": str(path), "backend": settings.get("backend", "native"),
-                     "device": prov.get("gpu") or prov.get("device") or settings.get("device", "?"),
-                     "target": settings.get("target", "?"), "split": settings.get("split"),
-                     "date": (prov.get("time_utc") or "")[:10] or "?", "git": (prov.get("git") or {}).get("commit")})
+        summary = summarize_folder(path)
+        meta.append(_meta(label, path, manifest, summary))
+        notes[label] = list(summary.get("warnings") or [])
+        counted_waves = set()
         for r in read_requests(path):
             base = {"run": label, **{k: r.get(k) for k in RUN_COLUMNS},
+                    "temperature": float(r.get("temperature") or 0.0),
                     "max_concurrency": r.get("max_concurrency", 1), "failed": bool(r.get("failed"))}
             lengths = r.get("acceptance_lengths") or []
-            requests.append(base | {k: r.get(k) for k in ("prompt_tokens", "output_tokens", "ttft_ms", "tpot_ms",
-                                                          "e2el_ms", "num_rounds", "matches_baseline")}
-                            | {"acceptance_length": sum(lengths) / len(lengths) if lengths else None,
-                               "target_confidence": r.get("target_confidence")})
+            proposed = r.get("proposal_lengths") or []
             accepted = r.get("accepted_counts") or [a - 1 for a in lengths]
-            for i, (d, a) in enumerate(zip(r.get("proposal_lengths") or [], accepted)):
+            totals = r.get("acceptance_totals") or {}
+            where = {k: base[k] for k in ("run", "system", "method", "temperature", "max_concurrency")}
+            if lengths:
+                spec = (len(lengths), sum(accepted), "rounds")
+                counts += [where | dict(zip(("position", "proposed", "reached", "accepted"), c))
+                           for c in _position_counts(proposed, accepted)]
+            elif totals.get("num_spec_steps"):
+                spec = (totals["num_spec_steps"], totals.get("num_accepted_draft_tokens") or 0, "totals")
+                counts += [where | dict(zip(("position", "proposed", "reached", "accepted"), c))
+                           for c in _total_counts(totals)]
+            else:
+                spec = (None, None, None)
+                if r.get("wave") and str(r.get("acceptance_source") or "").startswith("server counters"):
+                    counted_waves.add(r["wave"])
+            requests.append(base | {k: r.get(k) for k in REQUEST_COLUMNS if k not in base and k in r}
+                            | {"spec_rounds": spec[0], "spec_accepted": spec[1], "acceptance_from": spec[2],
+                               "acceptance_length": 1 + spec[1] / spec[0] if spec[0] else None})
+            for i, (d, a) in enumerate(zip(proposed, accepted)):
                 rounds.append(base | {"round": i, "proposed": d, "accepted": a})
-        summary = summarize_folder(path)
+        methods = {m["system"]: m["method"] for m in requests if m["run"] == label}
+        for w in read_waves(path):  # a server's counters: per wave, not per request
+            if w.get("wave") in counted_waves and w.get("spec_counters"):
+                where = {"run": label, "system": w.get("system"), "method": methods.get(w.get("system")),
+                         "temperature": float(w.get("temperature") or 0.0), "max_concurrency": w.get("max_concurrency", 1)}
+                counts += [where | dict(zip(("position", "proposed", "reached", "accepted"), c))
+                           for c in _total_counts(w["spec_counters"])]
         summaries += [{"run": label, **row} for row in summary["rows"]]
-    return Runs(pd.DataFrame(requests), pd.DataFrame(rounds, columns=["run", *RUN_COLUMNS, "max_concurrency",
-                                                                      "failed", "round", "proposed", "accepted"]),
-                pd.DataFrame(summaries), pd.DataFrame(meta))
+    return Runs(_frame(requests, REQUEST_COLUMNS), _frame(rounds, ROUND_COLUMNS), _frame(summaries, SUMMARY_COLUMNS),
+                _frame(meta, META_COLUMNS), _frame(counts, COUNT_COLUMNS), notes)
 
 
-def positions(rounds: pd.DataFrame, by: tuple[str, ...] = ("run", "system", "temperature")) -> pd.DataFrame:
+def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
+    """The rows as a frame with at least `columns` (in that order, then any others the rows have)."""
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in columns))
+    return pd.DataFrame(rows, columns=[*columns, *extra])
+
+
+def wilson(successes: float, trials: float, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion: honest with few trials or a share near 0 or 1, where
+    the normal approximation claims a spread of 0."""
+    if not trials:
+        return math.nan, math.nan
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def positions(counts: pd.DataFrame, by: tuple[str, ...] = ("run", "system", "temperature")) -> pd.DataFrame:
     """Per group and draft position k: the joint acceptance (rounds accepting k / rounds proposing k)
-    and the conditional one (given k - 1 accepted), as `metrics.acceptance` defines them."""
+    and the conditional one (given k - 1 accepted), as `metrics.acceptance` defines them, each with its
+    Wilson 95 % interval and the rounds behind it."""
+    cols = [*by, "position", "proposed", "reached", "accepted", "joint", "joint_lo", "joint_hi", "conditional",
+            "conditional_lo", "conditional_hi"]
+    if counts.empty:
+        return pd.DataFrame(columns=cols)
+    summed = counts.groupby([*by, "position"], sort=False)[["proposed", "reached", "accepted"]].sum().reset_index()
     rows = []
-    for key, group in rounds.groupby(list(by), sort=False):
-        got = acceptance([a + 1 for a in group["accepted"]], list(group["proposed"]), list(group["accepted"]))
-        for k, (joint, cond) in enumerate(zip(got["spec_decode_per_position_acceptance_rates"],
-                                              got["spec_decode_conditional_acceptance_rates"]), start=1):
-            rows.append(dict(zip(by, key)) | {"position": k, "joint": joint, "conditional": cond})
-    return pd.DataFrame(rows)
+    for r in summed.to_dict("records"):
+        joint, cond = wilson(r["accepted"], r["proposed"]), wilson(r["accepted"], r["reached"])
+        rows.append(r | {"joint": r["accepted"] / r["proposed"] if r["proposed"] else math.nan,
+                         "joint_lo": joint[0], "joint_hi": joint[1],
+                         "conditional": r["accepted"] / r["reached"] if r["reached"] else math.nan,
+                         "conditional_lo": cond[0], "conditional_hi": cond[1]})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def bootstrap(strata: list[list], stat, resamples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
+    """A 95 % percentile-bootstrap interval of `stat(strata)`, resampling items within each stratum
+    (a category's requests); None with fewer than two items in all."""
+    strata = [s for s in strata if s]
+    if sum(map(len, strata)) < 2:
+        return None
+    rng = random.Random(seed)
+    boot = sorted(stat([[s[rng.randrange(len(s))] for _ in s] for s in strata]) for _ in range(resamples))
+    return percentile(boot, 2.5), percentile(boot, 97.5)
+
+
+def _macro_length(strata: list[list[tuple[float, float]]]) -> float:
+    """The acceptance length as the summary's overall row has it: pooled within a category (1 + accepted
+    / rounds), averaged over categories."""
+    return sum(1 + sum(a for _, a in s) / sum(n for n, _ in s) for s in strata) / len(strata)
+
+
+def acceptance_intervals(requests: pd.DataFrame,
+                         by: tuple[str, ...] = ("run", "system", "temperature", "max_concurrency")) -> pd.DataFrame:
+    """Per group, the acceptance length (macro over categories, as the summary's) and its 95 % bootstrap
+    interval over requests, stratified by category; groups whose requests carry no counts are left out."""
+    cols = [*by, "acceptance_length", "acceptance_ci95", "requests"]
+    done = requests[~requests["failed"].astype(bool) & (requests["spec_rounds"].fillna(0) > 0)]
+    rows = []
+    for key, g in done.groupby(list(by), sort=False):
+        strata = [list(zip(c["spec_rounds"], c["spec_accepted"])) for _, c in g.groupby("category", sort=True)]
+        rows.append(dict(zip(by, key)) | {"acceptance_length": _macro_length(strata),
+                                          "acceptance_ci95": bootstrap(strata, _macro_length), "requests": len(g)})
+    return pd.DataFrame(rows, columns=cols)
 
 
 @dataclass

@@ -11,6 +11,7 @@ newest under `results/`), `DSPARK_PROFILES` (profile folders or trace files), `D
 from __future__ import annotations
 
 import contextlib
+import html
 import os
 import tempfile
 from importlib import resources
@@ -60,40 +61,147 @@ def inputs(runs: list[Path], profiles: list[Path] = (), engine_bench: Path | Non
     return env
 
 
+def _run(nb, env: dict[str, str], timeout_s: int, allow_errors: bool = False, on_cell_start=None):
+    """Execute `nb` in a fresh kernel with `env` as its inputs. The kernel's own output streams (its
+    start-up and shut-down chatter: IPKernelApp warnings) go to a file, shown only if the kernel dies."""
+    try:
+        from jupyter_client import KernelManager
+        from nbclient import NotebookClient
+        from nbclient.exceptions import DeadKernelError
+    except ImportError:
+        raise DSparkError(INSTALL) from None
+    with _inputs(env), tempfile.TemporaryDirectory(prefix="dspark-kernel-") as sockets:  # (the kernel gets env)
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))  # no network
+        client = NotebookClient(nb, km=km, timeout=timeout_s, allow_errors=allow_errors,
+                                resources={"metadata": {"path": str(Path.cwd())}}, on_cell_start=on_cell_start)
+        log = Path(sockets) / "kernel.log"
+        with log.open("w") as chatter:
+            try:
+                client.execute(stdout=chatter, stderr=chatter)
+            except DeadKernelError:
+                chatter.flush()
+                tail = " ".join(log.read_text().split()[-40:])
+                raise DSparkError(f"the notebook kernel died ({tail or 'no message'}); reinstall the report "
+                                  "extra: pip install 'dspark-bench[report]'") from None
+    return nb
+
+
 def execute(name: str, env: dict[str, str], timeout_s: int = 600):
     """The notebook `name`, executed top to bottom with `env` as its inputs (a failing cell raises)."""
     try:
         import nbformat
-        from jupyter_client import KernelManager
-        from nbclient import NotebookClient
     except ImportError:
         raise DSparkError(INSTALL) from None
-    nb = nbformat.read(notebook_dir() / f"{name}.ipynb", as_version=4)
-    with _inputs(env), tempfile.TemporaryDirectory(prefix="dspark-kernel-") as sockets:  # (the kernel gets env)
-        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))  # no network
-        NotebookClient(nb, km=km, timeout=timeout_s, resources={"metadata": {"path": str(Path.cwd())}}).execute()
-    return nb
+    return _run(nbformat.read(notebook_dir() / f"{name}.ipynb", as_version=4), env, timeout_s)
 
 
-def report_html(env: dict[str, str], out: Path, progress=None) -> list[str]:
-    """Every notebook whose inputs are given, executed, written as one HTML file with its figures
-    embedded; returns the notebooks it holds."""
+NOTEBOOK_ONLY = "notebook-only"  # a cell's tag: the report leaves it out (markdown) or shows nothing of it (code)
+
+# the report's page: JupyterLab's template, with no script fetched from the network (require.js, MathJax),
+# alt text on every figure, and a readable width, tables and headline
+TEMPLATE = r"""{%- extends 'index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{% block data_png scoped %}
+<div class="jp-RenderedImage jp-OutputArea-output {{ extra_class }}">
+<img src="data:image/png;base64,{{ output.data['image/png'] | escape_html }}"
+ alt="{{ (output | get_metadata('alt', 'image/png')) or 'figure' | escape_html }}">
+</div>
+{%- endblock data_png %}
+{% block extra_css %}
+<style type="text/css">
+body.jp-Notebook { max-width: 1180px; margin: 0 auto; padding: 1.5em 2em 4em; }
+.jp-RenderedHTMLCommon h1 { font-size: 1.7em; margin: 1.6em 0 0.4em; padding-bottom: 0.2em; border-bottom: 1px solid #ddd; }
+.jp-RenderedHTMLCommon h2 { font-size: 1.25em; margin: 1.3em 0 0.3em; }
+.jp-RenderedImage img { max-width: 100%; height: auto; }
+.jp-RenderedHTMLCommon table.dspark { border-collapse: collapse; margin: 0.6em 0 1em; font-size: 13px;
+  font-variant-numeric: tabular-nums; border: none; }
+.jp-RenderedHTMLCommon table.dspark th, .jp-RenderedHTMLCommon table.dspark td { padding: 3px 12px;
+  border: none; border-bottom: 1px solid #e3e3e3; text-align: left; white-space: nowrap; }
+.jp-RenderedHTMLCommon table.dspark th { border-bottom: 2px solid #bbb; font-weight: 600; }
+.jp-RenderedHTMLCommon table.dspark th.num, .jp-RenderedHTMLCommon table.dspark td.num { text-align: right; }
+.jp-RenderedHTMLCommon table.dspark tbody tr:nth-child(odd) { background: none; }
+.jp-RenderedHTMLCommon table.dspark tbody tr:nth-child(even) { background: #f6f7f9; }
+.jp-RenderedHTMLCommon table.dspark tbody tr:hover { background: #eaf1fb; }
+p.dspark-note { color: #555; font-style: italic; margin: 0.3em 0 0.8em; }
+p.dspark-failed { color: #a33; }
+header.dspark-headline h1 { font-size: 2em; margin-top: 0.2em; border: none; }
+p.dspark-where { margin: 0.15em 0; color: #333; }
+p.dspark-verdict { font-size: 1.1em; line-height: 1.5; background: #eef5ff; border-left: 4px solid #3b7dd8;
+  padding: 0.6em 0.9em; margin: 0.8em 0; }
+ul.dspark-warnings { background: #fff6e0; border-left: 4px solid #e0a100; padding: 0.5em 0.9em 0.5em 2em;
+  margin: 0.8em 0; }
+p.dspark-legend { color: #666; font-size: 0.9em; }
+</style>
+{% endblock extra_css %}
+"""
+
+
+def _failure(output) -> dict:
+    """An error output as the one line a report shows in its place."""
+    from nbformat.v4 import new_output
+
+    text = f"this section could not be drawn: {output.get('ename')}: {output.get('evalue')}"
+    return new_output("display_data", data={"text/plain": text, "text/html": (
+        f'<p class="dspark-note dspark-failed">{html.escape(text)}</p>')})
+
+
+def report_html(env: dict[str, str], out: Path, progress=None) -> tuple[list[str], list[str]]:
+    """Every notebook whose inputs are given, run in one kernel, written as one HTML file with its
+    figures embedded, under a headline (`present.Headline`) of the runs: no code, no prompts, no cell
+    the report leaves out (`notebook-only`), no warnings on stderr, and a cell that failed as one line.
+    Returns the notebooks it holds and the failures."""
     try:
+        import nbformat
         from nbconvert import HTMLExporter
+        from nbformat.v4 import new_code_cell, new_notebook, new_output
     except ImportError:
         raise DSparkError(INSTALL) from None
+    from harness.analysis.frames import load_runs
+    from harness.analysis.present import TITLE, Headline
+
     names = [n for n, needs in NOTEBOOKS.items() if needs is None or needs in env]
-    merged = None
+    merged = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     for name in names:
-        if progress is not None:
-            progress(name)
-        nb = execute(name, env)
-        if merged is None:
-            merged = nb
-        else:
-            merged.cells += nb.cells
-    body, _ = HTMLExporter(exclude_input=True, embed_images=True).from_notebook_node(merged)
+        for cell in nbformat.read(notebook_dir() / f"{name}.ipynb", as_version=4).cells:
+            cell.metadata["dspark_notebook"] = name
+            merged.cells.append(cell)
+
+    firsts = {}
+    for i, cell in enumerate(merged.cells):
+        firsts.setdefault(cell.metadata["dspark_notebook"], i)
+
+    def started(cell, cell_index):
+        if progress is not None and firsts.get(cell.metadata.get("dspark_notebook")) == cell_index:
+            progress(cell.metadata["dspark_notebook"])
+
+    _run(merged, env, 600, allow_errors=True, on_cell_start=started)
+    failures, cells = [], []
+    for cell in merged.cells:
+        if NOTEBOOK_ONLY in cell.metadata.get("tags", []):
+            if cell.cell_type == "code" and any(o.get("output_type") == "error" for o in cell.outputs):
+                cell.outputs = [_failure(o) for o in cell.outputs if o.get("output_type") == "error"]
+            elif cell.cell_type == "code":
+                cell.outputs = []
+            else:
+                continue
+        if cell.cell_type == "code":
+            failures += [f"{cell.metadata['dspark_notebook']}: {o.get('ename')}: {o.get('evalue')}"
+                         for o in cell.outputs if o.get("output_type") == "error"]
+            cell.outputs = [_failure(o) if o.get("output_type") == "error" else o for o in cell.outputs
+                            if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+        cells.append(cell)
+    runs = load_runs([Path(p) for p in env["DSPARK_RUNS"].split(os.pathsep) if p])
+    headline = Headline(runs)
+    cover = new_code_cell("", outputs=[new_output("display_data", data={"text/html": headline._repr_html_(),
+                                                                        "text/plain": repr(headline)})])
+    merged.cells = [cover, *cells]
+    merged.metadata["title"] = f"{TITLE}: {', '.join(runs.meta['run'])}"
+    exporter = HTMLExporter(template_name="lab", raw_template=TEMPLATE, exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True, embed_images=True)
+    body, _ = exporter.from_notebook_node(merged)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(body, encoding="utf-8")
-    return names
+    return names, failures

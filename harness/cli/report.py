@@ -70,5 +70,7 @@ def _html(run_dirs: list[Path], profiles: list[Path], engine_bench: Path | None,
 
     env = inputs(run_dirs, profiles, engine_bench, tuple(run_dirs) if len(run_dirs) == 2 else None)
     with err.status("executing the report notebooks") as status:
-        names = report_html(env, html, progress=lambda name: status.update(f"executing {name}.ipynb"))
+        names, failures = report_html(env, html, progress=lambda name: status.update(f"executing {name}.ipynb"))
     err.print(f"wrote {html}: the {', '.join(names)} notebooks, figures embedded", highlight=False, soft_wrap=True)
+    for failure in failures:  # (each is one line in the report too, where its section is)
+        err.print(f"a section could not be drawn: {failure}", highlight=False, soft_wrap=True)

@@ -1,0 +1,287 @@
+"""How the report puts its numbers before a reader: the headline (what ran where, each system's
+speedup and acceptance length with 95 % intervals, the verdict in one sentence, the runs' warnings),
+tables rounded to the digits that mean something with no index column and "-" for a missing value,
+and one-line notes for a section that has nothing to draw. Each is an object a notebook displays
+(HTML) that prints as plain text too. Needs neither torch, rich nor matplotlib."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from harness.analysis.frames import BASELINE, Runs, acceptance_intervals
+
+TITLE = "DSpark benchmark report"
+
+
+def missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT
+
+
+def fmt(v, digits: int = 2) -> str:
+    """One cell: "-" for a missing value, floats to `digits`, an interval (a pair) as "lo-hi"."""
+    if isinstance(v, (list, tuple)):
+        return "-" if len(v) != 2 or any(missing(x) for x in v) else f"{fmt(v[0], digits)}-{fmt(v[1], digits)}"
+    if missing(v):
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int) or (isinstance(v, float) and digits == 0):
+        return f"{v:.0f}"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def percent(v) -> str:
+    return "-" if missing(v) else f"{100 * v:.0f} %"
+
+
+def temperature(v) -> str:
+    return "-" if missing(v) else f"{v:g}"
+
+
+@dataclass
+class Note:
+    """A section's one line: why it has nothing to draw, or what it found."""
+    text: str
+
+    def _repr_html_(self) -> str:
+        return f'<p class="dspark-note">{html.escape(self.text)}</p>'
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+# a table column: (key in the frame, header, digits or a function of the value)
+Column = tuple[str, str, int | Callable]
+
+
+@dataclass
+class Table:
+    """A frame shown as a clean table: the given columns that the frame has, formatted, no index, and
+    the columns with no value in any row left out."""
+    frame: pd.DataFrame
+    columns: Sequence[Column]
+    caption: str | None = None
+
+    def cells(self) -> tuple[list[str], list[list[str]], list[bool]]:
+        """Headers, rows of formatted cells, and which columns hold numbers (right-aligned)."""
+        cols = [c for c in self.columns if c[0] in self.frame.columns]
+        body = [[c[2](v) if callable(c[2]) else fmt(v, c[2]) for c, v in zip(cols, row)]
+                for row in self.frame[[c[0] for c in cols]].itertuples(index=False)] if cols else []
+        keep = [i for i in range(len(cols)) if any(r[i] != "-" for r in body)]
+        numeric = [all(_numberlike(r[i]) for r in body) for i in keep]
+        return [cols[i][1] for i in keep], [[r[i] for i in keep] for r in body], numeric
+
+    def _repr_html_(self) -> str:
+        headers, body, numeric = self.cells()
+        if not body:
+            return Note(self.caption or "no rows")._repr_html_()
+        align = [' class="num"' if n else "" for n in numeric]
+        head = "".join(f"<th{a}>{html.escape(h)}</th>" for h, a in zip(headers, align))
+        rows = "".join("<tr>" + "".join(f"<td{a}>{html.escape(c)}</td>" for c, a in zip(r, align)) + "</tr>"
+                       for r in body)
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return f'<table class="dspark">{caption}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+    def __repr__(self) -> str:
+        headers, body, _ = self.cells()
+        if not body:
+            return self.caption or "no rows"
+        widths = [max(len(x) for x in col) for col in zip(headers, *body)]
+        lines = ["  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [headers, *body]]
+        return "\n".join(([self.caption] if self.caption else []) + lines)
+
+
+def _numberlike(cell: str) -> bool:
+    """A cell of a right-aligned column: a number, an interval, a count "3 of 4", or none."""
+    return cell in ("-", "baseline") or cell[:1].isdigit()
+
+
+def requests_cell(row) -> str:
+    """Requests summarised: done (of the plan's, while unfinished), and how many failed."""
+    done, expected, failed = row.get("requests"), row.get("requests_expected"), row.get("failed")
+    if missing(done):
+        return "-"
+    text = f"{done:.0f}" + (f" of {expected:.0f}" if not missing(expected) and expected > done else "")
+    return text + (f" ({failed:.0f} failed)" if not missing(failed) and failed else "")
+
+
+def matches_cell(row) -> str:
+    got, of = row.get("matches_baseline"), row.get("matches_baseline_of")
+    return "-" if missing(got) or missing(of) else f"{got:.0f}/{of:.0f}"
+
+
+def _is_sweep(summary: pd.DataFrame) -> bool:
+    return not summary.empty and summary["max_concurrency"].nunique() > 1
+
+
+def _lead_columns(runs: Runs, rows: pd.DataFrame, label: str = "system_label") -> list[Column]:
+    """The columns that name a row: system (with its run where there are several), temperature, and the
+    level where a run swept the concurrency."""
+    cols: list[Column] = [(label, "system", 0), ("temperature", "T", temperature)]
+    if not rows.empty and (rows["max_concurrency"] != 1).any():
+        cols.append(("max_concurrency", "c", 0))
+    return cols
+
+
+def _contended(rows: pd.DataFrame) -> list[Column]:
+    """The contended-requests column, where any row had one (runs that measured contention)."""
+    if "contended_requests" in rows.columns and (rows["contended_requests"].fillna(0) > 0).any():
+        return [("contended_requests", "contended", 0)]
+    return []
+
+
+def summary_table(runs: Runs) -> Table:
+    """The headline table, each run's overall rows: system, temperature (and the level of a sweep),
+    requests, TPOT, speedup with its interval, acceptance length with its interval, acceptance rate,
+    greedy outputs equal to plain's, and requests timed under contention where there were any."""
+    rows = overall_rows(runs)
+    return Table(rows, [*_lead_columns(runs, rows), ("requests_label", "requests", 0), ("mean_tpot_ms", "TPOT ms", 2),
+                        ("speedup_label", "speedup", 0), ("speedup_ci95", "95 % CI", 2),
+                        ("spec_decode_acceptance_length", "AL", 2), ("acceptance_ci95", "AL 95 % CI", 2),
+                        ("spec_decode_acceptance_rate", "accepted", percent), ("matches_label", "= plain", 0),
+                        *_contended(rows)])
+
+
+def speed_table(runs: Runs) -> Table:
+    """Throughput and latency of each run's overall rows: TTFT, TPOT (mean, p90, coefficient of
+    variation), the speedup and its interval, output throughput and the throughput speedup."""
+    rows = overall_rows(runs)
+    return Table(rows, [*_lead_columns(runs, rows), ("requests_label", "requests", 0), ("mean_ttft_ms", "TTFT ms", 1),
+                        ("mean_tpot_ms", "TPOT ms", 2), ("p90_tpot_ms", "p90 TPOT ms", 2), ("cv_tpot_ms", "TPOT cv", 2),
+                        ("speedup_label", "speedup", 0), ("speedup_ci95", "95 % CI", 2),
+                        ("output_throughput", "output tok/s", 1), ("throughput_speedup", "throughput speedup", 2),
+                        *_contended(rows)], caption=None)
+
+
+def acceptance_table(runs: Runs) -> Table | Note:
+    """Acceptance per category of each speculative system: acceptance length and rate, rounds and
+    drafted tokens, and what the acceptance was counted from (rounds, vLLM's totals, server counters);
+    the overall rows only where a system ran more than one category."""
+    rows = runs.summary[(runs.summary["method"] != BASELINE) & runs.summary["spec_decode_acceptance_length"].notna()]
+    if rows.empty:
+        return Note("acceptance by category: no speculative system's acceptance in these runs")
+    group = ["run", "system", "temperature", "max_concurrency"]
+    categories = rows[rows["category"] != "overall"].groupby(group)["category"].nunique()
+    single = {key for key, n in categories.items() if n == 1}  # (its overall row repeats its one category's)
+    rows = rows[[r["category"] != "overall" or tuple(r[k] for k in group) not in single for _, r in rows.iterrows()]]
+    rows = rows.assign(system_label=[f"{r.run}/{r.system}" if runs.meta.shape[0] > 1 else r.system
+                                     for r in rows.itertuples()])
+    return Table(rows, [*_lead_columns(runs, rows), ("category", "category", 0), ("requests", "requests", 0),
+                        ("spec_decode_acceptance_length", "AL", 2), ("spec_decode_acceptance_rate", "accepted", percent),
+                        ("num_rounds", "rounds", 0), ("spec_decode_num_draft_tokens", "drafted tokens", 0),
+                        ("acceptance_from", "counted from", 0)])
+
+
+def overall_rows(runs: Runs) -> pd.DataFrame:
+    """The summary's overall rows, with the acceptance length's interval over requests and the labels
+    the tables print (a run's name before its systems where there are several runs)."""
+    rows = runs.summary[runs.summary["category"] == "overall"].copy()
+    if rows.empty:
+        return rows.assign(system_label=[], requests_label=[], speedup_label=[], matches_label=[], acceptance_ci95=[])
+    intervals = acceptance_intervals(runs.requests)[["run", "system", "temperature", "max_concurrency",
+                                                     "acceptance_ci95"]]
+    rows = rows.merge(intervals, on=["run", "system", "temperature", "max_concurrency"], how="left")
+    several = runs.meta.shape[0] > 1
+    rows["system_label"] = [f"{r.run}/{r.system}" if several else r.system for r in rows.itertuples()]
+    records = rows.to_dict("records")
+    rows["requests_label"] = [requests_cell(r) for r in records]
+    rows["matches_label"] = [matches_cell(r) for r in records]
+    rows["speedup_label"] = ["baseline" if r["method"] == BASELINE else fmt(r.get("speedup")) for r in records]
+    rows["speedup_ci95"] = [None if r["method"] == BASELINE else r.get("speedup_ci95") for r in records]
+    return rows
+
+
+def clause(row: dict, name: str, sweep: bool) -> str:
+    """One system's verdict: faster, slower, or no clear speedup, with the speedup and its interval."""
+    at = f"T={row['temperature']:g}" + (f", c={row['max_concurrency']}" if sweep else "")
+    s, ci = row.get("speedup"), row.get("speedup_ci95")
+    if missing(s):
+        return f"{name}: no speedup at {at} (no request paired with plain decoding's)"
+    if not isinstance(ci, (list, tuple)) or missing(ci[0]):
+        return f"{name}: {s:.2f}x at {at} (one prompt pair: no interval)"
+    interval = f"95 % CI {ci[0]:.2f}-{ci[1]:.2f}"
+    if ci[0] > 1:
+        return f"{name}: {s:.2f}x faster than plain decoding at {at} ({interval})"
+    if ci[1] < 1:
+        return f"{name}: slower than plain decoding at {at}, {s:.2f}x ({interval})"
+    return f"{name}: no clear speedup at {at}, {s:.2f}x (the {interval} spans 1)"
+
+
+def verdict(runs: Runs) -> str:
+    """The verdict in one sentence: per speculative system and temperature (and level), faster, slower
+    or no clear speedup against plain decoding, with the 95 % interval; or why a run has none."""
+    rows = overall_rows(runs)
+    several, sweep = runs.meta.shape[0] > 1, _is_sweep(rows)
+    parts = []
+    for run in runs.meta["run"]:
+        mine = rows[rows["run"] == run]
+        prefix = f"{run}: " if several else ""
+        if mine.empty:
+            parts.append(f"{prefix}no finished request yet")
+        elif (mine["method"] == BASELINE).all():
+            parts.append(f"{prefix}plain decoding only, no speculative system to compare with it")
+        elif not (mine["method"] == BASELINE).any():
+            parts.append(f"{prefix}no speedup: plain decoding is not among the systems (add plain to --systems)")
+        else:
+            drafted = mine[mine["method"] != BASELINE].sort_values(["temperature", "max_concurrency"], kind="stable")
+            parts += [clause(r, f"{run}/{r['system']}" if several else r["system"], sweep)
+                      for r in drafted.to_dict("records")]
+    return "; ".join(parts) + "." if parts else "no run given."
+
+
+def where(meta: dict) -> str:
+    """What ran where, for one run: backend, device, target, split and categories, prompts, systems,
+    git revision and date."""
+    device = meta.get("device") or "?"
+    if device == "cpu" and not missing(meta.get("cores")):
+        device = f"cpu ({meta.get('cpu') or '?'}, {meta['cores']:.0f} cores)"
+    git = (meta.get("git") or "?")[:7] + (" (uncommitted changes)" if meta.get("dirty") else "")
+    done, expected = meta.get("requests_done"), meta.get("requests_expected")
+    requests = f"{done:.0f}" if not missing(done) else "?"
+    if not missing(expected) and not missing(done) and expected != done:
+        requests += f" of {expected:.0f}"
+    return (f"{meta.get('backend')} backend on {device}; target {meta.get('target')}; {meta.get('split') or '?'} "
+            f"split, {meta.get('categories')}; systems {meta.get('systems') or '?'}; {requests} requests; "
+            f"git {git}; {meta.get('date')}")
+
+
+@dataclass
+class Headline:
+    """The report's first screen: its title, what ran where, the verdict, the headline table and the
+    warnings a reader must see before trusting a figure."""
+    runs: Runs
+
+    def warnings(self) -> list[str]:
+        several = self.runs.meta.shape[0] > 1
+        return [f"{run}: {w}" if several else w for run, ws in self.runs.warnings.items() for w in ws]
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        names = ", ".join(self.runs.meta["run"])
+        lines = [f'<header class="dspark-headline"><h1>{e(TITLE)}: {e(names)}</h1>']
+        for meta in self.runs.meta.to_dict("records"):
+            lines.append(f'<p class="dspark-where"><strong>{e(meta["run"])}</strong>: {e(where(meta))}</p>')
+        lines.append(f'<p class="dspark-verdict"><strong>Verdict:</strong> {e(verdict(self.runs))}</p>')
+        lines.append(summary_table(self.runs)._repr_html_())
+        warned = self.warnings()
+        if warned:
+            lines.append('<ul class="dspark-warnings">' + "".join(f"<li><strong>Warning:</strong> {e(w)}</li>"
+                                                                  for w in warned) + "</ul>")
+        lines.append('<p class="dspark-legend">speedup: geometric mean over prompts of plain decoding\'s TPOT '
+                     "over the system's, paired by prompt, with its 95 % bootstrap interval; AL: acceptance length "
+                     "(tokens per verify round) with its 95 % bootstrap interval over requests; accepted: "
+                     "accepted / proposed draft tokens; = plain: greedy outputs equal to plain decoding's.</p>")
+        return "\n".join(lines) + "</header>"
+
+    def __repr__(self) -> str:
+        lines = [f"{TITLE}: {', '.join(self.runs.meta['run'])}"]
+        lines += [f"{m['run']}: {where(m)}" for m in self.runs.meta.to_dict("records")]
+        lines += [f"Verdict: {verdict(self.runs)}", repr(summary_table(self.runs))]
+        return "\n".join(lines + [f"Warning: {w}" for w in self.warnings()])
