@@ -289,3 +289,12 @@ def test_every_option_of_every_command_has_help_and_flags_take_no_value(monkeypa
     code, _, err = run_cli(monkeypatch, capfd, "generate", "--target", "demo", "--ngram", "true", "--prompt", "x")
     assert code == 2 and len(err.splitlines()) == 1
     assert err.startswith("error: Got unexpected extra argument(s) (true); a flag takes no value")
+
+
+def test_systems_help_lists_the_demo_experiments_systems(monkeypatch, capfd):
+    from harness.specs.experiments import load_experiment
+
+    code, out, _ = run_cli(monkeypatch, capfd, "run", "--help")
+    names = ", ".join(s.name for s in load_experiment("demo").systems)
+    assert code == 0 and f"(the demo experiment's: {names})" in " ".join(out.split()) and names.startswith("plain")
+    assert "another --experiment defines its own" in " ".join(out.split())

@@ -104,3 +104,29 @@ def test_parity_command_prints_the_report_and_refuses_a_folder_that_is_not_a_run
     code, _, err = run_cli(monkeypatch, capfd, "parity", a, tmp_path)
     assert code == 2 and err.strip() == f"error: {tmp_path}: no manifest.json; not a run folder (give the folders " \
         "two `run`s wrote)"
+
+
+def test_sampled_outputs_with_the_same_seeds_are_compared_per_temperature(tmp_path, monkeypatch, capfd):
+    def sampled(system, qid, seed, output=OUT):
+        return record(system, qid, [2, 3, 1]) | {"temperature": 1.0, "seed": seed, "output_ids": output}
+
+    a = [sampled("plain", "q1", 11), sampled("dspark", "q1", 11), sampled("dspark", "q2", 12),
+         sampled("dspark", "q3", 13), record("dspark", "q1", [2, 3, 1])]
+    b = [sampled("plain", "q1", 11), sampled("dspark", "q1", 11), sampled("dspark", "q2", 12, OUT[:5] + [0] + OUT[6:]),
+         sampled("dspark", "q3", 99), record("dspark", "q1", [2, 3, 1])]
+    run_a, run_b = write_run(tmp_path / "a", "native", a), write_run(tmp_path / "b", "native", b)
+    result = parity(run_a, run_b)
+    (t1,) = result["sampled"]  # only T > 0 is sampled
+    assert t1 == {"temperature": 1.0, "requests": 4, "compared": 3, "outputs_equal": 2, "seeds_differ": 1,
+                  "first_divergence": {"system": "dspark", "question_id": "q2", "turn": 0, "token": 5}}
+    groups = {(g["system"], g["temperature"]): g for g in result["groups"]}
+    g = groups[("dspark", 1.0)]
+    assert (g["seeds_equal"], g["sampled_outputs_equal"], g["outputs_equal"]) == (2, 1, None)
+    assert [p["outputs_equal"] for p in g["per_prompt"]] == [True, False, None]  # q3: other seeds, not compared
+    (differ,) = g["divergences"]
+    assert (differ["question_id"], differ["token"]) == ("q2", 5) and "same seed" in differ["detail"]
+    assert groups[("dspark", 0.0)]["seeds_equal"] is None  # greedy: no seed to compare
+    code, out, _ = run_cli(monkeypatch, capfd, "parity", run_a, run_b)
+    assert code == 0 and "1/2 sampled outputs equal" in " ".join(out.split())
+    assert "T=1: 2 of 3 sampled requests with equal prompts and seeds have equal outputs (1 of 4 not compared: " \
+        "their seeds differ" in out and "the first that differs: dspark q2 turn 0 from token 5" in out

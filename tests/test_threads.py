@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -39,3 +41,28 @@ def test_the_rule(tmp_path, monkeypatch, no_thread_env):
 def test_the_demo_target_runs_on_one_thread(no_thread_env):
     n, why = choose(None, "cpu", DEMO_DIR / "target")
     assert n == 1 and "14 MB" in why
+
+
+def test_a_resume_keeps_the_recorded_count_and_refuses_another(tmp_path, monkeypatch, no_thread_env):
+    from harness.runs.plan import RunOptions, recorded_options, resume_options
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"options": recorded_options(RunOptions()), "settings": {},
+                                                   "threads": {"count": 1, "chosen_by": "auto: ..."}}))
+    opts = resume_options(RunOptions(resume=str(run)), set())
+    assert opts.threads == 1 and choose(opts.threads, "cpu", None) == (1, "as the run recorded")
+    assert choose(resume_options(RunOptions(resume=str(run), threads=1), {"threads"}).threads, "cpu", None) == \
+        (1, "as the run recorded")
+    with pytest.raises(DSparkError) as refused:
+        resume_options(RunOptions(resume=str(run), threads=2), {"threads"})
+    assert str(refused.value) == f"--resume {run}: --threads was 1 in this run, now 2; drop --threads to continue " \
+        "the run as it was started"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    with pytest.raises(DSparkError) as refused:
+        resume_options(RunOptions(resume=str(run)), set())
+    assert str(refused.value) == f"--resume {run}: the run was timed on 1 thread(s), OMP_NUM_THREADS=2 asks for 2; " \
+        "unset OMP_NUM_THREADS (or set it to 1) to continue the run as it was started"
+    assert resume_options(RunOptions(resume=str(run), threads=1), {"threads"}).threads == 1  # the flag wins
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same count from the environment: the run goes on
+    assert resume_options(RunOptions(resume=str(run)), set()).threads == 1

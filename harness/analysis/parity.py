@@ -1,5 +1,5 @@
-"""Cross-engine parity of two runs of the same prompts and systems (`dspark-bench parity`): per system
-and temperature, the inputs and greedy outputs compared, rounds and accepted drafts side by side per
+"""Parity of two runs of the same prompts and systems (`dspark-bench parity`): per system and
+temperature, the inputs and greedy outputs compared, rounds and accepted drafts side by side per
 prompt and per position, and each divergence named by its kind:
 
 - accounting: the engines did the same work and count it differently (an n-gram step that proposed
@@ -18,6 +18,12 @@ in what they let through (at slot min(accepted), the first slot one engine got r
 wrong). Two proposals that differ only past the first rejected slot accept alike and are not told
 apart; neither engine reports its rejected drafts. A greedy output that differs is a divergence of the
 targets (unclassified: no target margins are recorded).
+
+At T > 0 a request's seed derives from the run seed, the prompt, the turn and the temperature, so two
+runs of one engine with the same seeds must sample the same outputs (a resumed run relies on it):
+each sampled request whose prompt and seed are equal in both runs is compared token for token, and
+`sampled` says per temperature how many matched and where the first that did not departed. Two
+different engines draw from different random streams: their sampled outputs are not expected to match.
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ def _drafting(record: dict) -> list[tuple[int, int, int, int]]:
 
 
 def divergences(ours: dict, theirs: dict, method: str, tol: float) -> list[dict]:
-    """What differs between two greedy records of one prompt with equal outputs, first difference only:
+    """What differs between two records of one prompt with equal outputs (greedy, or sampled with one
+    seed), first difference only:
     `ours` is the native engine's (its margins decide numerics), `theirs` the other engine's."""
     if "vllm totals" in (ours.get("acceptance_source"), theirs.get("acceptance_source")):  # no rounds to align
         totals = [sum(r.get("accepted_counts") or []) or (r.get("acceptance_totals") or {}).get(
@@ -141,7 +148,8 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
     index = [{(r["system"], float(r["temperature"]), int(r.get("max_concurrency", 1)), r["question_id"], r["turn"]): r
               for r in recs if not r.get("failed")} for recs in (ra, rb)]
     groups = [g for g in dict.fromkeys(k[:3] for k in index[0]) if g in {k[:3] for k in index[1]}]  # A's order
-    out = {"runs": runs, "native": native, "float_error": tol, "groups": [],
+    same_engine = (runs[0]["backend"], runs[0]["version"]) == (runs[1]["backend"], runs[1]["version"])
+    out = {"runs": runs, "native": native, "float_error": tol, "groups": [], "same_engine": same_engine,
            "only_in": [sorted({k[:3] for k in index[i]} - set(groups)) for i in (0, 1)]}
     for system, temp, conc in groups:
         keys = sorted(k for k in index[0] if k[:3] == (system, temp, conc) and k in index[1])
@@ -153,8 +161,10 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
         prompts, found = [], []
         for (x, y), key in zip(pairs, keys):
             same_input = x["prompt_sha256"] == y["prompt_sha256"]
-            diff = first_difference(x["output_ids"], y["output_ids"]) if temp == 0 and same_input else None
-            row = {"question_id": key[3], "turn": key[4], "prompt_ids_equal": same_input,
+            same_seed = None if temp == 0 else x.get("seed") is not None and x.get("seed") == y.get("seed")
+            diff = first_difference(x["output_ids"], y["output_ids"]) if same_input and same_seed is not False \
+                else None
+            row = {"question_id": key[3], "turn": key[4], "prompt_ids_equal": same_input, "seeds_equal": same_seed,
                    "outputs_equal": None if diff is None else diff is True,
                    "first_difference": None if diff in (None, True) else diff,
                    "rounds": [x["num_rounds"], y["num_rounds"]],
@@ -163,16 +173,40 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
             if diff is True and method != "plain":
                 ours, theirs = (x, y) if native == 0 else (y, x)
                 found += [where | d for d in divergences(ours, theirs, method, tol)]
-            elif diff not in (None, True):
+            elif diff not in (None, True) and temp == 0:
                 found.append(where | {"kind": "unclassified", "round": None, "token": diff, "slot": None, "detail": (
                     f"the greedy outputs differ from token {diff}: the targets disagree (no target margins are "
                     "recorded to tell numerics from semantics)")})
+            elif diff not in (None, True):
+                found.append(where | {"kind": "unclassified", "round": None, "token": diff, "slot": None, "detail": (
+                    f"the sampled outputs (same prompt, same seed) differ from token {diff}" + (
+                        "" if same_engine else ": the engines draw from different random streams, so this is "
+                        "expected")), "sampled": True})
             prompts.append(row)
         greedy = temp == 0
         out["groups"].append({
             "system": system, "temperature": temp, "max_concurrency": conc, "method": method, "prompts": len(pairs),
             "prompt_ids_equal": sum(p["prompt_ids_equal"] for p in prompts),
             "outputs_equal": sum(bool(p["outputs_equal"]) for p in prompts) if greedy else None,
+            "seeds_equal": None if greedy else sum(bool(p["prompt_ids_equal"] and p["seeds_equal"]) for p in prompts),
+            "sampled_outputs_equal": None if greedy else sum(bool(p["outputs_equal"]) for p in prompts),
             "per_prompt": prompts, "pooled": [_pooled([p[0] for p in pairs]), _pooled([p[1] for p in pairs])],
             "divergences": found, "kinds": {k: sum(d["kind"] == k for d in found) for k in KINDS}})
+    out["sampled"] = sampled_parity(out["groups"])
+    return out
+
+
+def sampled_parity(groups: list[dict]) -> list[dict]:
+    """Per temperature above 0, over every system: the sampled requests compared (equal prompt ids and
+    seeds in both runs), how many of them have equal outputs, and the first that does not (system,
+    question, turn, the token where it departs), None when all match."""
+    out = []
+    for temp in sorted({g["temperature"] for g in groups if g["temperature"] > 0}):
+        rows = [(g, p) for g in groups if g["temperature"] == temp for p in g["per_prompt"]]
+        compared = [(g, p) for g, p in rows if p["outputs_equal"] is not None]
+        first = next(({"system": g["system"], "question_id": p["question_id"], "turn": p["turn"],
+                       "token": p["first_difference"]} for g, p in compared if not p["outputs_equal"]), None)
+        out.append({"temperature": temp, "requests": len(rows), "compared": len(compared),
+                    "outputs_equal": sum(bool(p["outputs_equal"]) for _, p in compared),
+                    "seeds_differ": sum(p["seeds_equal"] is False for _, p in rows), "first_divergence": first})
     return out

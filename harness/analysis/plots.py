@@ -1,5 +1,5 @@
 """The pictures a run folder gets (matplotlib, no torch or rich): summary.png, and concurrency.png for a
-sweep. Their titles say what ran where (backend, device, target, split)."""
+sweep. Their titles say what ran where (backend, device, target, split, categories)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,9 @@ def plot_sweep(summary: dict, path: Path, caption: str) -> None:
 
 
 def run_caption(manifest: dict, name: str) -> str:
-    """What ran where, for a run's pictures: backend, device, target, split."""
+    """What ran where, for a run's pictures: backend, device, target, split and categories."""
     settings, prov = manifest.get("settings") or {}, manifest.get("provenance") or {}
     device = prov.get("gpu") or settings.get("device")
+    cats = ", ".join(settings.get("categories") or []) or "all categories"
     return (f"run {name}: {settings.get('backend', 'native')} backend on {device}, {settings.get('target')}, "
-            f"{settings.get('split')}, {(prov.get('time_utc') or '')[:10]}")
+            f"{settings.get('split')} {cats}, {(prov.get('time_utc') or '')[:10]}")

@@ -1,6 +1,9 @@
-"""`dspark-bench engine-bench`: step costs at real shapes against the memory-bandwidth limit (GPU)."""
+"""`dspark-bench engine-bench`: step costs at real shapes against the memory-bandwidth limit (GPU, or the
+CPU at the demo pair's shapes)."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import typer
 from rich.table import Table
@@ -11,11 +14,17 @@ from harness.runs.provenance import provenance
 
 
 def engine_bench(
-    target: str = typer.Option("qwen3-8b", help="Target preset (qwen3-8b, qwen3-4b) or a config.json / folder."),
-    draft: str = typer.Option("dspark-qwen3-8b-block7", help="Draft preset or a draft config.json / folder."),
-    context_len: int = typer.Option(1024, min=1, help="Tokens of context in the KV cache."),
-    dtype: str = typer.Option("bfloat16", help="bfloat16, float16 or float32."),
-    repeats: int = typer.Option(50, min=5, help="Timed repeats per figure (the median is reported)."),
+    target: Optional[str] = typer.Option(None, help="Target preset (qwen3-8b, qwen3-4b), demo, or a config.json / "
+                                         "folder (default: qwen3-8b on a GPU, demo on a CPU)."),
+    draft: Optional[str] = typer.Option(None, help="Draft preset, demo-dspark, demo-dflash, or a draft config.json / "
+                                        "folder (default: dspark-qwen3-8b-block7 on a GPU, demo-dspark on a CPU)."),
+    context_len: Optional[int] = typer.Option(None, min=1, help="Tokens of context in the KV cache (default: 1024 "
+                                              "on a GPU, 128 on a CPU, about a demo request's)."),
+    dtype: str = typer.Option("auto", help="auto (bfloat16 on a GPU, float32 on a CPU, as a run), bfloat16, float16 "
+                              "or float32."),
+    repeats: Optional[int] = typer.Option(None, min=5, help="Timed repeats per figure, the median reported "
+                                          "(default: 50 on a GPU, 20 on a CPU)."),
+    device: str = typer.Option("auto", help="auto (a GPU when one is visible, else the CPU), cpu, cuda, cuda:N."),
     skip_hf: bool = typer.Option(False, "--skip-hf", help="Skip the transformers generate peer."),
     sweep_context: str = typer.Option("", help="Also these context lengths, comma-separated (e.g. 1024,4096,16384): "
                                       "decode against its limit, verify, draft and round against decode, and the draft "
@@ -24,22 +33,37 @@ def engine_bench(
 ):
     """Step costs of the native engine at real shapes (random weights) against the bandwidth limit.
 
-    Needs a CUDA GPU (it times device kernels against the GPU's own copy bandwidth); exits 2 without one."""
+    Needs a CUDA GPU for the published shapes (the default there: device kernels timed against the
+    GPU's own copy bandwidth). On a CPU it times the demo pair's shapes, eagerly with the wall clock,
+    against the CPU's copy bandwidth, on the threads a CPU run of them would use (seconds); its
+    `round_over_decode` draws the speed notebook's predicted-speedup curve for a CPU run."""
+    from harness.cli.options import device as resolve_device
     from harness.cli.options import number_list
-    from harness.microbench.engine import SWEEP, BenchArgs, dumps, run_engine_bench, sweep_rows, table_rows
+    from harness.microbench.engine import (CPU_DEFAULTS, GPU_DEFAULTS, SWEEP, BenchArgs, dumps, model_folder,
+                                           run_engine_bench, sweep_rows, table_rows)
+    from harness.runs import threads
 
+    device = resolve_device(device)
     contexts = tuple(number_list(sweep_context or None, "--sweep-context", int, "whole numbers", "context length",
                                  "1024,4096,16384") or ())
     if any(c < 1 for c in contexts):
         raise DSparkError(f"--sweep-context {sweep_context}: every context length must be at least 1")
-    args = BenchArgs(target=target, draft=draft, context_len=context_len, dtype=dtype, repeats=repeats,
-                     skip_hf=skip_hf, sweep_context=contexts)
+    defaults = GPU_DEFAULTS if device.startswith("cuda") else CPU_DEFAULTS
+    given = {"target": target, "draft": draft, "context_len": context_len, "repeats": repeats}
+    args = BenchArgs(**defaults | {k: v for k, v in given.items() if v is not None}, dtype=dtype, skip_hf=skip_hf,
+                     sweep_context=contexts, device=device)
+    folder = model_folder(args.target)  # (a preset has no folder: its size is not known, every core is used)
+    n_threads, threads_by = threads.choose(None, device, folder if folder.is_dir() else None)
+    threads.apply(n_threads)
     result = run_engine_bench(args)
-    result["provenance"] = provenance("cuda") | {"arguments": vars(args), "weights": "random normal(0, 0.02)"}
+    result["threads"] = {"count": n_threads, "chosen_by": threads_by}
+    result["provenance"] = provenance(device) | {"arguments": vars(args), "weights": "random normal(0, 0.02)"}
     if as_json:
         print(dumps(result))
         return
-    table = Table(title=f"engine-bench {target} + {draft}, {context_len}-token context, {dtype}")
+    where = result["device_name"] + (f", {n_threads} thread(s)" if result["is_cpu"] else "")
+    table = Table(title=f"engine-bench {args.target} + {args.draft}, {args.context_len}-token context, "
+                  f"{result['shapes']['dtype']}, {result['device']} ({where})")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for name, value in table_rows(result):

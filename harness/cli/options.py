@@ -18,6 +18,16 @@ from harness.runs.plan import RunOptions
 THREADS_HELP = ("Intra-op CPU threads (default: OMP_NUM_THREADS when set; else on the CPU 1 for a target of at "
                 "most 200 MB of weights, as the demo, every core for a larger one).")
 
+
+def systems_help() -> str:
+    """`--systems`' help, naming the default experiment's systems (read from its TOML, a few hundred bytes)."""
+    from harness.specs.experiments import load_experiment
+
+    names = ", ".join(s.name for s in load_experiment("demo").systems)
+    return (f"Run only these systems of the experiment, comma-separated (the demo experiment's: {names}); another "
+            "--experiment defines its own (its TOML's [[systems]]).")
+
+
 # name, type, declaration: the options of a run, in the order `--help` lists them
 RUN_OPTIONS = [
     ("split", str, typer.Option("qualitative", help="SPEED-Bench config: qualitative, throughput_1k ... "
@@ -28,7 +38,7 @@ RUN_OPTIONS = [
                                                  "<split>.jsonl or <split>/*.parquet (hub, specdec_bench, "
                                                  "NeMo-Skills).")),
     ("dataset_revision", Optional[str], typer.Option(None, help="Pin the hub dataset's revision (commit or tag).")),
-    ("systems", Optional[str], typer.Option(None, help="Run only these systems of the experiment, comma-separated.")),
+    ("systems", Optional[str], typer.Option(None, help=systems_help())),
     ("backend", Optional[str], typer.Option(None, help="native (our engine), vllm (vLLM offline), vllm-server (vLLM "
                                             "served, started per system) or openai (a server at --base-url) "
                                             "(default: the experiment's).")),

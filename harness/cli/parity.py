@@ -1,5 +1,6 @@
-"""`dspark-bench parity RUN_A RUN_B`: two runs of the same prompts and systems on different backends,
-compared input for input, token for token and round for round, each divergence named by its kind."""
+"""`dspark-bench parity RUN_A RUN_B`: two runs of the same prompts and systems (on different backends, or
+on one: a rerun, a resumed run), compared input for input, token for token and round for round, each
+divergence named by its kind; at T > 0 the sampled outputs of requests with equal seeds compared too."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def parity(
     run_b: Path = typer.Argument(..., help="A run folder of the same prompts and systems (e.g. vLLM's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
-    """Compare two runs of the same prompts across engines: inputs, greedy outputs, rounds, acceptance."""
+    """Compare two runs of the same prompts: inputs, greedy outputs, sampled outputs of equal seeds, rounds,
+    acceptance."""
     from harness.analysis.parity import parity as compare
 
     result = compare(run_a, run_b)
@@ -37,16 +39,21 @@ def parity(
     for g in result["groups"]:
         level = "" if g["max_concurrency"] == 1 else f", concurrency {g['max_concurrency']}"
         title = f"{g['system']} ({g['method']}) at T={g['temperature']:g}{level}: {g['prompt_ids_equal']}/{g['prompts']} " \
-                "prompts with equal prompt ids" + ("" if g["outputs_equal"] is None else
-                                                   f", {g['outputs_equal']}/{g['prompts']} greedy outputs equal")
+                "prompts with equal prompt ids" + (
+                    f", {g['seeds_equal']}/{g['prompts']} with equal seeds too, {g['sampled_outputs_equal']}/"
+                    f"{g['seeds_equal']} sampled outputs equal" if g["outputs_equal"] is None else
+                    f", {g['outputs_equal']}/{g['prompts']} greedy outputs equal")
+        sampled = g["temperature"] > 0
         t = Table(title=title)
-        for col in ("prompt", "turn", "prompt ids", "output", "rounds A", "rounds B", "accepted A", "accepted B"):
+        for col in ("prompt", "turn", "prompt ids") + (("seed",) if sampled else ()) + (
+                "output", "rounds A", "rounds B", "accepted A", "accepted B"):
             t.add_column(col)
         for p in g["per_prompt"]:
             output = "-" if p["outputs_equal"] is None else "equal" if p["outputs_equal"] else \
                 f"differs at {p['first_difference']}"
-            t.add_row(p["question_id"][:12], str(p["turn"]), "equal" if p["prompt_ids_equal"] else "DIFFER", output,
-                      *(str(v) for v in (*p["rounds"], *p["accepted"])))
+            seed = ("equal" if p["seeds_equal"] else "DIFFER",) if sampled else ()
+            t.add_row(p["question_id"][:12], str(p["turn"]), "equal" if p["prompt_ids_equal"] else "DIFFER", *seed,
+                      output, *(str(v) for v in (*p["rounds"], *p["accepted"])))
         show(out, t)
         if g["method"] != "plain":
             pa, pb = g["pooled"]
@@ -64,8 +71,24 @@ def parity(
             at = "" if d["round"] is None else f" at round {d['round']} (token {d['token']})"
             out.print(f"  {d['kind']}: {d['question_id'][:12]} turn {d['turn']}{at}: {d['detail']}",
                       highlight=False, soft_wrap=True)
+    for s in result["sampled"]:
+        out.print(sampled_line(s, result["same_engine"]), highlight=False, soft_wrap=True)
     for i, missing in enumerate(result["only_in"]):
         for system, temp, conc in missing:
             level = "" if conc == 1 else f", concurrency {conc}"
             out.print(f"only in {'AB'[i]} (or no prompt in common): {system} at T={temp:g}{level}", style="dim",
                       highlight=False)
+
+
+def sampled_line(s: dict, same_engine: bool) -> str:
+    """One temperature's sampled parity: `T=1: 64 of 64 sampled requests with equal prompts and seeds have
+    equal outputs`, and where the first that does not departs."""
+    line = f"T={s['temperature']:g}: {s['outputs_equal']} of {s['compared']} sampled requests with equal prompts " \
+           "and seeds have equal outputs"
+    if s["seeds_differ"]:
+        line += f" ({s['seeds_differ']} of {s['requests']} not compared: their seeds differ; the runs' --seed differ?)"
+    d = s["first_divergence"]
+    if d is not None:
+        line += f"; the first that differs: {d['system']} {d['question_id'][:12]} turn {d['turn']} from token " \
+                f"{d['token']}" + ("" if same_engine else " (different engines sample differently: expected)")
+    return line

@@ -1,29 +1,108 @@
 """What a person sees of a command's results, on a terminal and in a log file alike: the tables.
 
-On a terminal Rich fits a table to the window. Off a terminal (piped, redirected, under CI) Rich
-would cut every table to 80 columns, so there a table is printed at the width it needs.
+On a terminal a table is fitted to the window without ever cutting a figure: a column declared
+`no_wrap` (the numbers) keeps every cell whole, its header wraps; the other columns (names) wrap;
+where that is still too wide the borders go, then the gaps narrow. Off a terminal (piped,
+redirected, under CI) Rich would cut every table to 80 columns, so there a table is printed at the
+width it needs.
 """
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from harness.analysis.summary import LEGEND, SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, sweep_cells
 
 out = Console()  # results
 err = Console(stderr=True)  # progress, notices, refusals
 
+NAME_FLOOR = 8  # a wrapping column (a system's name) keeps at least this many characters a line
+# (box, show_edge, padding) tried in turn: the table as built, then no borders and two spaces, then one
+LAYOUTS = (None, (box.SIMPLE_HEAD, False, (0, 1, 0, 0)), (box.SIMPLE_HEAD, False, (0, 0)))
+
 
 def show(console: Console, renderable) -> None:
-    """Print `renderable` whole: fitted to a terminal, or as wide as it needs in a log."""
+    """Print `renderable` whole: fitted to a terminal (a table's figures never cut), or as wide as it
+    needs in a log or where its figures alone are wider than the terminal."""
     if console.is_terminal:
-        console.print(renderable)
-        return
+        fitted = fit(console, renderable, console.width) if isinstance(renderable, Table) else renderable
+        if fitted is not None:
+            console.print(fitted)
+            return
     width = Measurement.get(console, console.options.update_width(10_000), renderable).maximum
-    wide = Console(file=console.file, width=max(width, console.width), highlight=False, color_system=None)
+    wide = Console(file=console.file, width=max(width, console.width), highlight=False,
+                   color_system=console.color_system if console.is_terminal else None,
+                   force_terminal=console.is_terminal)
     wide.print(renderable)
+
+
+def fit(console: Console, table: Table, width: int) -> Table | None:
+    """`table` made at most `width` wide (its layout and column widths set in place) with every cell
+    of its `no_wrap` columns whole: in the first of LAYOUTS where whole header words fit too, else in
+    the tightest where the cells do; None (the table unchanged) when even that is too narrow."""
+    if Measurement.get(console, console.options.update_width(10_000), table).maximum <= width:
+        return table
+    built = (table.box, table.show_edge, table.padding)
+    for c in table.columns:  # a header wraps, and folds a word too long for its column
+        if isinstance(c.header, str):
+            c.header = Text(c.header, no_wrap=False, overflow="fold")
+    fitting = None
+    for layout in LAYOUTS:
+        table.box, table.show_edge, table.padding = layout or built
+        floor, word, natural = _column_ranges(console, table)
+        room = width - _overhead(console, table)
+        if sum(floor) > room:
+            continue
+        widths = list(floor)
+        for target in (word, natural):  # grow toward whole header words, then toward one line each
+            for i, goal in enumerate(target):
+                widths[i] += max(0, min(goal - widths[i], room - sum(widths)))
+        fitting = (layout or built, widths)
+        if all(w >= g for w, g in zip(widths, word)):
+            break
+    if fitting is None:
+        table.box, table.show_edge, table.padding = built
+        return None
+    (table.box, table.show_edge, table.padding), widths = fitting
+    for c, w in zip(table.columns, widths):
+        c.width = w
+    return table
+
+
+def _column_ranges(console: Console, table: Table) -> tuple[list[int], list[int], list[int]]:
+    """Per column: the width it must have (a no_wrap column's widest cell; a name column's longest
+    name, up to NAME_FLOOR), the width its header's longest word needs, and the width that puts
+    every cell and the header on one line."""
+    opts = console.options.update_width(10_000)
+    floor, word, natural = [], [], []
+    for c in table.columns:
+        cells = [Measurement.get(console, opts, cell) for cell in c.cells] or [Measurement(1, 1)]
+        head = Measurement.get(console, opts, c.header)
+        widest = max(m.maximum for m in cells)
+        one_line = max(widest, head.maximum)
+        if c.max_width is not None:
+            one_line = min(one_line, c.max_width)
+        need = widest if c.no_wrap else min(widest, NAME_FLOOR, one_line)
+        floor.append(need)
+        word.append(max(need, min(head.minimum, one_line)))
+        natural.append(max(need, one_line))
+    return floor, word, natural
+
+
+def _overhead(console: Console, table: Table) -> int:
+    """The borders and padding of `table` in its layout: its width with every column one character
+    wide, less those characters."""
+    kept = [c.width for c in table.columns]
+    for c in table.columns:
+        c.width = 1
+    width = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    for c, w in zip(table.columns, kept):
+        c.width = w
+    return width - len(table.columns)
 
 
 def summary_table(summary: dict, title: str, category: str = "overall") -> Table:
@@ -34,7 +113,8 @@ def summary_table(summary: dict, title: str, category: str = "overall") -> Table
     t = Table(title=title, caption=LEGEND, caption_justify="left")
     cols = columns(summary)
     for header, _ in cols:
-        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header == "system")
+        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header != "system",
+                     overflow="fold")
     for row in summary["rows"]:
         if row["category"] == category:
             t.add_row(*cells(row, cols))
@@ -46,10 +126,40 @@ def sweep_table(summary: dict, title: str) -> Table:
     at the same level."""
     t = Table(title=title, caption=SWEEP_LEGEND, caption_justify="left")
     for header, _ in SWEEP_COLUMNS:
-        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header == "system")
+        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header != "system",
+                     overflow="fold")
     for row in summary["rows"]:
         if row["category"] == "overall":
             t.add_row(*sweep_cells(row))
+    return t
+
+
+DELTAS_LEGEND = ("each figure A -> B; change: B - A (TPOT: B / A, above 1 when B is slower); CIs overlap: whether "
+                 "the two speedups' 95% intervals overlap (yes: the change may be noise)")
+
+
+def deltas_table(result: dict, names: tuple[str, str], title: str) -> Table:
+    """`compare_runs.deltas`: per system x temperature both runs have, B's speedup, acceptance length and
+    TPOT against A's."""
+    def two(pair: list, digits: int = 2) -> str:
+        return " -> ".join("-" if v is None else f"{v:.{digits}f}" for v in pair)
+
+    def num(v, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    t = Table(title=title, caption=DELTAS_LEGEND.replace("A -> B", f"{names[0]} -> {names[1]}"),
+              caption_justify="left")
+    swept = any(r["max_concurrency"] != 1 for r in result["rows"])
+    headers = ["system", "T"] + (["c"] if swept else []) + [
+        "speedup", "change", "CIs overlap", "AL", "change", "TPOT ms", "change"]
+    for h in headers:
+        t.add_column(h, justify="left" if h == "system" else "right", no_wrap=h != "system", overflow="fold")
+    for r in result["rows"]:
+        overlap = {None: "-", True: "yes", False: "no"}[r["intervals_overlap"]]
+        t.add_row(r["system"], f"{r['temperature']:g}", *([str(r["max_concurrency"])] if swept else []),
+                  two(r["speedup"]), num(r["speedup_diff"], "+.2f"), overlap,
+                  two(r["acceptance_length"]), num(r["acceptance_length_diff"], "+.2f"),
+                  two(r["tpot_ms"], 1), "-" if r["tpot_ratio"] is None else f"{r['tpot_ratio']:.2f}x")
     return t
 
 

@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 
 from dspark.errors import DSparkError
-from harness.cli.render import out, show, summary_table
+from harness.analysis.records import MANIFEST
+from harness.cli.render import deltas_table, out, show
 from harness.cli.run import print_summary
 
 
@@ -52,16 +53,36 @@ def report(
     if as_json:
         print(json.dumps(summaries))
         return
-    for name, summary in summaries.items():
-        print_summary(summary, f"{name} ({category})", category)
-    if len(summaries) > 1:
-        merged = {"rows": [dict(r, system=f"{Path(name).name}/{r['system']}") for name, s in summaries.items()
-                           for r in s["rows"]]}
-        unfinished = [s for s in summaries.values() if s.get("complete") is False]
-        if unfinished:  # the comparison's title says so too
-            merged |= {"complete": False, "requests_done": sum(s["requests_done"] for s in unfinished),
-                       "requests_expected": sum(s["requests_expected"] for s in unfinished)}
-        show(out, summary_table(merged, f"comparison ({category})", category))
+    names = run_labels(len(summaries))
+    for label, (name, summary) in zip(names, summaries.items()):
+        print_summary(summary, f"{label + ': ' if len(summaries) > 1 else ''}{name} ({category})", category)
+    for label, d in zip(names[1:], run_dirs[1:]):
+        print_deltas(run_dirs[0], d, summaries[str(run_dirs[0])], summaries[str(d)], (names[0], label), category)
+
+
+def run_labels(n: int) -> list[str]:
+    """A, B, C ...: the short names the runs go by in a comparison (their folders are in the tables' titles)."""
+    return [chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i in range(n)]
+
+
+def print_deltas(dir_a: Path, dir_b: Path, summary_a: dict, summary_b: dict, names: tuple[str, str],
+                 category: str) -> None:
+    """What differs between two runs' settings, then B's figures against A's, and the rows only one has."""
+    from harness.analysis.compare_runs import deltas, settings_diff, settings_line
+
+    manifests = [json.loads((d / MANIFEST).read_text()) if (d / MANIFEST).is_file() else {} for d in (dir_a, dir_b)]
+    diff = settings_line(settings_diff(*manifests), names)
+    out.print(diff, style="yellow" if diff.startswith("settings differ") else None, highlight=False, soft_wrap=True)
+    result = deltas(summary_a, summary_b, category)
+    if result["rows"]:
+        show(out, deltas_table(result, names, f"{names[1]} against {names[0]} ({category})"))
+    else:
+        out.print(f"{names[0]} and {names[1]} have no system and temperature in common: nothing to compare",
+                  highlight=False)
+    for label, missing in zip(names, result["only_in"]):
+        if missing:
+            rows = ", ".join(f"{system} T={temp:g}" + ("" if conc == 1 else f" c={conc}") for system, temp, conc in missing)
+            out.print(f"only in {label}: {rows}", style="dim", highlight=False, soft_wrap=True)
 
 
 def _html(run_dirs: list[Path], profiles: list[Path], engine_bench: Path | None, html: Path) -> None:

@@ -2,12 +2,16 @@
 
 At batch size 1 a decode step must read every weight once (all but the input embedding table, of
 which it gathers one row) plus the KV cache, so copy bandwidth / step bytes bounds tokens per second.
-Everything is timed after warm-up with device-synchronised timers, as the median of repeats.
+Everything is timed after warm-up, as the median of repeats: on a GPU with CUDA events (the steps
+replayed from their graphs), on a CPU with the wall clock (the steps run eagerly, as a CPU run does),
+each against its own copy bandwidth (device-to-device on a GPU, memory-to-memory on a CPU). A model
+as small as the demo pair may sit in the CPU's caches, so its decode step can beat the memory limit.
 """
 
 from __future__ import annotations
 
 import json
+import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -16,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from dspark.checkpoint import pick_dtype, read_config
+from dspark.checkpoint import DEMO_DIR, DEMO_MODELS, pick_dtype, read_config
 from dspark.config import DraftConfig, TargetConfig
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig, StepRunner, synchronize
@@ -37,27 +41,38 @@ class BenchArgs:
     hf_new_tokens: int = 32
     skip_hf: bool = False
     sweep_context: tuple[int, ...] = ()  # more context lengths: decode, verify, draft and round at each
+    device: str = "cuda"
+
+
+# the defaults where the bench runs: the published pair on a GPU, the demo pair (the one a CPU run uses) on a CPU
+GPU_DEFAULTS = {"target": "qwen3-8b", "draft": "dspark-qwen3-8b-block7", "context_len": 1024, "repeats": 50,
+                "copy_gib": 4.0}
+CPU_DEFAULTS = {"target": "demo", "draft": "demo-dspark", "context_len": 128, "repeats": 20, "copy_gib": 0.25}
+
+
+def model_folder(name: str) -> Path:
+    """A demo model's folder by its short name (demo, demo-dspark, demo-dflash), else the path given."""
+    path = DEMO_DIR / DEMO_MODELS[name] if name in DEMO_MODELS else Path(name)
+    return path.parent if path.is_file() else path
 
 
 def _target_config(name: str) -> TargetConfig:
     if name in TARGETS:
         return TARGETS[name]
-    path = Path(name)
-    if path.is_file():
-        path = path.parent
+    path = model_folder(name)
     if path.is_dir():
         return TargetConfig.from_hf(read_config(path), str(name))
-    raise DSparkError(f"unknown target preset '{name}'; use one of {', '.join(TARGETS)} or a config.json")
+    raise DSparkError(f"unknown target preset '{name}'; use one of {', '.join(TARGETS)}, demo or a config.json")
 
 
 def _draft_config(name: str, target: TargetConfig) -> DraftConfig:
     if name in DRAFTS:
         cfg = DRAFTS[name]()
     else:
-        path = Path(name)
-        path = path.parent if path.is_file() else path
+        path = model_folder(name)
         if not path.is_dir():
-            raise DSparkError(f"unknown draft preset '{name}'; use one of {', '.join(DRAFTS)} or a config.json")
+            raise DSparkError(f"unknown draft preset '{name}'; use one of {', '.join(DRAFTS)}, demo-dspark, "
+                              "demo-dflash or a config.json")
         cfg = DraftConfig.from_hf(read_config(path), str(name))
     cfg.check_target(target, f"draft {name}")
     return cfg
@@ -82,6 +97,14 @@ def cuda_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], No
     return statistics.median(times)
 
 
+def median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None,
+              device: torch.device = torch.device("cuda")) -> float:
+    """Median time of `fn` on `device`: CUDA events on a GPU (`cuda_median_ms`), the wall clock on a CPU."""
+    if device.type == "cuda":
+        return cuda_median_ms(fn, repeats, before)
+    return host_median_ms(fn, repeats, before, device)
+
+
 def host_times_ms(fn: Callable[[], object], repeats: int, before: Callable[[], None] | None = None,
                   device: torch.device = torch.device("cuda")) -> list[float]:
     """Wall times of `repeats` runs of `fn` including its host work, synchronised before and after, after
@@ -99,17 +122,19 @@ def host_times_ms(fn: Callable[[], object], repeats: int, before: Callable[[], N
     return times
 
 
-def host_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None) -> float:
+def host_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None,
+                   device: torch.device = torch.device("cuda")) -> float:
     """Median wall time of `fn` including its host work (`host_times_ms`)."""
-    return statistics.median(host_times_ms(fn, repeats, before))
+    return statistics.median(host_times_ms(fn, repeats, before, device))
 
 
-def copy_bandwidth_tbps(gib: float, repeats: int) -> float:
-    """Device-to-device copy of a `gib` GiB buffer; bytes read plus bytes written over time."""
+def copy_bandwidth_tbps(gib: float, repeats: int, device: torch.device = torch.device("cuda")) -> float:
+    """A copy of a `gib` GiB buffer on `device` (device-to-device on a GPU, memory-to-memory on a CPU,
+    on the threads torch uses); bytes read plus bytes written over time."""
     n = int(gib * 2**30)
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
-    ms = cuda_median_ms(lambda: dst.copy_(src), max(5, repeats // 5))
+    ms = median_ms(lambda: dst.copy_(src), max(5, repeats // 5), device=device)
     return 2 * n / (ms * 1e-3) / 1e12
 
 
@@ -132,18 +157,55 @@ def draft_step_bytes(target: torch.nn.Module, draft: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in params.values())
 
 
+def shapes(tcfg: TargetConfig, dcfg: DraftConfig, args: BenchArgs, dtype: torch.dtype) -> dict:
+    """The shapes timed, for the record: the target's and draft's dimensions, the context and dtype."""
+    def dims(b) -> dict:
+        return {"hidden_size": b.hidden_size, "intermediate_size": b.intermediate_size, "num_layers": b.num_layers,
+                "num_heads": b.num_heads, "num_kv_heads": b.num_kv_heads, "head_dim": b.head_dim,
+                "vocab_size": b.vocab_size}
+
+    return {"target": {"name": args.target, **dims(tcfg.backbone)},
+            "draft": {"name": args.draft, **dims(dcfg.backbone), "block_size": dcfg.block_size,
+                      "markov_rank": dcfg.markov_rank, "target_layer_ids": list(dcfg.target_layer_ids)},
+            "context_len": args.context_len, "dtype": str(dtype).replace("torch.", ""), "weights": "random normal(0, 0.02)"}
+
+
+def device_record(device: torch.device, copy_gib: float) -> dict:
+    """Where the figures come from: the device's kind and name, how steps were timed, what the limit is."""
+    if device.type == "cuda":
+        return {"device": "cuda", "is_cpu": False, "device_name": torch.cuda.get_device_name(device),
+                "timer": "CUDA events, steps replayed from their graphs",
+                "limit_from": f"device-to-device copy of {copy_gib:g} GiB"}
+    return {"device": "cpu", "is_cpu": True, "device_name": cpu_name(),
+            "timer": "wall clock, steps run eagerly (no graphs on a CPU)",
+            "limit_from": f"memory-to-memory copy of {copy_gib:g} GiB on {torch.get_num_threads()} thread(s)"}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; platform's answer elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 @torch.inference_mode()
 def run_engine_bench(args: BenchArgs) -> dict:
-    if not torch.cuda.is_available():
-        raise DSparkError("engine-bench measures GPU step costs; no CUDA device is visible")
-    dtype = pick_dtype(args.dtype, "cuda")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DSparkError("--device cuda: no CUDA device is visible; use --device cpu (the demo pair's shapes)")
+    dtype = pick_dtype(args.dtype, device)
     tcfg = _target_config(args.target)
     dcfg = _draft_config(args.draft, tcfg)
-    target, draft = build_random(tcfg, dcfg, "cuda", dtype)
+    target, draft = build_random(tcfg, dcfg, str(device), dtype)
     ctx, reps = args.context_len, args.repeats
     high = min(1000, tcfg.backbone.vocab_size)
     prompt = torch.randint(0, high, (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
-    out: dict = {"copy_tbps": copy_bandwidth_tbps(args.copy_gib, reps)}
+    out: dict = device_record(device, args.copy_gib) | {"shapes": shapes(tcfg, dcfg, args, dtype)}
+    out["copy_tbps"] = copy_bandwidth_tbps(args.copy_gib, reps, device)
     out["step_bytes"] = step_bytes(target, ctx)
     out["limit_tok_s"] = out["copy_tbps"] * 1e12 / out["step_bytes"]
     out |= measure_plain(target, prompt, reps)
@@ -171,9 +233,10 @@ def measure_context(target, draft, dcfg: DraftConfig, context_len: int, reps: in
     """A sweep row: the decode step (graph replay), verify of 8, the draft step and a whole round at one
     context length, each against its floor or the decode step."""
     prompt = torch.randint(0, high, (context_len,), generator=torch.Generator().manual_seed(0)).tolist()
-    step, reset, _ = decode_step(target, prompt, graphs=True)
+    device = _device(target)
+    step, reset, _ = decode_step(target, prompt, graphs=device.type == "cuda")
     row = {"context_len": context_len, "step_bytes": step_bytes(target, context_len),
-           "decode_ms": cuda_median_ms(step, reps, reset)}
+           "decode_ms": median_ms(step, reps, reset, device)}
     row["decode_fraction_of_limit"] = (1e3 / row["decode_ms"]) / (copy_tbps * 1e12 / row["step_bytes"])
     row["verify8_over_decode"] = measure_verify(target, dcfg.target_layer_ids, prompt, 8, reps) / row["decode_ms"]
     spec = measure_speculative(target, draft, prompt, reps)
@@ -181,6 +244,10 @@ def measure_context(target, draft, dcfg: DraftConfig, context_len: int, reps: in
     row["round_over_decode"] = spec["round_ms"] / row["decode_ms"]
     row["draft_fraction_of_floor"] = draft_step_bytes(target, draft) / (copy_tbps * 1e12) * 1e3 / spec["draft_ms"]
     return row
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def decode_step(target, prompt: list[int], graphs: bool):
@@ -199,7 +266,11 @@ def decode_step(target, prompt: list[int], graphs: bool):
 
 def measure_plain(target, prompt: list[int], reps: int) -> dict:
     """The plain decode step replayed from its graph and run eagerly, and the cost of NVTX ranges around
-    the replay (host time included)."""
+    the replay (host time included); on a CPU, where there are neither, the eager step alone."""
+    device = _device(target)
+    if device.type != "cuda":
+        step, reset, _ = decode_step(target, prompt, graphs=False)
+        return {"decode_ms": median_ms(step, reps, reset, device)}
     out = {}
     for graphs in (False, True):
         step, reset, engine = decode_step(target, prompt, graphs)
@@ -213,20 +284,20 @@ def measure_plain(target, prompt: list[int], reps: int) -> dict:
 
 def measure_verify(target, taps: tuple[int, ...], prompt: list[int], rows: int, reps: int) -> float:
     """One verify step of `rows` tokens (the anchor and rows-1 drafts) after the context, from its graph."""
-    ctx, b = len(prompt), target.config.backbone
+    ctx, b, device = len(prompt), target.config.backbone, _device(target)
     cache = target.new_cache(ctx + rows + 2)
-    target(torch.tensor([prompt], device="cuda"), torch.arange(ctx, device="cuda")[None], cache, ctx, taps)
-    state = DecodeState.allocate(rows - 1, b.vocab_size, len(taps) * b.hidden_size, cache.k[0].dtype, "cuda")
+    target(torch.tensor([prompt], device=device), torch.arange(ctx, device=device)[None], cache, ctx, taps)
+    state = DecodeState.allocate(rows - 1, b.vocab_size, len(taps) * b.hidden_size, cache.k[0].dtype, device)
     state.position.fill_(ctx)
-    streams = Streams.from_seed(0, "cuda")
+    streams = Streams.from_seed(0, device)
     steps = TargetSteps(target, cache, state, streams, taps)
-    runner = StepRunner(True, streams.generators())
+    runner = StepRunner(device.type == "cuda", streams.generators())
 
     def verify():
         steps.verify(1.0)
 
     runner.capture(("verify",), verify)
-    return cuda_median_ms(lambda: runner.run(("verify",), verify), reps)
+    return median_ms(lambda: runner.run(("verify",), verify), reps, device=device)
 
 
 def measure_speculative(target, draft, prompt: list[int], reps: int) -> dict:
@@ -248,10 +319,11 @@ def measure_speculative(target, draft, prompt: list[int], reps: int) -> dict:
             engine.run_step(step, cfg)
         state.round_out.tolist()
 
+    device = _device(target)
     engine.nvtx = False  # the draft step alone, as the plain step is timed: no range around it
-    draft_ms = cuda_median_ms(lambda: engine.run_step(propose, cfg), reps, reset_round)
-    engine.nvtx = True
-    return {"draft_ms": draft_ms, "round_ms": host_median_ms(whole_round, reps, reset_round)}
+    draft_ms = median_ms(lambda: engine.run_step(propose, cfg), reps, reset_round, device)
+    engine.nvtx = device.type == "cuda"  # (a CPU run has no ranges)
+    return {"draft_ms": draft_ms, "round_ms": host_median_ms(whole_round, reps, reset_round, device)}
 
 
 def hf_generate_tok_s(target, prompt: list[int], new_tokens: int) -> float | None:
@@ -269,21 +341,22 @@ def hf_generate_tok_s(target, prompt: list[int], new_tokens: int) -> float | Non
     hf.load_state_dict(target.state_dict(), assign=True, strict=False)  # shares our tensors: no copy
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    with torch.device("cuda"):
+    device = _device(target)
+    with device:
         hf.model.rotary_emb = Qwen3RotaryEmbedding(hf_cfg)  # a buffer no state dict carries
     hf = hf.eval()
-    ids = torch.tensor([prompt], device="cuda")
+    ids = torch.tensor([prompt], device=device)
     gen = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     hf.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm-up
-    torch.cuda.synchronize()
+    synchronize(device)
     t = time.perf_counter()
     hf.generate(ids, **gen)
-    torch.cuda.synchronize()
+    synchronize(device)
     return new_tokens / (time.perf_counter() - t)
 
 
 def table_rows(out: dict) -> list[tuple[str, str]]:
-    fmt = {"copy_tbps": "{:.2f} TB/s", "step_bytes": "{:,} B", "limit_tok_s": "{:.1f} tok/s", "decode_ms": "{:.3f} ms",
+    fmt = {"copy_tbps": "{:.3g} TB/s", "step_bytes": "{:,} B", "limit_tok_s": "{:.1f} tok/s", "decode_ms": "{:.3f} ms",
            "decode_tok_s": "{:.1f} tok/s", "decode_fraction_of_limit": "{:.1%}", "graphs_off_decode_ms": "{:.3f} ms",
            "verify8_ms": "{:.3f} ms", "verify16_ms": "{:.3f} ms", "verify8_over_decode": "{:.2f}x",
            "draft_ms": "{:.3f} ms", "draft_over_decode": "{:.2f}x", "round_ms": "{:.3f} ms",

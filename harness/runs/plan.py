@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends.registry import CLASSES, backend_class
+from harness.runs import threads
 from harness.runs.folder import RunFolder
 from harness.specs.experiments import Experiment
 
@@ -67,11 +68,12 @@ RESOLVED = ("output_len", "seed", "turns", "temperatures", "backend", "dataset_r
 
 
 def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
-    """`--resume DIR` continues with the options in DIR's manifest and the thread count it used. An
-    option given on the command line (`given`: RunOptions field names) must equal what the run used
-    (as recorded, or as its settings resolved a default); the first that differs is refused by its
-    flag. A manifest from before options were recorded keeps the old rule: the arguments given are
-    the run's (its settings are compared later)."""
+    """`--resume DIR` continues with the options in DIR's manifest and the thread count it used (a
+    different one from the environment is refused: `threads.resumed`). An option given on the command
+    line (`given`: RunOptions field names) must equal what the run used (as recorded, or as its
+    settings resolved a default); the first that differs is refused by its flag. A manifest from
+    before options were recorded keeps the old rule: the arguments given are the run's (its settings
+    are compared later)."""
     folder = RunFolder(Path(opts.resume))
     manifest = folder.manifest()
     if manifest is None:
@@ -79,7 +81,8 @@ def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
     recorded = manifest.get("options")
     if recorded is None:
         return opts
-    recorded = recorded | {"threads": (manifest.get("threads") or {}).get("count", recorded.get("threads"))}
+    count = (manifest.get("threads") or {}).get("count", recorded.get("threads"))
+    recorded = recorded | {"threads": count}
     settings = manifest.get("settings") or {}
     known = {f.name for f in fields(RunOptions)}
     for name in sorted((given & known) - set(NOT_RECORDED)):
@@ -90,6 +93,8 @@ def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
             continue
         raise DSparkError(f"--resume {folder.path}: {flag(name)} was {json.dumps(was)} in this run, now "
                           f"{json.dumps(now)}; drop {flag(name)} to continue the run as it was started")
+    if count is not None:  # (the flag, if given, equals it by now; the environment must too)
+        recorded["threads"] = threads.resumed(count, opts.threads if "threads" in given else None, folder.path)
     return replace(opts, **{k: v for k, v in recorded.items() if k in known})
 
 

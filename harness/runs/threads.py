@@ -12,6 +12,9 @@ it. So, in order:
 3. on the CPU, a target whose weights are at most `SMALL_MODEL_BYTES` runs on one thread, a larger
    one on every core this process may use;
 4. on a GPU, torch's default stays (the host threads only launch work).
+
+A resumed run keeps the count its manifest recorded (its requests so far were timed at it): a
+different count from `--threads` or from the environment is refused, naming both and the fix.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from dspark.errors import DSparkError
 
 SMALL_MODEL_BYTES = 200_000_000  # the demo target is 13.6 MB; a 50 M-parameter float32 model is 200 MB
 ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class Recorded(int):
+    """A thread count read from a resumed run's manifest: used as `--threads` is, and said to be the run's."""
 
 
 def usable_cores() -> int:
@@ -40,6 +47,8 @@ def choose(requested: int | None, device: str, target_folder: Path | None) -> tu
     """(thread count, why): the rule above. Reads no weights, only their files' sizes."""
     import torch
 
+    if isinstance(requested, Recorded):
+        return int(requested), "as the run recorded"
     if requested is not None:
         if requested < 1:
             raise DSparkError(f"--threads is {requested}; give at least 1")
@@ -53,6 +62,26 @@ def choose(requested: int | None, device: str, target_folder: Path | None) -> tu
     if size is not None and size <= SMALL_MODEL_BYTES:
         return 1, f"auto: target weights {size / 1e6:.0f} MB <= {SMALL_MODEL_BYTES / 1e6:.0f} MB"
     return usable_cores(), "auto: every usable core (a large target)"
+
+
+def environment_count() -> tuple[int, str] | None:
+    """(count, `VAR=value`) of the first thread variable the environment sets to a whole number, else None."""
+    for var in ENV_VARS:
+        value = os.environ.get(var, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value), f"{var}={value}"
+    return None
+
+
+def resumed(count: int, given: int | None, run_dir: Path) -> Recorded:
+    """The recorded `count` of a run resumed from `run_dir`, checked against what this invocation asks
+    for: `given` (--threads, already held against the record by the caller) or else the environment."""
+    env = environment_count() if given is None else None
+    if env is not None and env[0] != count:
+        var = env[1].split("=")[0]
+        raise DSparkError(f"--resume {run_dir}: the run was timed on {count} thread(s), {env[1]} asks for {env[0]}; "
+                          f"unset {var} (or set it to {count}) to continue the run as it was started")
+    return Recorded(count)
 
 
 def apply(count: int) -> None:
