@@ -15,7 +15,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from harness.analysis.summary import LEGEND, SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, sweep_cells
+from harness.analysis.summary import SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, contention_line, legend, sweep_cells
 
 out = Console()  # results
 err = Console(stderr=True)  # progress, notices, refusals
@@ -110,7 +110,9 @@ def summary_table(summary: dict, title: str, category: str = "overall") -> Table
     and INCOMPLETE in the title while requests are missing."""
     if summary.get("complete") is False:
         title += f"\nINCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done"
-    t = Table(title=title, caption=LEGEND, caption_justify="left")
+    if summary.get("contended_requests"):
+        title += f"\n{contention_line(summary)}"
+    t = Table(title=title, caption=legend(summary), caption_justify="left")
     cols = columns(summary)
     for header, _ in cols:
         t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header != "system",
