@@ -106,3 +106,162 @@ def test_a_folder_that_is_not_a_run_or_profile_is_one_line(tmp_path, monkeypatch
         load_profiles([tmp_path])
     code, _, err = run_cli(monkeypatch, capfd, "report", tmp_path, "--html", tmp_path / "r.html")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "not" in err
+
+
+# --- every kind of run folder, without a kernel: each section draws or says why in one line ---------------
+
+SECTIONS = ("acceptance_length", "position_curves", "accepted_histogram", "acceptance_vs_confidence",
+            "latency_distributions", "paired_speedup", "speedup_vs_acceptance")
+FIG = "figure"
+# what each kind of folder must give (a section left out here must still draw or say why in one line)
+EXPECTED = {
+    "plain_only": {"acceptance_length": "no speculative system", "paired_speedup": "plain decoding only",
+                   "latency_distributions": FIG},
+    "no_plain": {"acceptance_length": FIG, "position_curves": FIG, "accepted_histogram": FIG,
+                 "paired_speedup": "no plain-decoding baseline in this run",
+                 "speedup_vs_acceptance": "no plain-decoding baseline in this run"},
+    "interrupted": {"paired_speedup": "plain decoding only", "latency_distributions": FIG},
+    "empty": {section: "no finished request" for section in SECTIONS if section != "acceptance_vs_confidence"},
+    "mixed": {section: FIG for section in SECTIONS if section != "acceptance_vs_confidence"},
+    "vllm": {"acceptance_length": FIG, "position_curves": FIG, "accepted_histogram": "totals, not rounds",
+             "paired_speedup": "no request has a TPOT"},
+    "sweep": {"acceptance_length": "counters count whole waves", "position_curves": FIG, "paired_speedup": FIG},
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    import run_folders
+
+    root = tmp_path_factory.mktemp("kinds")
+    return {kind: make(root) for kind, make in run_folders.KINDS.items()} | {"cpu_profile": run_folders.cpu_profile(root)}
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_every_section_draws_or_says_why_in_one_line_on_every_kind_of_run(folders, kind):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from harness.analysis import figures, frames, present
+
+    runs = frames.load_runs([folders[kind]])
+    for section in SECTIONS:
+        drawn = getattr(figures, section)(runs)
+        want = EXPECTED[kind].get(section)
+        if isinstance(drawn, str):
+            assert "\n" not in drawn and want != FIG, (section, drawn)
+            assert want is None or want in drawn, (section, drawn)
+        else:
+            assert want is None or want == FIG, (section, want)
+            alt = figures.alt_text(drawn)
+            assert drawn._suptitle.get_text() in alt and "against" in alt  # the image says what it shows
+            for ax in drawn.axes:
+                assert ax.get_yscale() == "linear"
+            plt.close(drawn)
+    shown = [present.Headline(runs), present.speed_table(runs), present.acceptance_table(runs)]
+    for thing in shown:
+        text = thing._repr_html_() + repr(thing)
+        assert not any(bad in text for bad in ("nan", "NaN", "None", "[", "Traceback")), (kind, text)
+    if kind == "sweep":
+        rows = runs.summary[runs.summary["run"] == runs.meta["run"][0]]
+        fig = figures.speedup_vs_concurrency(rows, runs.caption())
+        assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "4"]
+        plt.close(fig)
+
+
+def test_the_headline_says_what_ran_where_the_verdict_and_the_warnings(folders):
+    from harness.analysis import frames, present
+
+    runs = frames.load_runs([folders["mixed"]])
+    text = repr(present.Headline(runs))
+    assert ("mixed: native backend on cpu (x86_64, 2 cores); target demo; qualitative split, coding, math; "
+            "systems plain, dspark, dflash; 21 of 24 requests; git 0123456 (uncommitted changes); 2026-01-02") in text
+    verdict = present.verdict(runs)
+    assert verdict.startswith("dspark: 2.00x faster than plain decoding at T=0 (95 % CI 2.00-")
+    assert "dflash: no clear speedup at T=0, 1.13x (the 95 % CI 0." in verdict and "spans 1)" in verdict
+    assert "dflash: 1.11x at T=1 (one prompt pair: no interval)" in verdict and verdict.endswith(".")
+    html = present.Headline(runs)._repr_html_()
+    for warning in ("incomplete run: 21 of 24 requests done", "1 requests failed", "contention: 2 of"):
+        assert warning in html
+    assert "4 (1 failed)" in html and "1 of 4" in html  # requests per row: failed and unfinished
+    both = frames.load_runs([folders["mixed"], folders["no_plain"]])
+    verdict = present.verdict(both)
+    assert verdict.startswith("mixed/dspark: 2.00x faster") and "no-plain: no speedup: plain decoding is not" in verdict
+    assert present.verdict(frames.load_runs([folders["plain_only"]])) == \
+        "plain decoding only, no speculative system to compare with it."
+
+
+def test_per_position_acceptance_has_wilson_intervals_and_leaves_out_sparse_positions():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from harness.analysis import figures, frames
+
+    lo, hi = frames.wilson(8, 10)
+    assert (round(lo, 3), round(hi, 3)) == (0.490, 0.943)  # the Wilson score interval of 8 of 10
+    assert frames.wilson(5, 5)[1] == 1.0 and frames.wilson(5, 5)[0] < 0.6  # all accepted: not a certainty
+    # 40 rounds propose 3 drafts: 20 accept none, 12 one, 6 two, 2 all three
+    counts = pd.DataFrame([{"run": "r", "system": "dspark", "method": "dspark", "temperature": 0.0,
+                            "max_concurrency": 1, "position": k, "proposed": 40, "reached": r, "accepted": a}
+                           for k, r, a in ((1, 40, 20), (2, 20, 8), (3, 8, 2))])
+    pos = frames.positions(counts)
+    assert list(pos["joint"]) == [0.5, 0.2, 0.05] and list(pos["conditional"]) == [0.5, 0.4, 0.25]
+    assert (pos["joint_lo"] < pos["joint"]).all() and (pos["conditional_hi"] > pos["conditional"]).all()
+    runs = frames.Runs(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame([{"run": "r", "backend": "native",
+                       "device": "cpu", "target": "demo", "date": "?"}]), counts)
+    fig = figures.position_curves(runs)
+    cond = fig.axes[1].lines[0]
+    assert list(cond.get_xdata()) == [1, 2]  # position 3: 8 rounds reached it, fewer than 10
+    assert "fewer than 10 rounds" in " ".join(t.get_text() for t in fig.texts) and "dspark T=0 from 3" in \
+        " ".join(t.get_text() for t in fig.texts)
+
+
+def test_tables_are_rounded_with_no_index_and_a_dash_for_a_missing_value():
+    import pandas as pd
+
+    from harness.analysis.present import Table, percent
+
+    frame = pd.DataFrame([{"system": "a", "x": 1.23456, "ci": [0.91234, 1.5], "rate": 0.4567, "empty": None},
+                          {"system": "b", "x": float("nan"), "ci": None, "rate": None, "empty": None}])
+    table = Table(frame, [("system", "system", 0), ("x", "x", 2), ("ci", "95 % CI", 2), ("rate", "rate", percent),
+                          ("empty", "never shown", 2), ("absent", "not in the frame", 2)])
+    assert repr(table).splitlines() == ["system  x     95 % CI    rate", "a       1.23  0.91-1.50  46 %",
+                                        "b       -     -          -"]
+    html = table._repr_html_()
+    assert "<th>system</th>" in html and html.count("</th>") == 4 and "never shown" not in html  # no index column
+    assert '<td class="num">1.23</td>' in html and "nan" not in html
+
+
+def test_a_cpu_profile_leaves_out_its_kernel_plots_in_one_line(folders):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from harness.analysis import figures, frames, present
+
+    profiles = frames.load_profiles([folders["cpu_profile"]])
+    assert "no GPU kernels" in figures.kernel_shares(profiles, "c")
+    assert "no GPU kernels" in figures.launches_per_token(profiles, "c")
+    fig = figures.step_times(profiles, "c")
+    assert sorted(t.get_text() for t in fig.axes[0].get_yticklabels()) == ["decode", "verify"]
+    assert "no profile saw GPU work" in repr(present.launches_table(profiles))
+    assert repr(present.operators_table(profiles, top=1)).splitlines()[1:] == [
+        "profile      system  operator  calls  self ms  share", "cpu-profile  dspark  aten::mm  40     300.0    60 %",
+        "cpu-profile  plain   aten::mm  40     300.0    60 %"]
+
+
+def test_the_engines_tables_of_a_parity_pair(folders):
+    from harness.analysis import present
+    from harness.analysis.parity import parity
+
+    result = parity(folders["mixed"], folders["vllm"])  # native against vLLM's totals
+    assert repr(present.parity_table(result)).splitlines()[1:] == [
+        "plain   0  1  2        2/2           2/2                   none",
+        "dspark  0  1  2        2/2           2/2                   unclassified 2"]
+    assert "only totals are known for one side" in repr(present.divergences_table(result))
+    apart = parity(folders["plain_only"], folders["no_plain"])
+    assert repr(present.parity_table(apart)) == "parity: the two runs share no system, temperature and prompt"
+    assert repr(present.divergences_table(apart)) == "divergences: nothing compared"

@@ -49,17 +49,17 @@ def alt_text(fig) -> str:
 
 
 def show(drawn) -> None:
-    """Display a figure (closed first, so the inline backend does not draw it again), with its alt text,
-    or the one line a figure function returned instead."""
+    """Display a figure (closed first, so the inline backend does not draw it again) with its alt text,
+    the one line a figure function returned instead, or a table or note as it is."""
     from IPython.display import display
 
-    if drawn is None:
-        return
     if isinstance(drawn, str):
         display(Note(drawn))
-        return
-    plt.close(drawn)
-    display(drawn, metadata={"image/png": {"alt": alt_text(drawn)}})
+    elif isinstance(drawn, plt.Figure):
+        plt.close(drawn)
+        display(drawn, metadata={"image/png": {"alt": alt_text(drawn)}})
+    elif drawn is not None:
+        display(drawn)
 
 
 def _label(key: dict, several_runs: bool) -> str:
@@ -68,6 +68,12 @@ def _label(key: dict, several_runs: bool) -> str:
     if key.get("max_concurrency", 1) not in (1, None):
         text += f" c={key['max_concurrency']}"
     return text + (f" ({key['run']})" if several_runs else "")
+
+
+def _tick(key: dict, several_runs: bool) -> str:
+    """A group's name under a tick: system, then temperature and level, then run, one a line."""
+    level = f" c={key['max_concurrency']}" if key.get("max_concurrency", 1) not in (1, None) else ""
+    return f"{key['system']}\nT={key['temperature']:g}{level}" + (f"\n{key['run']}" if several_runs else "")
 
 
 def _done(frame: pd.DataFrame) -> pd.DataFrame:
@@ -99,6 +105,8 @@ def no_speedup(runs: Runs, what: str) -> str:
         return _no_requests(runs, what) or f"{what}: no plain-decoding baseline in this run (add plain to --systems)"
     if methods == {BASELINE}:
         return f"{what}: plain decoding only, no speculative system to compare with it"
+    if _done(runs.requests)["tpot_ms"].isna().all():
+        return f"{what}: no request has a TPOT (the backend reported no first-token time)"
     return f"{what}: no speculative request pairs with a plain-decoding one (same prompt, temperature and " \
            "concurrency, both with a TPOT)"
 
@@ -231,7 +239,8 @@ def latency_distributions(runs: Runs):
     if req.empty:
         return _no_requests(runs, "latency per request")
     several = runs.meta.shape[0] > 1
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    n = req.groupby(["run", "system", "temperature", "max_concurrency"]).ngroups
+    fig, axes = plt.subplots(1, 2, figsize=(min(16.0, max(11.0, 1.4 * n)), 4.2))
     for ax, column, label in ((axes[0], "tpot_ms", "TPOT ms"), (axes[1], "e2el_ms", "end-to-end latency ms")):
         groups = [(key, g[column].dropna().astype(float).to_numpy()) for key, g in
                   req.groupby(["run", "system", "temperature", "max_concurrency"], sort=False)]
@@ -242,8 +251,8 @@ def latency_distributions(runs: Runs):
             ax.set_axis_off()
             continue
         ax.boxplot([d for _, d in groups], showmeans=True)
-        names = [_label(dict(zip(("run", "system", "temperature", "max_concurrency"), k)), several) for k, _ in groups]
-        ax.set_xticks(range(1, len(groups) + 1), [n.replace(" ", "\n", 1) for n in names], fontsize=7)
+        ax.set_xticks(range(1, len(groups) + 1), [_tick(dict(zip(("run", "system", "temperature", "max_concurrency"), k)),
+                                                        several) for k, _ in groups], fontsize=7)
         ax.set(ylabel=label)
         ax.grid(axis="y", alpha=0.3)
     return _titled(fig, "latency per request (box: quartiles, triangle: mean)", runs.caption())
@@ -306,8 +315,8 @@ def paired_speedup(runs: Runs):
         shown += list(ci)
         ax.errorbar([i + 0.15], [mean], yerr=[[mean - ci[0]], [ci[1] - mean]], fmt="D", color="black", capsize=4)
         ax.annotate(f"{mean:.2f}x", (i + 0.22, mean), fontsize=8, va="center")
-    ax.set_xticks(range(len(groups)), [_label(dict(zip(("run", "system", "temperature", "max_concurrency"), k)),
-                                              several).replace(" ", "\n", 1) for k, _ in groups], fontsize=8)
+    ax.set_xticks(range(len(groups)), [_tick(dict(zip(("run", "system", "temperature", "max_concurrency"), k)),
+                                             several) for k, _ in groups], fontsize=8)
     ax.set_xlim(-0.6, len(groups) - 0.4)
     _speedup_axis(ax, shown)
     ax.set(ylabel="speedup: plain TPOT / system TPOT")
@@ -439,10 +448,11 @@ def parity_positions(result: dict):
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
     a, b = result["runs"]
     for ax, g in zip(axes[0], groups):
-        for i, (pooled, run) in enumerate(zip(g["pooled"], (a, b))):
+        for i, (pooled, run, colour) in enumerate(zip(g["pooled"], (a, b), ("tab:blue", "tab:orange"))):
             counts = pooled["accepted_per_position"]
-            ax.bar([k + 1 + (i - 0.5) * 0.4 for k in range(len(counts))], counts, 0.4,
-                   label=f"{'AB'[i]}: {run['backend']} (AL {pooled['acceptance_length'] or 0:.2f})")
+            length = pooled["acceptance_length"]
+            ax.bar([k + 1 + (i - 0.5) * 0.4 for k in range(len(counts))], counts, 0.4, color=colour,
+                   label=f"{'AB'[i]}: {run['backend']} " + (f"(AL {length:.2f})" if length else "(no rounds recorded)"))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="draft position", ylabel="rounds accepting it", title=f"{g['system']} T={g['temperature']:g}")
         ax.legend(fontsize=7)

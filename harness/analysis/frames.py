@@ -14,7 +14,8 @@ never meets a missing column.
 - `bootstrap` / `acceptance_intervals`: 95 % intervals over requests;
 - `load_profiles(paths, summarize=...)`: a profile folder (`<system>.summary.json`, or the
   `<system>.sqlite` / `<system>/trace.torch.json` it summarises), or one trace or summary file:
-  kernel categories, NVTX step ranges, launches, and the diagnoses.
+  kernel categories, NVTX step ranges, launches, host operators (a PyTorch trace's self times), and
+  the diagnoses.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ SUMMARY_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", 
                    "spec_decode_acceptance_length", "spec_decode_acceptance_rate", "num_rounds",
                    "output_throughput", "throughput_speedup", "matches_baseline", "matches_baseline_of",
                    "requests_expected")
+OPERATOR_COLUMNS = ("profile", "system", "name", "calls", "self_ns", "share")  # a CPU trace's host operators
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 
@@ -233,9 +235,10 @@ def acceptance_intervals(requests: pd.DataFrame,
 class Profiles:
     categories: pd.DataFrame  # profile, system, category, instances, total_ns, share
     ranges: pd.DataFrame  # profile, system, range, instances, total_ns, avg_ns
-    launches: pd.DataFrame  # profile, system, kernels, graph_launches, gpu_ns, output_tokens
+    launches: pd.DataFrame  # profile, system, kernels, graph_launches, gpu_ns, output_tokens (no GPU work: None)
     diagnosis: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)  # per profile: what recorded it
+    operators: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=OPERATOR_COLUMNS))  # host operators
 
     def caption(self) -> str:
         return "; ".join(self.sources)
@@ -281,7 +284,7 @@ def _summaries(path: Path, summarize) -> list[tuple[str, dict, int | None]]:
 
 def load_profiles(paths: list[Path | str], progress=None, summarize=None) -> Profiles:
     """Profile folders or trace files as frames; `summarize` reads a raw trace (see `_summaries`)."""
-    cats, ranges, launches, notes, sources = [], [], [], [], []
+    cats, ranges, launches, notes, sources, operators = [], [], [], [], [], []
     for path in map(Path, paths):
         if progress is not None:
             progress(path.name)
@@ -293,12 +296,19 @@ def load_profiles(paths: list[Path | str], progress=None, summarize=None) -> Pro
                      for c in s.get("categories") or []]
             ranges += [where | {"range": r.get("range"), "instances": r.get("instances"), "total_ns": r.get("total_ns"),
                                 "avg_ns": r.get("avg_ns")} for r in s.get("nvtx") or []]
+            gpu = s.get("kernels") is not None or s.get("categories") is not None  # (None: a CPU-only trace)
             gpu_ns = sum(k.get("total_ns") or 0 for k in s.get("kernels") or [])
             launch = s.get("launches") or {}
-            launches.append(where | {"kernels": launch.get("kernels"), "graph_launches": launch.get("graph_launches"),
-                                     "gpu_ns": gpu_ns, "output_tokens": tokens})
+            launches.append(where | {"kernels": launch.get("kernels") if gpu else None,
+                                     "graph_launches": launch.get("graph_launches") if gpu else None,
+                                     "gpu_ns": gpu_ns if gpu else None, "output_tokens": tokens})
+            operators += [where | {k: o.get(k) for k in OPERATOR_COLUMNS[2:]}
+                          for o in (s.get("host") or {}).get("operators") or []]
             notes += [f"{path.name}/{system}: {d}" for d in s.get("diagnosis") or []]
-    return Profiles(pd.DataFrame(cats), pd.DataFrame(ranges), pd.DataFrame(launches), notes, sources)
+    return Profiles(_frame(cats, ("profile", "system", "category", "instances", "total_ns", "share")),
+                    _frame(ranges, ("profile", "system", "range", "instances", "total_ns", "avg_ns")),
+                    _frame(launches, ("profile", "system", "kernels", "graph_launches", "gpu_ns", "output_tokens")),
+                    notes, sources, _frame(operators, OPERATOR_COLUMNS))
 
 
 def _source(path: Path, system: str, summary: dict) -> str:

@@ -118,9 +118,10 @@ body.jp-Notebook { max-width: 1180px; margin: 0 auto; padding: 1.5em 2em 4em; }
 .jp-RenderedHTMLCommon table.dspark { border-collapse: collapse; margin: 0.6em 0 1em; font-size: 13px;
   font-variant-numeric: tabular-nums; border: none; }
 .jp-RenderedHTMLCommon table.dspark th, .jp-RenderedHTMLCommon table.dspark td { padding: 3px 12px;
-  border: none; border-bottom: 1px solid #e3e3e3; text-align: left; white-space: nowrap; }
-.jp-RenderedHTMLCommon table.dspark th { border-bottom: 2px solid #bbb; font-weight: 600; }
-.jp-RenderedHTMLCommon table.dspark th.num, .jp-RenderedHTMLCommon table.dspark td.num { text-align: right; }
+  border: none; border-bottom: 1px solid #e3e3e3; text-align: left; vertical-align: top; max-width: 40em; }
+.jp-RenderedHTMLCommon table.dspark th { border-bottom: 2px solid #bbb; font-weight: 600; white-space: nowrap; }
+.jp-RenderedHTMLCommon table.dspark th.num, .jp-RenderedHTMLCommon table.dspark td.num { text-align: right;
+  white-space: nowrap; }
 .jp-RenderedHTMLCommon table.dspark tbody tr:nth-child(odd) { background: none; }
 .jp-RenderedHTMLCommon table.dspark tbody tr:nth-child(even) { background: #f6f7f9; }
 .jp-RenderedHTMLCommon table.dspark tbody tr:hover { background: #eaf1fb; }
@@ -179,12 +180,9 @@ def report_html(env: dict[str, str], out: Path, progress=None) -> tuple[list[str
     _run(merged, env, 600, allow_errors=True, on_cell_start=started)
     failures, cells = [], []
     for cell in merged.cells:
-        if NOTEBOOK_ONLY in cell.metadata.get("tags", []):
-            if cell.cell_type == "code" and any(o.get("output_type") == "error" for o in cell.outputs):
-                cell.outputs = [_failure(o) for o in cell.outputs if o.get("output_type") == "error"]
-            elif cell.cell_type == "code":
-                cell.outputs = []
-            else:
+        if NOTEBOOK_ONLY in cell.metadata.get("tags", []):  # shown only where it failed
+            cell.outputs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            if not cell.outputs:
                 continue
         if cell.cell_type == "code":
             failures += [f"{cell.metadata['dspark_notebook']}: {o.get('ename')}: {o.get('evalue')}"

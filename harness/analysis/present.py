@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from harness.analysis.frames import BASELINE, Runs, acceptance_intervals
+from harness.analysis.frames import BASELINE, Profiles, Runs, acceptance_intervals
 
 TITLE = "DSpark benchmark report"
 
@@ -131,10 +131,16 @@ def _lead_columns(runs: Runs, rows: pd.DataFrame, label: str = "system_label") -
 
 
 def _contended(rows: pd.DataFrame) -> list[Column]:
-    """The contended-requests column, where any row had one (runs that measured contention)."""
+    """The busy column (requests timed while other processes competed for the cores, of those measured),
+    where any row had one."""
     if "contended_requests" in rows.columns and (rows["contended_requests"].fillna(0) > 0).any():
-        return [("contended_requests", "contended", 0)]
+        return [("busy_label", "busy", 0)]
     return []
+
+
+def busy_cell(row) -> str:
+    n, of = row.get("contended_requests"), row.get("contention_measured")
+    return "-" if missing(n) or missing(of) or not of else f"{n:.0f}/{of:.0f}"
 
 
 def summary_table(runs: Runs) -> Table:
@@ -184,7 +190,8 @@ def overall_rows(runs: Runs) -> pd.DataFrame:
     the tables print (a run's name before its systems where there are several runs)."""
     rows = runs.summary[runs.summary["category"] == "overall"].copy()
     if rows.empty:
-        return rows.assign(system_label=[], requests_label=[], speedup_label=[], matches_label=[], acceptance_ci95=[])
+        return rows.assign(system_label=[], requests_label=[], speedup_label=[], matches_label=[], busy_label=[],
+                           acceptance_ci95=[])
     intervals = acceptance_intervals(runs.requests)[["run", "system", "temperature", "max_concurrency",
                                                      "acceptance_ci95"]]
     rows = rows.merge(intervals, on=["run", "system", "temperature", "max_concurrency"], how="left")
@@ -193,6 +200,7 @@ def overall_rows(runs: Runs) -> pd.DataFrame:
     records = rows.to_dict("records")
     rows["requests_label"] = [requests_cell(r) for r in records]
     rows["matches_label"] = [matches_cell(r) for r in records]
+    rows["busy_label"] = [busy_cell(r) for r in records]
     rows["speedup_label"] = ["baseline" if r["method"] == BASELINE else fmt(r.get("speedup")) for r in records]
     rows["speedup_ci95"] = [None if r["method"] == BASELINE else r.get("speedup_ci95") for r in records]
     return rows
@@ -269,7 +277,8 @@ class Headline:
         for meta in self.runs.meta.to_dict("records"):
             lines.append(f'<p class="dspark-where"><strong>{e(meta["run"])}</strong>: {e(where(meta))}</p>')
         lines.append(f'<p class="dspark-verdict"><strong>Verdict:</strong> {e(verdict(self.runs))}</p>')
-        lines.append(summary_table(self.runs)._repr_html_())
+        if not overall_rows(self.runs).empty:
+            lines.append(summary_table(self.runs)._repr_html_())
         warned = self.warnings()
         if warned:
             lines.append('<ul class="dspark-warnings">' + "".join(f"<li><strong>Warning:</strong> {e(w)}</li>"
@@ -283,5 +292,65 @@ class Headline:
     def __repr__(self) -> str:
         lines = [f"{TITLE}: {', '.join(self.runs.meta['run'])}"]
         lines += [f"{m['run']}: {where(m)}" for m in self.runs.meta.to_dict("records")]
-        lines += [f"Verdict: {verdict(self.runs)}", repr(summary_table(self.runs))]
+        lines += [f"Verdict: {verdict(self.runs)}"] + ([] if overall_rows(self.runs).empty else
+                                                         [repr(summary_table(self.runs))])
         return "\n".join(lines + [f"Warning: {w}" for w in self.warnings()])
+
+
+def launches_table(profiles: Profiles) -> Table | Note:
+    """Per profiled system: kernel and graph launches, GPU kernel time and the tokens they made; one line
+    where no profile saw GPU work (a CPU profile)."""
+    lp = profiles.launches
+    if lp.empty or lp["kernels"].isna().all():
+        return Note("launches: no profile saw GPU work (a CPU profile launches no kernels)")
+    return Table(lp, [("profile", "profile", 0), ("system", "system", 0), ("kernels", "kernel launches", 0),
+                      ("graph_launches", "graph launches", 0), ("gpu_ns", "GPU kernel ns", 0),
+                      ("output_tokens", "output tokens", 0)])
+
+
+def operators_table(profiles: Profiles, top: int = 10) -> Table | Note:
+    """Each profiled system's `top` host operators by self time (a PyTorch trace's), with their calls
+    and share of all operators' self time."""
+    ops = profiles.operators
+    if ops.empty:
+        return Note("host operators: no trace holds them (only a PyTorch profiler trace records operators)")
+    ops = ops.sort_values("self_ns", ascending=False).groupby(["profile", "system"], sort=False).head(top)
+    ops = ops.assign(self_ms=ops["self_ns"] / 1e6).sort_values(["profile", "system", "self_ns"],
+                                                              ascending=[True, True, False])
+    return Table(ops, [("profile", "profile", 0), ("system", "system", 0), ("name", "operator", 0),
+                       ("calls", "calls", 0), ("self_ms", "self ms", 1), ("share", "share", percent)],
+                 caption=f"the {top} operators with the most self time, per system")
+
+
+def parity_table(result: dict | str) -> Table | Note:
+    """A `parity` result's groups: prompts compared, equal inputs, equal greedy outputs (T = 0) or equal
+    sampled outputs of equal seeds (T > 0), and the divergences found by kind; `result` a string: why
+    there is none."""
+    if isinstance(result, str):
+        return Note(result)
+    if not result["groups"]:
+        return Note("parity: the two runs share no system, temperature and prompt")
+    rows = pd.DataFrame([{"system": g["system"], "temperature": g["temperature"], "max_concurrency":
+                          g.get("max_concurrency", 1), "prompts": g["prompts"],
+                          "inputs": f"{g['prompt_ids_equal']}/{g['prompts']}",
+                          "greedy": "-" if g.get("outputs_equal") is None else f"{g['outputs_equal']}/{g['prompts']}",
+                          "sampled": "-" if g.get("sampled_outputs_equal") is None else
+                          f"{g['sampled_outputs_equal']}/{g.get('seeds_equal') or g['prompts']}",
+                          "found": ", ".join(f"{k} {n}" for k, n in g["kinds"].items() if n) or "none"}
+                         for g in result["groups"]])
+    return Table(rows, [("system", "system", 0), ("temperature", "T", temperature), ("max_concurrency", "c", 0),
+                        ("prompts", "prompts", 0), ("inputs", "equal inputs", 0),
+                        ("greedy", "equal greedy outputs", 0), ("sampled", "equal sampled outputs (same seeds)", 0),
+                        ("found", "divergences", 0)])
+
+
+def divergences_table(result: dict | str) -> Table | Note:
+    """Each divergence of a `parity` result: system, temperature, kind, prompt, round and what differs."""
+    if isinstance(result, str):
+        return Note("divergences: no parity result")
+    found = [{"system": g["system"], "temperature": g["temperature"], **d, "question": str(d.get("question_id"))[:12]}
+             for g in result["groups"] for d in g["divergences"]]
+    if not found:
+        return Note("no divergences" if result["groups"] else "divergences: nothing compared")
+    return Table(pd.DataFrame(found), [("system", "system", 0), ("temperature", "T", temperature), ("kind", "kind", 0),
+                                       ("question", "question", 0), ("round", "round", 0), ("detail", "detail", 0)])
