@@ -2,13 +2,18 @@
 traces of `tests/fixtures/nsys`, laid out as `dspark-bench profile` writes a folder), each producing
 its figures with no error cell; `report --html` writes one self-contained file with the images
 embedded; the notebooks are stored without outputs; the analysis layer imports neither torch nor
-rich, and a folder that is not a run or a profile is one line."""
+rich, and a folder that is not a run or a profile is one line. On every kind of run folder the tool
+writes (built in Python by `run_folders`: plain only, no plain, interrupted, empty, failed and
+contended requests, vLLM's totals, a served sweep, a CPU profile), each figure draws or says why in
+one line, the headline says what ran where and the verdict, and `report --html` writes a clean page
+with nothing on the console but the file written."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -265,3 +270,58 @@ def test_the_engines_tables_of_a_parity_pair(folders):
     apart = parity(folders["plain_only"], folders["no_plain"])
     assert repr(present.parity_table(apart)) == "parity: the two runs share no system, temperature and prompt"
     assert repr(present.divergences_table(apart)) == "divergences: nothing compared"
+
+
+# --- report --html on every kind of run folder (built in Python; one notebook kernel per report) ----------
+
+def _html_report(tmp_path, monkeypatch, capfd, *args) -> str:
+    """`report ARGS --html`: exit 0, nothing on stderr but the file written; the page, checked for what a
+    reader must never see (code prompts, tracebacks, NaN cells, raw lists, images without alt text)."""
+    out = tmp_path / "report.html"
+    code, _, err = run_cli(monkeypatch, capfd, "report", *args, "--html", out)
+    assert code == 0, err
+    assert err.strip().splitlines() == [f"wrote {out}: the {err.split(': the ')[1].split(' notebooks')[0]} "
+                                        "notebooks, figures embedded"], err
+    page = out.read_text()
+    body = re.sub(r"data:image/png;base64,[^\"]*", "", page[page.index("<body"):])  # (the text, not the pixels)
+    for bad in ("Out[", "In [", "Traceback", ">nan<", "NaN", "could not be drawn", "<script src=", "['"):
+        assert bad not in body, bad
+    images = re.findall(r"<img [^>]*>", body)
+    assert images and all(re.search(r'alt="[^"]{20,}"', img) for img in images)  # every figure described
+    assert "<h1>DSpark benchmark report: " in body and "Verdict:" in body
+    return body
+
+
+@needs_tools
+def test_report_html_of_a_plain_only_run(tmp_path, monkeypatch, capfd):
+    import run_folders
+
+    body = _html_report(tmp_path, monkeypatch, capfd, run_folders.plain_only(tmp_path))
+    assert "plain decoding only, no speculative system to compare with it." in body
+    assert "speedup per prompt: plain decoding only" in body and "acceptance length: no speculative system" in body
+    assert body.count("<img ") == 1  # latency: the one figure plain decoding has
+
+
+@needs_tools
+def test_report_html_of_a_native_and_a_vllm_run_with_a_cpu_profile(tmp_path, monkeypatch, capfd):
+    import run_folders
+
+    body = _html_report(tmp_path, monkeypatch, capfd, run_folders.mixed(tmp_path), run_folders.vllm(tmp_path),
+                        "--profile", run_folders.cpu_profile(tmp_path))
+    assert "mixed/dspark: 2.00x faster than plain decoding at T=0" in body and "vllm/dspark: no speedup" in body
+    for warning in ("mixed: incomplete run", "mixed: 1 requests failed", "mixed: contention"):
+        assert warning in body
+    assert "<h1" in body and "Engines" in body and "equal greedy outputs" in body  # the parity pair's table
+    assert "kernel categories: the profiles recorded no GPU kernels" in body and "step ranges" in body
+
+
+@needs_tools
+def test_report_html_of_a_sweep_an_unfinished_run_an_empty_one_and_one_without_plain(tmp_path, monkeypatch, capfd):
+    import run_folders
+
+    body = _html_report(tmp_path, monkeypatch, capfd, *(make(tmp_path) for make in (
+        run_folders.sweep, run_folders.interrupted, run_folders.empty, run_folders.no_plain)))
+    assert "sweep/ngram: 1.67x faster than plain decoding at T=0, c=1" in body
+    assert "empty: no finished request yet" in body and "interrupted: incomplete run: 1 of 8 requests done" in body
+    assert "no-plain: no speedup: plain decoding is not among the systems" in body
+    assert "concurrency sweep" in body  # the sweep's figure (its alt text)

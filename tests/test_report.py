@@ -3,9 +3,7 @@ was busy while it was timed, a speedup whose interval spans 1, every cell printe
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import re
 
 import pytest
 from rich.console import Console
@@ -115,65 +113,3 @@ def test_off_a_terminal_progress_is_plain_lines(monkeypatch):
     assert buf.getvalue().splitlines() == [
         "[0/3 requests, 0 s] plain T=0 (warm-up)", "[2/3 requests, 20 s] plain T=0",
         "[2/3 requests, 21 s] dspark T=0 coding", "[3/3 requests, 40 s] dspark T=0", "[3/3 requests, 41 s] finished"]
-
-
-# --- report --html on every kind of run folder (built in Python; one notebook kernel per report) ----------
-
-needs_tools = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("nbclient", "nbconvert",
-                                                                                   "ipykernel")),
-                                 reason="the report extra is not installed (CI installs it with dev)")
-
-
-def _html_report(tmp_path, monkeypatch, capfd, *args) -> str:
-    """`report ARGS --html`: exit 0, nothing on stderr but the file written; the page, checked for what a
-    reader must never see (code prompts, tracebacks, NaN cells, raw lists, images without alt text)."""
-    from cli_runner import run_cli
-
-    out = tmp_path / "report.html"
-    code, _, err = run_cli(monkeypatch, capfd, "report", *args, "--html", out)
-    assert code == 0, err
-    assert err.strip().splitlines() == [f"wrote {out}: the {err.split(': the ')[1].split(' notebooks')[0]} "
-                                        "notebooks, figures embedded"], err
-    page = out.read_text()
-    body = re.sub(r"data:image/png;base64,[^\"]*", "", page[page.index("<body"):])  # (the text, not the pixels)
-    for bad in ("Out[", "In [", "Traceback", ">nan<", "NaN", "could not be drawn", "<script src=", "['"):
-        assert bad not in body, bad
-    images = re.findall(r"<img [^>]*>", body)
-    assert images and all(re.search(r'alt="[^"]{20,}"', img) for img in images)  # every figure described
-    assert "<h1>DSpark benchmark report: " in body and "Verdict:" in body
-    return body
-
-
-@needs_tools
-def test_report_html_of_a_plain_only_run(tmp_path, monkeypatch, capfd):
-    import run_folders
-
-    body = _html_report(tmp_path, monkeypatch, capfd, run_folders.plain_only(tmp_path))
-    assert "plain decoding only, no speculative system to compare with it." in body
-    assert "speedup per prompt: plain decoding only" in body and "acceptance length: no speculative system" in body
-    assert body.count("<img ") == 1  # latency: the one figure plain decoding has
-
-
-@needs_tools
-def test_report_html_of_a_native_and_a_vllm_run_with_a_cpu_profile(tmp_path, monkeypatch, capfd):
-    import run_folders
-
-    body = _html_report(tmp_path, monkeypatch, capfd, run_folders.mixed(tmp_path), run_folders.vllm(tmp_path),
-                        "--profile", run_folders.cpu_profile(tmp_path))
-    assert "mixed/dspark: 2.00x faster than plain decoding at T=0" in body and "vllm/dspark: no speedup" in body
-    for warning in ("mixed: incomplete run", "mixed: 1 requests failed", "mixed: contention"):
-        assert warning in body
-    assert "<h1" in body and "Engines" in body and "equal greedy outputs" in body  # the parity pair's table
-    assert "kernel categories: the profiles recorded no GPU kernels" in body and "step ranges" in body
-
-
-@needs_tools
-def test_report_html_of_a_sweep_an_unfinished_run_an_empty_one_and_one_without_plain(tmp_path, monkeypatch, capfd):
-    import run_folders
-
-    body = _html_report(tmp_path, monkeypatch, capfd, *(make(tmp_path) for make in (
-        run_folders.sweep, run_folders.interrupted, run_folders.empty, run_folders.no_plain)))
-    assert "sweep/ngram: 1.67x faster than plain decoding at T=0, c=1" in body
-    assert "empty: no finished request yet" in body and "interrupted: incomplete run: 1 of 8 requests done" in body
-    assert "no-plain: no speedup: plain decoding is not among the systems" in body
-    assert "concurrency sweep" in body  # the sweep's figure (its alt text)
