@@ -288,7 +288,7 @@ def _html_report(tmp_path, monkeypatch, capfd, *args) -> str:
         assert bad not in body, bad
     images = re.findall(r"<img [^>]*>", body)
     assert images and all(re.search(r'alt="[^"]{20,}"', img) for img in images)  # every figure described
-    assert "<h1>DSpark benchmark report: " in body and "Verdict:" in body
+    assert "<h1>DSpark benchmark report: " in body and "Verdict</span>" in body
     return body
 
 

@@ -129,8 +129,11 @@ p.dspark-note { color: #555; font-style: italic; margin: 0.3em 0 0.8em; }
 p.dspark-failed { color: #a33; }
 header.dspark-headline h1 { font-size: 2em; margin-top: 0.2em; border: none; }
 p.dspark-where { margin: 0.15em 0; color: #333; }
-p.dspark-verdict { font-size: 1.1em; line-height: 1.5; background: #eef5ff; border-left: 4px solid #3b7dd8;
+p.dspark-verdict { font-size: 1.1em; line-height: 1.6; background: #eef5ff; border-left: 4px solid #3b7dd8;
   padding: 0.6em 0.9em; margin: 0.8em 0; }
+p.dspark-verdict strong { font-weight: 600; }
+span.dspark-label { display: block; font-size: 0.75em; letter-spacing: 0.08em; text-transform: uppercase;
+  color: #3b7dd8; font-weight: 700; }
 ul.dspark-warnings { background: #fff6e0; border-left: 4px solid #e0a100; padding: 0.5em 0.9em 0.5em 2em;
   margin: 0.8em 0; }
 p.dspark-legend { color: #666; font-size: 0.9em; }

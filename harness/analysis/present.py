@@ -276,7 +276,9 @@ class Headline:
         lines = [f'<header class="dspark-headline"><h1>{e(TITLE)}: {e(names)}</h1>']
         for meta in self.runs.meta.to_dict("records"):
             lines.append(f'<p class="dspark-where"><strong>{e(meta["run"])}</strong>: {e(where(meta))}</p>')
-        lines.append(f'<p class="dspark-verdict"><strong>Verdict:</strong> {e(verdict(self.runs))}</p>')
+        parts = [part.partition(": ") for part in verdict(self.runs).split("; ")]  # (each system's name in bold)
+        sentence = "; ".join(f"<strong>{e(name)}</strong>: {e(rest)}" if rest else e(name) for name, _, rest in parts)
+        lines.append(f'<p class="dspark-verdict"><span class="dspark-label">Verdict</span> {sentence}</p>')
         if not overall_rows(self.runs).empty:
             lines.append(summary_table(self.runs)._repr_html_())
         warned = self.warnings()
