@@ -1,5 +1,6 @@
 """`profile`: the PyTorch-profiler path end to end on the CPU (the one CI can run), the steady-state
-window, and how the nsys path finds nsys and builds its command."""
+window, the prompts it picks, the trace's size before it is written, the host operators and the
+profiler's overhead, and how the nsys path finds nsys and builds its command."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def test_profile_torch_captures_only_the_timed_requests(tmp_path, monkeypatch, c
     assert code == 0, err
     result = json.loads(stdout)
     assert [r["name"] for r in result["rows"]] == ["plain", "dspark"]
+    _profile_output(out, result, err)
     for system, step in (("plain", "ar_decode"), ("dspark", "dspark_propose")):
         records = read_requests(out / system)
         assert json.loads((out / system / "manifest.json").read_text())["profiled"] == "torch"
@@ -56,11 +58,40 @@ def test_profile_torch_captures_only_the_timed_requests(tmp_path, monkeypatch, c
     assert lines["target_verify: ms per token"][1] == f"{verify / dspark['output_tokens'] / 1e6:.3f}"
     assert lines["output tokens"] == [str(r["output_tokens"]) for r in result["rows"]]
     assert "kernels per token" not in lines  # a CPU trace has no kernels: no row of dashes
-    code, stdout, _ = run_cli(monkeypatch, capfd, "trace", "summarize", out / "dspark" / "trace.torch.json")
+    host = dspark["host"]
+    assert lines["TPOT profiled, ms (the two above)"][1] == f"{host['tpot_ms']:.3f}"
+    assert lines["profiler overhead, ms per token"][1] == f"{host['overhead_ms']:.3f} " \
+                                                          f"({100 * host['overhead_share']:+.0f}%)"
+    assert "top host operators: dspark" in stdout
+    code, stdout, _ = run_cli(monkeypatch, capfd, "trace", "summarize", out / "dspark" / "trace.torch.json.gz")
     assert code == 0 and "total ms" in stdout and "per call ms" in stdout and "{" not in stdout
     assert "launches: no GPU kernels in this trace (a CPU run)" in stdout
     code, _, err = run_cli(monkeypatch, capfd, "profile", "--torch", "--device", "cpu", "--out", out)
     assert code == 2 and "never overwrite" in err
+
+
+def _profile_output(out: Path, result: dict, err: str) -> None:
+    """What `test_profile_torch_captures_only_the_timed_requests` also checks: the prompts named, a line
+    per request, the trace sized before it was written, the host split and the overhead."""
+    ids = result["question_ids"]
+    assert f"profiling 2 of 18 qualitative coding prompts at T = 0 (question ids {ids[0]}, {ids[1]})" in err
+    unprofiled = read_requests(out / "unprofiled")  # the same requests, every system, timed unprofiled
+    assert sorted((r["system"], r["question_id"]) for r in unprofiled) == sorted(
+        (s, q) for s in ("plain", "dspark") for q in ids)
+    assert not json.loads((out / "unprofiled" / "manifest.json").read_text())["profiled"]
+    for system, row in zip(("plain", "dspark"), result["rows"]):
+        for i, r in enumerate(read_requests(out / system), 1):
+            assert f"[{i}/2] {system} T=0 {r['question_id'][:12]}: {r['output_tokens']} tokens, TPOT" in err
+        capture = json.loads((out / system / "capture.json").read_text())
+        assert f"{system}: trace: {capture['events']:,} events captured, about" in err
+        assert abs(capture["estimated_json_bytes"] / capture["json_bytes"] - 1) < 0.25
+        assert 0 < capture["bytes"] < capture["json_bytes"] and (out / system / "trace.torch.json.gz").is_file()
+        host = row["host"]
+        assert host["tpot_ms"] == pytest.approx(host["operators_ms"] + host["host_ms"])
+        assert host["operators_ms"] > 0 and host["host_ms"] > 0 and host["unprofiled_requests"] == 2
+        assert host["overhead_ms"] == pytest.approx(host["tpot_ms"] - host["unprofiled_tpot_ms"])
+        ops = row["operators"]
+        assert ops and all(a["self_ns"] >= b["self_ns"] for a, b in zip(ops, ops[1:])) and ops[0]["calls"] > 0
 
 
 def test_profile_refuses_bad_choices(monkeypatch, capfd):
@@ -202,3 +233,102 @@ def test_profile_nsys_of_vllm_follows_its_processes_and_names_them_when_missing(
     assert json.loads((out / "run-options.json").read_text())["backend"] == "vllm"
     diagnosis = json.loads((out / "plain.summary.json").read_text())["diagnosis"]
     assert any(d.startswith("vLLM's EngineCore and Worker processes are not in this trace") for d in diagnosis)
+
+
+def test_profile_defaults_to_two_prompts_at_the_first_temperature_and_says_how_to_get_more():
+    from harness.profiling.selection import choose
+    from harness.runs.plan import RunOptions
+    from harness.specs.experiments import load_experiment
+
+    exp = load_experiment("demo")
+    picked = choose(RunOptions(categories=["coding"]), exp)
+    assert picked.opts.num_prompts == 2 and picked.opts.temperatures == [exp.temperatures[0]]
+    assert picked.available == 18 and len(picked.question_ids) == 2 and picked.requests_per_system == 2
+    assert picked.note.startswith(f"profiling 2 of 18 qualitative coding prompts at T = 0 (question ids "
+                                  f"{picked.question_ids[0]}, {picked.question_ids[1]})")
+    assert "--num-prompts N for more (up to 18)" in picked.note and "--temperature 0,1" in picked.note
+    again = choose(RunOptions(categories=["coding"], num_prompts=3, temperatures=[0.0, 1.0]), exp)
+    assert again.question_ids[:2] == picked.question_ids  # the run's own seeded pick, a prefix of it
+    assert again.requests_per_system == 6 and "--num-prompts" not in again.note and "--temperature" not in again.note
+
+
+def test_operator_self_times_split_at_prefill_on_the_busiest_thread():
+    from harness.profiling.operators import operator_times
+
+    ops = [(1, 1, 0, 100, "aten::linear"), (1, 1, 10, 60, "aten::mm"), (1, 1, 20, 10, "aten::view"),
+           (1, 1, 200, 50, "aten::mm"), (1, 1, 300, 30, "aten::add"),  # thread 1: 180 ns inside operators
+           (1, 2, 0, 40, "aten::mm")]  # another thread, less busy
+    host = operator_times(ops, [(1, 1, 0, 150, "prefill"), (1, 1, 190, 200, "ar_decode")])
+    by = {o["name"]: o for o in host["operators"]}
+    assert [o["name"] for o in host["operators"]] == ["aten::mm", "aten::linear", "aten::add", "aten::view"]
+    assert by["aten::mm"]["calls"] == 3 and by["aten::mm"]["self_ns"] == 50 + 50 + 40  # less aten::view's 10
+    assert by["aten::mm"]["prefill_ns"] == 50 and by["aten::linear"]["self_ns"] == 40
+    assert host["self_ns"] == 220 and by["aten::view"]["share"] == pytest.approx(10 / 220)
+    assert host["thread_ns"] == 180 and host["prefill_ns"] == 100
+
+
+def test_host_time_per_token_against_the_profiled_and_unprofiled_tpot():
+    from harness.profiling.compare import host_figures
+
+    def request(q, e2el, ttft, n, system="plain", **extra):
+        return {"system": system, "question_id": q, "turn": 0, "temperature": 0.0, "e2el_ms": e2el, "ttft_ms": ttft,
+                "output_tokens": n, **extra}
+
+    profiled = [request("a", 110.0, 10.0, 11), request("b", 60.0, 10.0, 6)]  # 150 ms over 15 decoded tokens
+    unprofiled = [request("a", 70.0, 10.0, 11), request("b", 40.0, 10.0, 6), request("c", 5.0, 1.0, 3),
+                  request("d", 1.0, 1.0, 1, failed=True)]
+    summary = {"host": {"thread_ns": 100_000_000, "prefill_ns": 10_000_000, "operators": []}}
+    h = host_figures(summary, profiled, unprofiled)
+    assert h["tpot_ms"] == 10.0 and h["operators_ms"] == 6.0 and h["host_ms"] == 4.0
+    assert h["unprofiled_tpot_ms"] == 6.0 and h["overhead_ms"] == 4.0 and h["overhead_share"] == pytest.approx(2 / 3)
+    assert h["unprofiled_requests"] == 2 and h["contended_requests"] == 0  # "c" was not profiled
+    assert host_figures(summary, profiled, [])["overhead_ms"] is None
+    assert host_figures({"host": None}, profiled, unprofiled) is None  # an nsys trace: no host operators
+    assert host_figures(summary, [r | {"max_concurrency": 4} for r in profiled], unprofiled) is None
+
+
+def test_a_torch_trace_is_sized_before_it_is_written_and_refused_above_the_limit(tmp_path, monkeypatch):
+    import torch
+
+    from harness.backends import capture
+    from harness.profiling.torch_trace import summarize_torch
+
+    def profiled():
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof.start()
+        x = torch.ones(8, 8)
+        for _ in range(50):
+            x = (x @ x).relu() / 8
+        prof.stop()
+        return prof
+
+    with pytest.raises(DSparkError, match=r"would be about .* KB \(\d+ events\), above the limit of 1 KB: not "
+                                          r"written; .*--num-prompts, --output-len\) or raise --max-trace-mb"):
+        capture.write_trace(profiled(), tmp_path, limit=1000)
+    refused = json.loads((tmp_path / capture.CAPTURE).read_text())
+    assert refused["events"] > 100 and refused["estimated_json_bytes"] > 1000 and refused["bytes"] is None
+    assert not list(tmp_path.glob("trace*"))
+    record = capture.write_trace(profiled(), tmp_path, limit=None)
+    assert abs(record["estimated_json_bytes"] / record["json_bytes"] - 1) < 0.25
+    assert (tmp_path / capture.TORCH_TRACE).stat().st_size == record["bytes"] < record["json_bytes"]
+    assert not (tmp_path / "trace.torch.json").exists()  # only the gzipped trace stays
+    host = summarize_torch(tmp_path / capture.TORCH_TRACE)["host"]
+    assert {"aten::mm", "aten::relu", "aten::div"} <= {o["name"] for o in host["operators"]}
+    assert {o["name"]: o["calls"] for o in host["operators"]}["aten::mm"] == 50
+    monkeypatch.setenv(capture.LIMIT_ENV, "2.5")
+    assert capture.trace_limit() == 2_500_000
+    monkeypatch.setenv(capture.LIMIT_ENV, "lots")
+    with pytest.raises(DSparkError, match="give megabytes as a number"):
+        capture.trace_limit()
+
+
+def test_a_child_started_early_waits_at_its_gate(tmp_path, monkeypatch):
+    from harness.backends import capture
+
+    capture.wait_for_gate()  # no gate: the window opens at once
+    monkeypatch.setenv(capture.GATE_ENV, str(tmp_path / "open"))
+    monkeypatch.setattr(capture, "GATE_WAIT_S", 0.05)
+    with pytest.raises(DSparkError, match="never opened this capture window"):
+        capture.wait_for_gate()
+    (tmp_path / "open").touch()
+    capture.wait_for_gate()

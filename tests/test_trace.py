@@ -239,3 +239,37 @@ def test_an_export_without_a_product_version_is_refused_in_one_line(tmp_path, mo
     conn.commit()
     code, _, err = run_cli(monkeypatch, capfd, "trace", "summarize", tmp_path / "noversion.sqlite")
     assert code == 2 and "not an Nsight Systems export" in err and len(err.strip().splitlines()) == 1
+
+
+def _kineto(path: Path, ops: list[tuple[str, float, float]]) -> Path:
+    """A minimal PyTorch profiler Chrome trace: one prefill range around host operators (name, ts, dur)."""
+    import gzip
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "prefill", "pid": 7, "tid": 7, "ts": 0.0, "dur": 100.0}]
+    events += [{"ph": "X", "cat": "cpu_op", "name": n, "pid": 7, "tid": 7, "ts": ts, "dur": dur} for n, ts, dur in ops]
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_trace_compare_tells_same_named_traces_apart_by_their_folders(tmp_path, monkeypatch, capfd):
+    from cli_runner import run_cli
+
+    a = _kineto(tmp_path / "runs" / "a" / "trace.torch.json", [("aten::mm", 1.0, 50.0), ("aten::view", 2.0, 5.0)])
+    b = _kineto(tmp_path / "other" / "a" / "trace.torch.json.gz", [("aten::add", 1.0, 20.0)])
+    c = _kineto(tmp_path / "runs" / "c" / "trace.torch.json", [("aten::mm", 1.0, 10.0)])
+    code, out, err = run_cli(monkeypatch, capfd, "trace", "compare", a, b, c, "--json")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert [r["name"] for r in rows] == ["runs/a/trace.torch", "other/a/trace.torch", "c/trace.torch"]
+    assert [o["name"] for o in rows[0]["operators"]] == ["aten::mm", "aten::view"]
+    assert rows[0]["operators"][0]["self_ns"] == 45_000 and rows[1]["operators"][0]["calls"] == 1
+    code, out, _ = run_cli(monkeypatch, capfd, "trace", "compare", c, c, "--json")
+    assert [r["name"] for r in json.loads(out)["rows"]] == ["trace.torch (1)", "trace.torch (2)"]  # one file twice
+    code, out, _ = run_cli(monkeypatch, capfd, "trace", "compare", a, b)
+    assert code == 0 and "runs/a/trace.torch" in out and "top host operators: other/a/trace.torch" in out

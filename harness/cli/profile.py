@@ -1,6 +1,7 @@
 """`dspark-bench profile`: every system of a run in its own child run under nsys or the PyTorch
 profiler, the steady state only, then where the time goes side by side. The child runs are given
-the run options as data (the recorded options, as `--resume` reads them), never as rebuilt flags."""
+the run options as data (the recorded options, as `--resume` reads them), never as rebuilt flags.
+Unless told otherwise a profile takes a few prompts at one temperature (`harness.profiling.selection`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import typer
 
 from dspark.errors import DSparkError
 from harness.cli import options
-from harness.cli.render import err, out, print_comparison
+from harness.cli.render import err, out, print_comparison, print_operators
 
 
 @options.with_run_options
@@ -28,10 +29,17 @@ def profile(
                                        "that makes nsys follow a forked engine process."),
     out_dir: Optional[str] = typer.Option(None, "--out", help="Profile folder (default: results/<experiment>-<split>-"
                                           "<time>-profile)."),
+    max_trace_mb: float = typer.Option(500, "--max-trace-mb", help="The most megabytes of JSON one PyTorch trace "
+                                       "may hold, estimated from its events before it is written (it is written "
+                                       "gzipped, about 12 times smaller); above it the profile stops. 0: no limit."),
+    overhead: bool = typer.Option(True, "--overhead/--no-overhead", help="First time the same requests "
+                                  "unprofiled (every system in one child run), to measure the profiler's overhead."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
-    """Profile every system of a run (one trace each, steady state only) and compare where the time goes."""
+    """Profile every system of a run (one trace each, steady state only) and compare where the time goes.
+    Without --num-prompts and --temperature: 2 prompts at the experiment's first temperature."""
     from harness.profiling.orchestrate import profile_run
+    from harness.profiling.selection import choose
     from harness.runs.plan import default_out, recorded_options, resolve_settings
     from harness.specs.experiments import load_experiment
 
@@ -41,7 +49,11 @@ def profile(
     opts = options.run_options_from(run_options)
     if kind == "nsys" and not opts.device.startswith("cuda"):
         raise DSparkError("profile --nsys needs a CUDA device; use --torch on the CPU")
+    if max_trace_mb < 0:
+        raise DSparkError(f"--max-trace-mb {max_trace_mb:g}: give megabytes, at least 0 (0: no limit)")
     exp = load_experiment(opts.experiment)
+    selection = choose(opts, exp)
+    opts = selection.opts
     settings = resolve_settings(opts, exp)
     if out_dir:
         folder = Path(out_dir)
@@ -50,10 +62,13 @@ def profile(
         folder = default.with_name(default.name + "-profile")
     result = profile_run([], [(n, exp.system(n).method) for n in settings["systems"]], kind, folder, err,
                          preset, nsys_path, nsys_arg,
-                         run_options=recorded_options(opts) | {"backend": settings["backend"]})  # (as resolved)
+                         run_options=recorded_options(opts) | {"backend": settings["backend"]},  # (as resolved)
+                         overhead=overhead, max_trace_mb=max_trace_mb if kind == "torch" else 0,
+                         requests_per_system=selection.requests_per_system, note=selection.note)
     if as_json:
-        print(json.dumps({"profile_dir": str(folder), **result}))
+        print(json.dumps({"profile_dir": str(folder), "question_ids": selection.question_ids, **result}))
     else:
         print_comparison(result, f"profile ({kind}): {folder}")
-        out.print(f"wrote: {folder}/ (profile.json, run-options.json; per system: its run folder, trace, summary "
-                  "and log)", highlight=False, soft_wrap=True)
+        print_operators(result)
+        out.print(f"wrote: {folder}/ (profile.json, run-options.json, the unprofiled run; per system: its "
+                  "run folder, trace, summary and log)", highlight=False, soft_wrap=True)

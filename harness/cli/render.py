@@ -167,15 +167,25 @@ def deltas_table(result: dict, names: tuple[str, str], title: str) -> Table:
 
 def print_comparison(result: dict, title: str) -> None:
     """One column per system. Times in ms: each step range's total over the timed requests, its calls,
-    per call and per generated token; per-token launch and GPU figures where the trace has kernels."""
+    per call and per generated token; per-token launch and GPU figures where the trace has kernels; from
+    a PyTorch trace, the host time per decoded token inside and outside operators against the profiled
+    and unprofiled TPOT."""
     rows = result["rows"]
     cats = sorted({c for r in rows for c in r["categories"]})
     ranges = list(dict.fromkeys(k for r in rows for k in r["ranges_ns"]))
-    t = Table(title=title, caption="total: summed over the timed requests; per call: total / calls; per token: total / "
-              "output tokens; absent: the system has no such step", caption_justify="left")
+    caption = ("total: summed over the timed requests; per call: total / calls; per token: total / output tokens; "
+               "absent: the system has no such step")
+    if any(r.get("host") for r in rows):
+        caption += ("; host, per decoded token: the time inside the trace's operators (outside prefill) and the "
+                    "rest of the requests' decode time (Python, the engine's loop, the profiler's bookkeeping), "
+                    "together the profiled TPOT")
+    if any((r.get("host") or {}).get("unprofiled_tpot_ms") for r in rows):
+        caption += ("; TPOT unprofiled: the same requests, timed in an unprofiled run before the profiles; "
+                    "profiler overhead: profiled TPOT less unprofiled")
+    t = Table(title=title, caption=caption, caption_justify="left")
     t.add_column("figure")
     for r in rows:
-        t.add_column(r["name"], justify="right")
+        t.add_column(r["name"], justify="right", no_wrap=True)
 
     def add(label: str, cell) -> None:
         cells = [cell(r) for r in rows]
@@ -201,10 +211,47 @@ def print_comparison(result: dict, title: str) -> None:
                                ("graph_launches_per_token", "graph launches per token", 2),
                                ("gpu_us_per_token", "GPU time per token, us", 1)):
         add(label, lambda r: "-" if r[key] is None else f"{r[key]:.{digits}f}")
+
+    def host(key: str, percent: bool = False):
+        def cell(r) -> str:
+            h = r.get("host") or {}
+            if h.get(key) is None:
+                return "-"
+            return f"{h[key]:.3f}" + (f" ({100 * h['overhead_share']:+.0f}%)" if percent else "")
+        return cell
+
+    for key, label in (("operators_ms", "host: in operators, ms per token"),
+                       ("host_ms", "host: outside operators, ms per token"),
+                       ("tpot_ms", "TPOT profiled, ms (the two above)"), ("unprofiled_tpot_ms", "TPOT unprofiled, ms")):
+        add(label, host(key))
+    add("profiler overhead, ms per token", host("overhead_ms", percent=True))
     show(out, t)
     for r in rows:
+        contended = (r.get("host") or {}).get("contended_requests")
+        if contended:
+            out.print(f"{r['name']}: {contended} of the requests timed for the overhead ran on a busy machine: "
+                      "the overhead is less certain", style="yellow", highlight=False, soft_wrap=True)
         for d in r["diagnosis"]:
             out.print(f"{r['name']}: {d}", style="yellow", highlight=False, soft_wrap=True)
+
+
+def print_operators(result: dict) -> None:
+    """Per system of a PyTorch trace, its host operators by self time: calls, self ms, share of all
+    operators' self time, and microseconds per decoded token (outside prefill) where tokens are known."""
+    for r in result["rows"]:
+        if not r.get("operators"):
+            continue
+        t = Table(title=f"top host operators: {r['name']}", caption="self: the operator's own time, less the "
+                  "operators it called; share: of all operators' self time; per token: outside prefill, per "
+                  "decoded token", caption_justify="left")
+        t.add_column("operator")
+        for header in ("calls", "self ms", "share", "us per token"):
+            t.add_column(header, justify="right", no_wrap=True)
+        for o in r["operators"]:
+            t.add_row(o["name"], str(o["calls"]), f"{o['self_ns'] / 1e6:.3f}",
+                      "-" if o["share"] is None else f"{100 * o['share']:.1f}%",
+                      "-" if o.get("us_per_token") is None else f"{o['us_per_token']:.1f}")
+        show(out, t)
 
 
 def print_trace_summary(s: dict, file_name: str) -> None:

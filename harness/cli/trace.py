@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from harness.cli.render import print_comparison, print_trace_summary
+from harness.cli.render import print_comparison, print_operators, print_trace_summary
 
 trace_app = typer.Typer(help="Read Nsight Systems exports (and PyTorch profiler traces) with our own parser.",
                         no_args_is_help=True, rich_markup_mode=None)
@@ -21,7 +21,8 @@ def trace_summarize(
                                                 "must appear (dspark, dflash, ngram)."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole summary as JSON."),
 ):
-    """NVTX ranges, kernels, categories, API calls, GPU projection, launches, processes and a diagnosis."""
+    """NVTX ranges, kernels, categories, API calls, GPU projection, launches, processes and a diagnosis;
+    for a PyTorch trace, its host operators by self time."""
     from harness.profiling.compare import summarize_any
 
     s = summarize_any(file, expect_method)
@@ -29,6 +30,8 @@ def trace_summarize(
         print(json.dumps(s))
         return
     print_trace_summary(s, file.name)
+    if (s.get("host") or {}).get("operators"):
+        print_operators({"rows": [{"name": file.name, "operators": s["host"]["operators"][:25]}]})
 
 
 @trace_app.command("compare")
@@ -36,7 +39,9 @@ def trace_compare(
     inputs: list[Path] = typer.Argument(..., help="Trace files, or folders written by dspark-bench profile."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
-    """Kernel-category shares and counts, step ranges and, for profile folders, launches and GPU time per token."""
+    """Kernel-category shares and counts, step ranges and, for profile folders, launches and GPU time per
+    token; for PyTorch traces the top host operators, and with a profile's requests the host time per
+    decoded token and the profiler's overhead. Inputs of the same name are told apart by their folders."""
     from harness.profiling.compare import compare, load_inputs
 
     result = compare(load_inputs(inputs))
@@ -44,3 +49,4 @@ def trace_compare(
         print(json.dumps(result))
     else:
         print_comparison(result, "comparison")
+        print_operators(result)

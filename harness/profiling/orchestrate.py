@@ -3,6 +3,11 @@ profiler), capturing only the steady state: the child loads its models, sizes it
 its graphs and runs its warm-up requests first, then opens the capture window around the timed
 requests (`cudaProfilerStart`/`Stop` with nsys' `--capture-range=cudaProfilerApi`).
 
+To measure the profiler's own overhead, the same requests first run unprofiled, every system in one
+child run (`unprofiled/`): its TPOTs are what the profiled ones are held against. While a child runs,
+its progress lines and a line per finished request reach the console; before a PyTorch trace is
+written its size is estimated and held against the limit (`harness.backends.capture`).
+
 Traces are exported to SQLite and summarised by our parser (`harness/profiling/traces.py`); the comparison
 across systems is printed at the end. Profiled timings are marked as such in every manifest: they
 are not comparable with unprofiled runs.
@@ -10,35 +15,50 @@ are not comparable with unprofiled runs.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.profiling.compare import compare, load_inputs, summarize_any
+from harness.analysis.records import read_requests
+from harness.backends.capture import CAPTURE, GATE_ENV, LIMIT_ENV, TORCH_TRACE, megabytes
+from harness.profiling.compare import REFERENCE, compare, load_inputs, summarize_any
 from harness.profiling.nsys import export_sqlite, find_nsys, nsys_command, plan_flags
 from harness.runs.folder import RunFolder
 
+QUIET = ("USDT:", "STAGE:")  # the profiler library's own log lines: kept in the log, not shown
 
-def child_run_args(run_args: list[str], system: str, out: Path, kind: str) -> list[str]:
-    """The `dspark-bench run` of one system, in a fresh interpreter (spawned, never forked)."""
-    return [sys.executable, "-m", "harness.cli", "run", *run_args, "--systems", system, "--out", str(out),
-            "--profiled", kind]
+
+def child_run_args(run_args: list[str], system: str | None, out: Path, kind: str | None) -> list[str]:
+    """The `dspark-bench run` of one system (None: every system), profiled (`kind`) or not, in a fresh
+    interpreter (spawned, never forked)."""
+    return [sys.executable, "-m", "harness.cli", "run", *run_args, *(["--systems", system] if system else []),
+            "--out", str(out), *(["--profiled", kind] if kind else [])]
 
 
 def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, out_dir: Path, console,
                 preset: str = "default", nsys_path: str | None = None, nsys_args: list[str] | None = None,
-                run_options: dict | None = None) -> dict:
+                run_options: dict | None = None, overhead: bool = False, max_trace_mb: float = 0,
+                requests_per_system: int | None = None, note: str | None = None) -> dict:
     """Profile each (system, method) in its own child `run`; returns the comparison of their summaries.
     The children get `run_options` (a run's recorded options) as `run-options.json`, and `run_args`.
+    `overhead`: time the same requests unprofiled first; `max_trace_mb`: the most megabytes of JSON a
+    PyTorch trace may hold (0: no limit); `requests_per_system`: for the progress lines; `note`: what
+    is profiled, said once the folder is made.
 
     `out_dir` gets, per system: the child's run folder `<system>/`, its trace (`<system>.nsys-rep` and
-    `<system>.sqlite`, or `<system>/trace.torch.json`), `<system>.summary.json` and `<system>.log`;
-    and `profile.json`: what was run, with which nsys and flags, and what was dropped."""
+    `<system>.sqlite`, or `<system>/trace.torch.json.gz`), `<system>.summary.json` and `<system>.log`;
+    `unprofiled/` with `unprofiled.log` (with `overhead`); and `profile.json`: what was run, with which
+    nsys and flags, and what was dropped."""
     if out_dir.exists():
         raise DSparkError(f"{out_dir} exists; profiles never overwrite earlier traces (give another --out)")
     out_dir.mkdir(parents=True)
+    if note:
+        console.print(note, highlight=False, soft_wrap=True)
     folder = RunFolder(out_dir)
     if run_options is not None:
         folder.write_json("run-options.json", run_options)
@@ -50,9 +70,10 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
             console.print(f"notice: {notice}", style="yellow")
     record = {"kind": kind, "preset": preset if plan else None, "nsys": str(plan.nsys) if plan else None,
               "nsys_version": plan.version if plan else None, "flags": plan.flags if plan else None,
-              "dropped": plan.dropped if plan else [], "commands": {},
+              "dropped": plan.dropped if plan else [], "commands": {}, "max_trace_mb": max_trace_mb or None,
               "note": "profiled timings are not comparable with unprofiled runs"}
     env = dict(os.environ, COLUMNS="160")
+    env[LIMIT_ENV] = str(max_trace_mb or 0)
     vllm = (run_options or {}).get("backend") == "vllm"
     if vllm:  # vLLM's model runs in its worker: started by spawn, and followed by nsys across fork and exec
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -63,19 +84,178 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
             plan.flags = [f for f in plan.flags if not f.startswith("--trace-fork-before-exec")]
             plan.flags.append("--trace-fork-before-exec=true")
             record["flags"] = plan.flags
+    jobs = []  # (label, command, run folder, requests expected, method or None for the unprofiled run)
+    if overhead:
+        cmd = child_run_args(run_args, None, out_dir / REFERENCE, None)
+        record["reference"] = {"folder": REFERENCE, "command": cmd,
+                               "how": "the same requests of every system in one unprofiled child run, before the "
+                                      "profiles; overhead: profiled TPOT less this run's"}
+        jobs.append((REFERENCE, cmd, requests_per_system * len(systems) if requests_per_system else None, None))
+        console.print(f"timing the same requests unprofiled first, every system in one run ({REFERENCE}/), to "
+                      "measure the profiler's overhead (--no-overhead to skip)", highlight=False, soft_wrap=True)
     for system, method in systems:
         child = child_run_args(run_args, system, out_dir / system, kind)
-        cmd = nsys_command(plan, out_dir / system, child) if plan else child
-        record["commands"][system] = cmd
-        folder.write_json("profile.json", record)
-        console.print(f"profiling {system} ({kind})", highlight=False)
-        with (out_dir / f"{system}.log").open("w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-        if rc != 0:
-            tail = (out_dir / f"{system}.log").read_text().strip().splitlines()[-1:] or ["no output"]
-            raise DSparkError(f"profiling {system} failed (exit {rc}: {tail[0]}); see {out_dir / (system + '.log')}")
-        trace = export_sqlite(plan.nsys, out_dir / f"{system}.nsys-rep") if plan else out_dir / system / "trace.torch.json"
-        ours = not vllm and method not in ("plain", "ngram")  # vLLM's traces carry none of our step ranges
-        summary = summarize_any(trace, expect_method=method if ours else None, engine="vllm" if vllm else None)
-        folder.write_json(f"{system}.summary.json", summary)
+        record["commands"][system] = nsys_command(plan, out_dir / system, child) if plan else child
+        jobs.append((system, record["commands"][system], requests_per_system, method))
+    folder.write_json("profile.json", record)
+    # The next child starts (loads, warms up) while this one writes its trace and this process summarises
+    # it; its capture window opens once both are done (its gate). vLLM's window has no gate: one at a time.
+    ahead = not vllm and requests_per_system is not None
+    per_token: dict[str, float] = {}  # bytes of trace JSON per output token, of the systems profiled so far
+    children: dict[str, Child] = {}
+
+    def start(job: tuple, gated: bool) -> None:
+        label, cmd, expected, method = job
+        if method is not None:
+            console.print(f"profiling {label} ({kind})" + ("" if gated else _outlook(out_dir, label, per_token,
+                                                                                     max_trace_mb)),
+                          highlight=False, soft_wrap=True)
+        children[label] = Child(label, cmd, out_dir, env, console, expected, gated)
+
+    try:
+        start(jobs[0], gated=False)
+        for i, (label, _, _, method) in enumerate(jobs):
+            upcoming = jobs[i + 1] if i + 1 < len(jobs) else None
+            if upcoming and ahead:
+                children[label].wait(until_requests=True)  # its capture window has closed
+                start(upcoming, gated=True)
+            children[label].wait()
+            if method is not None:
+                _summarise(label, method, out_dir, plan, vllm, folder, per_token, console)
+            if upcoming and upcoming[0] in children:
+                console.print(f"{upcoming[0]}: capture window opens{_outlook(out_dir, upcoming[0], per_token, max_trace_mb)}",
+                              highlight=False, soft_wrap=True)
+                children[upcoming[0]].open()
+            elif upcoming:
+                start(upcoming, gated=False)
+    except BaseException:
+        for child in children.values():
+            child.stop()
+        raise
     return compare(load_inputs([out_dir]))
+
+
+def _summarise(system: str, method: str, out_dir: Path, plan, vllm: bool, folder: RunFolder,
+               per_token: dict[str, float], console) -> None:
+    """Export (nsys) and summarise one system's trace into `<system>.summary.json`; say the size of what
+    was written where the child did not, and keep its JSON per token for the next outlook."""
+    if plan:
+        report = out_dir / f"{system}.nsys-rep"
+        trace = export_sqlite(plan.nsys, report)
+        console.print(f"{system}: wrote {report.name}: {megabytes(_size(report))} (exported: {trace.name}, "
+                      f"{megabytes(_size(trace))})", highlight=False)
+    else:
+        trace = next((p for p in (out_dir / system / TORCH_TRACE, out_dir / system / "trace.torch.json")
+                      if p.is_file()), out_dir / system / TORCH_TRACE)  # (vLLM's profiler writes it plain)
+        tokens = sum(r["output_tokens"] for r in read_requests(out_dir / system))
+        json_bytes = _capture(out_dir / system).get("json_bytes")
+        if json_bytes is None:  # (a trace the child did not size: vLLM's)
+            json_bytes = _size(trace)
+            console.print(f"{system}: wrote {trace.name}: {megabytes(json_bytes)}", highlight=False)
+        if tokens and json_bytes:
+            per_token[system] = json_bytes / tokens
+    ours = not vllm and method not in ("plain", "ngram")  # vLLM's traces carry none of our step ranges
+    summary = summarize_any(trace, expect_method=method if ours else None, engine="vllm" if vllm else None)
+    folder.write_json(f"{system}.summary.json", summary)
+
+
+def _outlook(out_dir: Path, system: str, per_token: dict[str, float], max_trace_mb: float) -> str:
+    """What the next capture holds, from the unprofiled run (its tokens) and the traces written so far
+    (their JSON per token, the largest): ': 2 requests, 151 tokens to come, a trace of about 89 MB'."""
+    mine = [r for r in read_requests(out_dir / REFERENCE) if r["system"] == system and not r.get("failed")]
+    if not mine:
+        return ""
+    tokens = sum(r["output_tokens"] for r in mine)
+    text = f": {len(mine)} requests, {tokens} tokens to come"
+    if per_token:
+        worst = max(per_token, key=per_token.get)
+        expected = per_token[worst] * tokens
+        text += f", a trace of at most about {megabytes(int(expected))} (at {worst}'s {per_token[worst] / 1e3:.0f} KB " \
+                "per token)"
+        if max_trace_mb and expected > max_trace_mb * 1e6:
+            text += f", which may pass the limit of {max_trace_mb:g} MB"
+    return text
+
+
+class Child:
+    """One child run in the background: its stdout (the run's tables) to `<label>.log`; its stderr to
+    the log and, line by line, to the console; a line per request as the child records it. A gated
+    child holds its capture window shut until `open` (`harness.backends.capture.GATE_ENV`)."""
+
+    def __init__(self, label: str, cmd: list[str], out_dir: Path, env: dict, console, expected: int | None,
+                 gated: bool):
+        self.label, self.run_dir, self.console, self.expected = label, out_dir / label, console, expected
+        self.log_path = out_dir / f"{label}.log"
+        self.gate = out_dir / f".{label}.open"
+        env = dict(env, **({GATE_ENV: str(self.gate)} if gated else {}))
+        self.log = self.log_path.open("a")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.PIPE, env=env, text=True,
+                                     errors="replace")
+        self.relay = threading.Thread(target=_relay, args=(self.proc.stderr, self.log, console, label), daemon=True)
+        self.relay.start()
+        self.seen = 0
+
+    def open(self) -> None:
+        self.gate.touch()
+
+    def wait(self, until_requests: bool = False) -> None:
+        """Until the child ends (or, `until_requests`, has recorded every expected request), reporting
+        each request; a child that failed raises with its last line."""
+        while True:
+            ended = self.proc.poll() is not None
+            self.seen = _new_requests(self.run_dir, self.seen, self.expected, self.console)
+            if ended or (until_requests and self.expected and self.seen >= self.expected):
+                break
+            time.sleep(0.2)
+        if not ended:
+            return
+        self.relay.join()
+        self.log.close()
+        self.gate.unlink(missing_ok=True)
+        if self.proc.returncode != 0:
+            lines = [line for line in self.log_path.read_text().splitlines() if line.strip()]
+            tail = lines[-1].strip() if lines else "no output"
+            what = "timing unprofiled" if self.label == REFERENCE else f"profiling {self.label}"
+            raise DSparkError(f"{what} failed (exit {self.proc.returncode}: {tail}); see {self.log_path}")
+
+    def stop(self) -> None:
+        """On the way out (an interrupt, another child's failure): an interrupted child writes its
+        summaries and ends by itself; one that waits at its gate is ended."""
+        if self.proc.poll() is None and not self.gate.exists():
+            self.proc.terminate()
+        self.proc.wait()
+        self.relay.join()
+        self.log.close()
+        self.gate.unlink(missing_ok=True)
+
+
+def _relay(stream, log, console, label: str) -> None:
+    for line in stream:
+        log.write(line)
+        log.flush()
+        if line.strip() and not line.startswith(QUIET):
+            console.print(f"  {label}: {line.rstrip()}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _new_requests(run_dir: Path, seen: int, expected: int | None, console) -> int:
+    """Print a line for each request recorded since the `seen` first; returns how many there are now."""
+    records = read_requests(run_dir)
+    for i, r in enumerate(records[seen:], seen + 1):
+        if r.get("failed"):
+            what = f"failed: {r.get('error')}"
+        else:
+            tpot = f", TPOT {r['tpot_ms']:.1f} ms" if r.get("tpot_ms") is not None else ""
+            what = f"{r['output_tokens']} tokens{tpot}"
+        console.print(f"  [{i}{f'/{expected}' if expected else ''}] {r['system']} T={float(r['temperature']):g} "
+                      f"{r['question_id'][:12]}: {what}", highlight=False, markup=False, soft_wrap=True)
+    return max(seen, len(records))
+
+
+def _capture(run_dir: Path) -> dict:
+    """What the child's capture window recorded of its PyTorch trace (`harness.backends.capture`)."""
+    path = run_dir / CAPTURE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _size(path: Path) -> int | None:
+    return path.stat().st_size if path.is_file() else None

@@ -1,32 +1,39 @@
-"""The PyTorch profiler's (Kineto) Chrome trace in the schema of our nsys summary, aggregated by the
-same SQL (`harness.profiling.traces`)."""
+"""The PyTorch profiler's (Kineto) Chrome trace, plain or gzipped, in the schema of our nsys summary,
+aggregated by the same SQL (`harness.profiling.traces`), with the host operators' self times
+(`harness.profiling.operators`)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
 from pathlib import Path
 
 from dspark.errors import DSparkError
+from harness.profiling.operators import operator_times
 from harness.profiling.traces import _categories, _rows, _stats, diagnose, kernel_category
+
+SUFFIXES = (".json", ".json.gz")  # a PyTorch profiler trace, as written plain or gzipped
 
 
 def summarize_torch(path: Path, expect_method: str | None = None) -> dict:
     """The same summary from a PyTorch profiler (Kineto) Chrome trace: ranges are its
     `user_annotation` events, kernels `kernel`, memory operations `gpu_memcpy`/`gpu_memset`, API calls
-    `cuda_runtime`/`cuda_driver`, projections `gpu_user_annotation`. What a Kineto trace cannot give is
-    null and named in `unavailable`. The events are loaded into an in-memory SQLite database and
-    aggregated by the same SQL as nsys exports."""
+    `cuda_runtime`/`cuda_driver`, projections `gpu_user_annotation`; `host` the operators' self times
+    (`cpu_op` events). What a Kineto trace cannot give is null and named in `unavailable`. The events
+    are loaded into an in-memory SQLite database and aggregated by the same SQL as nsys exports."""
+    path = Path(path)
     try:
-        trace = json.loads(Path(path).read_text())
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
+            trace = json.load(f)
         events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
         raise DSparkError(f"{path}: not a PyTorch profiler Chrome trace ({type(exc).__name__})") from None
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE ev (cat TEXT, name TEXT, pid INTEGER, dur INTEGER)")
-    conn.executemany("INSERT INTO ev VALUES (?, ?, ?, ?)",
+    conn.executemany("INSERT INTO ev VALUES (?, ?, ?, ?)",  # (host operators, most of a CPU trace, go to `host`)
                      [(e.get("cat"), e.get("name"), e.get("pid") if isinstance(e.get("pid"), int) else -1,
-                       round(float(e.get("dur", 0)) * 1000)) for e in events])
+                       round(float(e.get("dur", 0)) * 1000)) for e in events if e.get("cat") != "cpu_op"])
 
     def cat_rows(cats: str, keys: list[str], count_name: str = "instances") -> list[dict]:
         return _rows(conn, _stats(f"SELECT NULL AS domain, name AS range, 'PushPop' AS style, name, dur FROM ev "
@@ -50,6 +57,7 @@ def summarize_torch(path: Path, expect_method: str | None = None) -> dict:
                          for r in _rows(conn, _stats("SELECT name, dur FROM ev WHERE cat = 'gpu_user_annotation'",
                                                      ["name"]))]
     out["busy"] = []
+    out["host"] = operator_times(*_spans(events))
     kernels = conn.execute("SELECT COUNT(*) FROM ev WHERE cat = 'kernel'").fetchone()[0]
     graph = conn.execute("SELECT COUNT(*) FROM ev WHERE cat IN ('cuda_runtime', 'cuda_driver') AND "
                          "(name LIKE 'cudaGraphLaunch%' OR name LIKE 'cuGraphLaunch%')").fetchone()[0]
@@ -72,3 +80,16 @@ def summarize_torch(path: Path, expect_method: str | None = None) -> dict:
                         if kernels or not ("kernel rows" in d or "GPU work" in d)]
     conn.close()
     return out
+
+
+def _spans(events: list[dict]) -> tuple[list[tuple], list[tuple]]:
+    """The host operators (`cpu_op`) and the ranges (`user_annotation`), each as (pid, tid, start_ns,
+    dur_ns, name)."""
+    ops, ranges = [], []
+    for e in events:
+        cat = e.get("cat")
+        if cat == "cpu_op" or cat == "user_annotation":
+            (ops if cat == "cpu_op" else ranges).append(
+                (e.get("pid"), e.get("tid"), round(float(e.get("ts", 0)) * 1000), round(float(e.get("dur", 0)) * 1000),
+                 e.get("name")))
+    return ops, ranges
