@@ -32,8 +32,10 @@ def profile(
     max_trace_mb: float = typer.Option(500, "--max-trace-mb", help="The most megabytes of JSON one PyTorch trace "
                                        "may hold, estimated from its events before it is written (it is written "
                                        "gzipped, about 12 times smaller); above it the profile stops. 0: no limit."),
-    overhead: bool = typer.Option(True, "--overhead/--no-overhead", help="First time the same requests "
-                                  "unprofiled (every system in one child run), to measure the profiler's overhead."),
+    overhead: Optional[bool] = typer.Option(None, "--overhead/--no-overhead", help="First time the same requests "
+                                            "unprofiled (every system in one child run), to measure the profiler's "
+                                            "overhead (default: on for the native backend; vLLM would start its "
+                                            "engines once more)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
     """Profile every system of a run (one trace each, steady state only) and compare where the time goes.
@@ -63,7 +65,8 @@ def profile(
     result = profile_run([], [(n, exp.system(n).method) for n in settings["systems"]], kind, folder, err,
                          preset, nsys_path, nsys_arg,
                          run_options=recorded_options(opts) | {"backend": settings["backend"]},  # (as resolved)
-                         overhead=overhead, max_trace_mb=max_trace_mb if kind == "torch" else 0,
+                         overhead=settings["backend"] == "native" if overhead is None else overhead,
+                         max_trace_mb=max_trace_mb if kind == "torch" else 0,
                          requests_per_system=selection.requests_per_system, note=selection.note)
     if as_json:
         print(json.dumps({"profile_dir": str(folder), "question_ids": selection.question_ids, **result}))

@@ -41,6 +41,7 @@ def choose(opts: RunOptions, exp: Experiment) -> Selection:
     available = sum(not settings["categories"] or r.category in settings["categories"] for r in data.rows)
     temps = settings["temperatures"]
     turns = sum(len(r.turns) if settings["turns"] == "all" else 1 for r in rows)
+    requests = turns * len(temps)
     where = f"{opts.split} {', '.join(settings['categories'] or ['(all categories)'])}"
     which = f"all {available}" if len(rows) == available else f"{len(rows)} of {available}"
     more = []
@@ -49,6 +50,6 @@ def choose(opts: RunOptions, exp: Experiment) -> Selection:
     if "temperatures" in defaults and len(exp.temperatures) > 1:
         more.append(f"--temperature {','.join(f'{t:g}' for t in exp.temperatures)} for the experiment's others")
     note = (f"profiling {which} {where} prompts at T = {', '.join(f'{t:g}' for t in temps)} (question ids "
-            f"{', '.join(r.question_id for r in rows)}): {turns * len(temps)} requests per system, at most "
-            f"{settings['output_len']} tokens each" + (f"; {', '.join(more)}" if more else ""))
-    return Selection(opts, [r.question_id for r in rows], available, turns * len(temps), note)
+            f"{', '.join(r.question_id for r in rows)}): {requests} request{'s' if requests > 1 else ''} per system, "
+            f"at most {settings['output_len']} tokens each" + (f"; {', '.join(more)}" if more else ""))
+    return Selection(opts, [r.question_id for r in rows], available, requests, note)
