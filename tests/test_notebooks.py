@@ -111,6 +111,13 @@ def test_a_folder_that_is_not_a_run_or_profile_is_one_line(tmp_path, monkeypatch
         load_profiles([tmp_path])
     code, _, err = run_cli(monkeypatch, capfd, "report", tmp_path, "--html", tmp_path / "r.html")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "not" in err
+    import run_folders
+
+    run = run_folders.plain_only(tmp_path)
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(monkeypatch, capfd, "report", run, "--html", tmp_path / "r.html", "--profile",
+                           tmp_path / "empty")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "not a profile folder" in err  # before any kernel
 
 
 # --- every kind of run folder, without a kernel: each section draws or says why in one line ---------------
@@ -308,11 +315,14 @@ def test_report_html_of_a_plain_only_run(tmp_path, monkeypatch, capfd):
 
 
 @needs_tools
-def test_report_html_of_a_native_and_a_vllm_run_with_a_cpu_profile(tmp_path, monkeypatch, capfd):
+def test_report_html_of_a_native_and_a_vllm_run_with_a_cpu_profile_and_step_costs(tmp_path, monkeypatch, capfd):
     import run_folders
 
+    bench = tmp_path / "engine-bench.json"  # (`engine-bench --json`: a round's cost in decode steps)
+    bench.write_text(json.dumps({"round_over_decode": 1.5, "decode_ms": 4.0, "round_ms": 6.0}))
     body = _html_report(tmp_path, monkeypatch, capfd, run_folders.mixed(tmp_path), run_folders.vllm(tmp_path),
-                        "--profile", run_folders.cpu_profile(tmp_path))
+                        "--profile", run_folders.cpu_profile(tmp_path), "--engine-bench", bench)
+    assert "AL / round cost (1.50 decode steps, engine-bench)" in body  # the predicted curve, named in its alt text
     assert "mixed/dspark: 2.00x faster than plain decoding at T=0" in _words(body)
     assert "vllm/dspark: no speedup" in _words(body)
     for warning in ("mixed: incomplete run", "mixed: 1 requests failed", "mixed: contention"):
@@ -332,3 +342,21 @@ def test_report_html_of_a_sweep_an_unfinished_run_an_empty_one_and_one_without_p
     assert "empty: no finished request yet" in words and "interrupted: incomplete run: 1 of 8 requests done" in words
     assert "no-plain: no speedup: plain decoding is not among the systems" in words
     assert "concurrency sweep" in body  # the sweep's figure (its alt text)
+
+
+@needs_tools
+def test_a_section_that_fails_is_one_line_in_the_report_and_the_rest_is_drawn(tmp_path):
+    import run_folders
+
+    from harness.analysis.notebooks import inputs, report_html
+
+    (tmp_path / "empty").mkdir()  # DSPARK_PROFILES that hold no profile: its notebook cannot load them
+    env = inputs([run_folders.plain_only(tmp_path)]) | {"DSPARK_PROFILES": str(tmp_path / "empty")}
+    names, failures = report_html(env, tmp_path / "r.html")
+    assert names == ["acceptance", "speed", "where_time_goes"]
+    assert len(failures) == 1 and failures[0].startswith("where_time_goes: DSparkError: ") and \
+        "not a profile folder" in failures[0]
+    body = (tmp_path / "r.html").read_text()
+    assert body.count("this section could not be drawn") == 1 and "Traceback" not in body
+    assert "Where the time goes" in body and "Kernel categories" not in body  # the rest of that notebook left out
+    assert "Latency per request" in body  # the others drawn

@@ -244,40 +244,43 @@ class Profiles:
         return "; ".join(self.sources)
 
 
+TRACE_SUFFIXES = (".summary.json", ".sqlite", ".json.gz", ".json")  # a trace file's name: <system><suffix>
+
+
+def profile_files(path: Path | str) -> dict[str, Path]:
+    """Per system, the file a profile folder holds for it: its `<system>.summary.json`, else its nsys
+    `<system>.sqlite` or PyTorch `<system>/trace.torch.json[.gz]`; or the one trace or summary file
+    given. A path that is neither is refused in one line (before any trace is read)."""
+    path = Path(path)
+    if path.is_file():
+        name = next((path.name.removesuffix(s) for s in TRACE_SUFFIXES if path.name.endswith(s)), path.name)
+        return {name: path}
+    if not path.is_dir():
+        raise DSparkError(f"{path}: no such profile folder or trace file")
+    found = {f.name.removesuffix(".summary.json"): f for f in sorted(path.glob("*.summary.json"))}
+    for f in sorted(path.glob("*.sqlite")) + sorted(path.glob("*/trace.torch.json*")):
+        found.setdefault(f.stem if f.suffix == ".sqlite" else f.parent.name, f)
+    if not found:
+        raise DSparkError(f"{path}: not a profile folder (no <system>.summary.json, .sqlite or trace.torch.json); "
+                          "give a folder written by dspark-bench profile, or a trace file")
+    return found
+
+
 def _summaries(path: Path, summarize) -> list[tuple[str, dict, int | None]]:
     """(system, trace summary, output tokens) of a profile folder or of one trace or summary file; a raw
     trace goes through `summarize` (`harness.profiling.traces.summarize`, which the caller brings: the
     analysis layer imports no profiling code)."""
-
-    def read(trace: Path) -> dict:
+    out = []
+    for system, trace in profile_files(path).items():
         if trace.name.endswith(".summary.json"):
-            return json.loads(trace.read_text())
-        if summarize is None:
+            summary = json.loads(trace.read_text())
+        elif summarize is None:
             raise DSparkError(f"{trace}: a raw trace; give its summary (dspark-bench profile writes "
                               "<system>.summary.json) or pass summarize=harness.profiling.traces.summarize")
-        return summarize(trace)
-
-    if path.is_file():
-        return [(path.name.removesuffix(".summary.json").removesuffix(".sqlite").removesuffix(".json"), read(path),
-                 None)]
-    if not path.is_dir():
-        raise DSparkError(f"{path}: no such profile folder or trace file")
-    found = {}
-    for f in sorted(path.glob("*.summary.json")):
-        found[f.name.removesuffix(".summary.json")] = json.loads(f.read_text())
-    for f in sorted(path.glob("*.sqlite")) + sorted(path.glob("*/trace.torch.json")):
-        system = f.stem if f.suffix == ".sqlite" else f.parent.name
-        if system not in found:
-            found[system] = read(f)
-    if not found:
-        raise DSparkError(f"{path}: not a profile folder (no <system>.summary.json, .sqlite or trace.torch.json); "
-                          "give a folder written by dspark-bench profile, or a trace file")
-    out = []
-    for system, summary in found.items():
-        run = path / system
-        tokens = None
-        if is_run(run):
-            tokens = sum(r.get("output_tokens") or 0 for r in read_requests(run))
+        else:
+            summary = summarize(trace)
+        run = path / system if path.is_dir() else None
+        tokens = sum(r.get("output_tokens") or 0 for r in read_requests(run)) if run and is_run(run) else None
         out.append((system, summary, tokens))
     return out
 

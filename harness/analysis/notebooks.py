@@ -96,6 +96,7 @@ def execute(name: str, env: dict[str, str], timeout_s: int = 600):
 
 
 NOTEBOOK_ONLY = "notebook-only"  # a cell's tag: the report leaves it out (markdown) or shows nothing of it (code)
+INPUTS = "inputs"  # a cell's tag: it loads its notebook's inputs; where it fails, the rest of the notebook is left out
 
 # the report's page: JupyterLab's template, with no script fetched from the network (require.js, MathJax),
 # alt text on every figure, and a readable width, tables and headline
@@ -154,7 +155,8 @@ def _failure(output) -> dict:
 def report_html(env: dict[str, str], out: Path, progress=None) -> tuple[list[str], list[str]]:
     """Every notebook whose inputs are given, run in one kernel, written as one HTML file with its
     figures embedded, under a headline (`present.Headline`) of the runs: no code, no prompts, no cell
-    the report leaves out (`notebook-only`), no warnings on stderr, and a cell that failed as one line.
+    the report leaves out (`notebook-only`), no warnings on stderr, and a cell that failed as one line
+    (where the cell loading a notebook's inputs failed, the rest of that notebook left out).
     Returns the notebooks it holds and the failures."""
     try:
         import nbformat
@@ -181,15 +183,21 @@ def report_html(env: dict[str, str], out: Path, progress=None) -> tuple[list[str
             progress(cell.metadata["dspark_notebook"])
 
     _run(merged, env, 600, allow_errors=True, on_cell_start=started)
-    failures, cells = [], []
+    failures, cells, broken = [], [], set()
     for cell in merged.cells:
-        if NOTEBOOK_ONLY in cell.metadata.get("tags", []):  # shown only where it failed
-            cell.outputs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-            if not cell.outputs:
+        name = cell.metadata["dspark_notebook"]
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if name in broken:  # (its inputs failed to load: the rest of it would only fail again)
+            continue
+        failures += [f"{name}: {o.get('ename')}: {o.get('evalue')}" for o in errors]
+        tags = cell.metadata.get("tags", [])
+        if errors and INPUTS in tags:
+            broken.add(name)
+        if NOTEBOOK_ONLY in tags:  # shown only where it failed, as one line
+            if not errors:
                 continue
-        if cell.cell_type == "code":
-            failures += [f"{cell.metadata['dspark_notebook']}: {o.get('ename')}: {o.get('evalue')}"
-                         for o in cell.outputs if o.get("output_type") == "error"]
+            cell.outputs = [_failure(errors[0])]
+        elif cell.cell_type == "code":
             cell.outputs = [_failure(o) if o.get("output_type") == "error" else o for o in cell.outputs
                             if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
         cells.append(cell)

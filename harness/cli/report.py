@@ -86,9 +86,12 @@ def print_deltas(dir_a: Path, dir_b: Path, summary_a: dict, summary_b: dict, nam
 
 
 def _html(run_dirs: list[Path], profiles: list[Path], engine_bench: Path | None, html: Path) -> None:
+    from harness.analysis.frames import profile_files
     from harness.analysis.notebooks import inputs, report_html
     from harness.cli.render import err
 
+    for p in profiles:  # (refused in one line before a kernel starts)
+        profile_files(p)
     env = inputs(run_dirs, profiles, engine_bench, tuple(run_dirs) if len(run_dirs) == 2 else None)
     with err.status("executing the report notebooks") as status:
         names, failures = report_html(env, html, progress=lambda name: status.update(f"executing {name}.ipynb"))
