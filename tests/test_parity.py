@@ -130,3 +130,21 @@ def test_sampled_outputs_with_the_same_seeds_are_compared_per_temperature(tmp_pa
     assert code == 0 and "1/2 sampled outputs equal" in " ".join(out.split())
     assert "T=1: 2 of 3 sampled requests with equal prompts and seeds have equal outputs (1 of 4 not compared: " \
         "their seeds differ" in out and "the first that differs: dspark q2 turn 0 from token 5" in out
+
+
+def test_outputs_kept_only_as_text_are_compared_by_text(tmp_path):
+    """A server that returns text and no token ids: equal texts are equal outputs, different ones differ
+    with no token index to name."""
+    def texts(path, second):
+        recs = [record("plain", "q1", []) | {"output_ids": None, "output_text": "def f(x):"},
+                record("plain", "q2", []) | {"output_ids": None, "output_text": second}]
+        return write_run(path, "openai", recs)
+
+    report = parity(write_run(tmp_path / "native", "native", [record("plain", "q1", []) | {"output_text": "def f(x):"},
+                                                              record("plain", "q2", []) | {"output_text": "x"}]),
+                    texts(tmp_path / "served", "y"))
+    (group,) = report["groups"]
+    equal = {p["question_id"]: (p["outputs_equal"], p["first_difference"]) for p in group["per_prompt"]}
+    assert equal == {"q1": (True, None), "q2": (False, None)} and group["outputs_equal"] == 1
+    (found,) = group["divergences"]
+    assert found["question_id"] == "q2" and found["token"] is None and "in their text" in found["detail"]

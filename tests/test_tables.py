@@ -120,3 +120,12 @@ def test_a_runs_picture_title_names_its_categories():
     settings = {"backend": "native", "device": "cpu", "target": "demo", "split": "qualitative"}
     assert "qualitative coding, math," in run_caption({"settings": settings | {"categories": ["coding", "math"]}}, "r")
     assert "qualitative all categories," in run_caption({"settings": settings | {"categories": None}}, "r")
+
+
+def test_a_settings_diff_of_lists_prints_its_brackets(tmp_path, monkeypatch, capfd):
+    """Settings are printed as written, not read as Rich markup (`[coding, math]` is no style tag)."""
+    records = [_record(s, "q0", 10.0) for s in ("plain", "dspark")]
+    run_a = _run(tmp_path / "a", records)
+    run_b = _run(tmp_path / "b", records, categories=["coding", "math"])
+    code, out, _ = run_cli(monkeypatch, capfd, "report", run_a, run_b)
+    assert code == 0 and "categories [coding] vs [coding, math]" in out, out

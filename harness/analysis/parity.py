@@ -138,6 +138,19 @@ def divergences(ours: dict, theirs: dict, method: str, tol: float) -> list[dict]
     return found
 
 
+
+def _output_difference(x: dict, y: dict) -> bool | int | str:
+    """True when two records' outputs are equal, else the first differing token; "text" when one of them
+    kept only its text (a server that returns no token ids) and the texts differ."""
+    if x.get("output_ids") is not None and y.get("output_ids") is not None:
+        return first_difference(x["output_ids"], y["output_ids"])
+    return True if x.get("output_text") == y.get("output_text") else "text"
+
+
+def _where(diff: int | str) -> str:
+    return f"from token {diff}" if diff != "text" else "in their text (a server returned no token ids)"
+
+
 def parity(dir_a: Path, dir_b: Path) -> dict:
     """The comparison of two run folders, A and B, as data (see the module's docstring)."""
     (ma, ra), (mb, rb) = load_run(dir_a), load_run(dir_b)
@@ -162,11 +175,10 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
         for (x, y), key in zip(pairs, keys):
             same_input = x["prompt_sha256"] == y["prompt_sha256"]
             same_seed = None if temp == 0 else x.get("seed") is not None and x.get("seed") == y.get("seed")
-            diff = first_difference(x["output_ids"], y["output_ids"]) if same_input and same_seed is not False \
-                else None
+            diff = _output_difference(x, y) if same_input and same_seed is not False else None
             row = {"question_id": key[3], "turn": key[4], "prompt_ids_equal": same_input, "seeds_equal": same_seed,
                    "outputs_equal": None if diff is None else diff is True,
-                   "first_difference": None if diff in (None, True) else diff,
+                   "first_difference": diff if isinstance(diff, int) and diff is not True else None,
                    "rounds": [x["num_rounds"], y["num_rounds"]],
                    "accepted": [sum(x.get("accepted_counts") or []), sum(y.get("accepted_counts") or [])]}
             where = {"question_id": key[3], "turn": key[4]}
@@ -174,12 +186,14 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
                 ours, theirs = (x, y) if native == 0 else (y, x)
                 found += [where | d for d in divergences(ours, theirs, method, tol)]
             elif diff not in (None, True) and temp == 0:
-                found.append(where | {"kind": "unclassified", "round": None, "token": diff, "slot": None, "detail": (
-                    f"the greedy outputs differ from token {diff}: the targets disagree (no target margins are "
+                found.append(where | {"kind": "unclassified", "round": None, "token": row["first_difference"],
+                                      "slot": None, "detail": (
+                    f"the greedy outputs differ {_where(diff)}: the targets disagree (no target margins are "
                     "recorded to tell numerics from semantics)")})
             elif diff not in (None, True):
-                found.append(where | {"kind": "unclassified", "round": None, "token": diff, "slot": None, "detail": (
-                    f"the sampled outputs (same prompt, same seed) differ from token {diff}" + (
+                found.append(where | {"kind": "unclassified", "round": None, "token": row["first_difference"],
+                                      "slot": None, "detail": (
+                    f"the sampled outputs (same prompt, same seed) differ {_where(diff)}" + (
                         "" if same_engine else ": the engines draw from different random streams, so this is "
                         "expected")), "sampled": True})
             prompts.append(row)

@@ -72,7 +72,8 @@ def print_deltas(dir_a: Path, dir_b: Path, summary_a: dict, summary_b: dict, nam
 
     manifests = [json.loads((d / MANIFEST).read_text()) if (d / MANIFEST).is_file() else {} for d in (dir_a, dir_b)]
     diff = settings_line(settings_diff(*manifests), names)
-    out.print(diff, style="yellow" if diff.startswith("settings differ") else None, highlight=False, soft_wrap=True)
+    out.print(diff, style="yellow" if diff.startswith("settings differ") else None, highlight=False, markup=False,
+              soft_wrap=True)
     result = deltas(summary_a, summary_b, category)
     if result["rows"]:
         show(out, deltas_table(result, names, f"{names[1]} against {names[0]} ({category})"))
@@ -82,7 +83,7 @@ def print_deltas(dir_a: Path, dir_b: Path, summary_a: dict, summary_b: dict, nam
     for label, missing in zip(names, result["only_in"]):
         if missing:
             rows = ", ".join(f"{system} T={temp:g}" + ("" if conc == 1 else f" c={conc}") for system, temp, conc in missing)
-            out.print(f"only in {label}: {rows}", style="dim", highlight=False, soft_wrap=True)
+            out.print(f"only in {label}: {rows}", style="dim", highlight=False, markup=False, soft_wrap=True)
 
 
 def _html(run_dirs: list[Path], profiles: list[Path], engine_bench: Path | None, html: Path) -> None:
