@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from dspark.errors import DSparkError
+from harness.backends.capture import megabytes
 from harness.cli import options
 from harness.cli.render import err, out, print_comparison, print_operators
 
@@ -73,5 +74,8 @@ def profile(
     else:
         print_comparison(result, f"profile ({kind}): {folder}")
         print_operators(result)
+        traces = result["traces"].values()
+        json_bytes = [t["json_bytes"] for t in traces if t["json_bytes"]]
         out.print(f"wrote: {folder}/ (profile.json, run-options.json, the unprofiled run; per system: its "
-                  "run folder, trace, summary and log)", highlight=False, soft_wrap=True)
+                  f"run folder, trace, summary and log); traces: {megabytes(sum(t['bytes'] or 0 for t in traces))}"
+                  + (f" ({megabytes(sum(json_bytes))} of JSON)" if json_bytes else ""), highlight=False, soft_wrap=True)

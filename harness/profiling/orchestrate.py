@@ -44,7 +44,8 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
                 preset: str = "default", nsys_path: str | None = None, nsys_args: list[str] | None = None,
                 run_options: dict | None = None, overhead: bool = False, max_trace_mb: float = 0,
                 requests_per_system: int | None = None, note: str | None = None) -> dict:
-    """Profile each (system, method) in its own child `run`; returns the comparison of their summaries.
+    """Profile each (system, method) in its own child `run`; returns the comparison of their summaries
+    and `traces` (per system: the file written and its size, and the JSON it holds for a PyTorch trace).
     The children get `run_options` (a run's recorded options) as `run-options.json`, and `run_args`.
     `overhead`: time the same requests unprofiled first; `max_trace_mb`: the most megabytes of JSON a
     PyTorch trace may hold (0: no limit); `requests_per_system`: for the progress lines; `note`: what
@@ -103,6 +104,7 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
     ahead = not vllm and requests_per_system is not None
     per_token: dict[str, float] = {}  # bytes of trace JSON per output token, of the systems profiled so far
     children: dict[str, Child] = {}
+    traces: dict[str, dict] = {}  # per system: its trace's file and sizes
 
     def start(job: tuple, gated: bool) -> None:
         label, cmd, expected, method = job
@@ -121,7 +123,7 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
                 start(upcoming, gated=True)
             children[label].wait()
             if method is not None:
-                _summarise(label, method, out_dir, plan, vllm, folder, per_token, console)
+                traces[label] = _summarise(label, method, out_dir, plan, vllm, folder, per_token, console)
             if upcoming and upcoming[0] in children:
                 console.print(f"{upcoming[0]}: capture window opens{_outlook(out_dir, upcoming[0], per_token, max_trace_mb)}",
                               highlight=False, soft_wrap=True)
@@ -132,18 +134,20 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
         for child in children.values():
             child.stop()
         raise
-    return compare(load_inputs([out_dir]))
+    return compare(load_inputs([out_dir])) | {"traces": traces}
 
 
 def _summarise(system: str, method: str, out_dir: Path, plan, vllm: bool, folder: RunFolder,
-               per_token: dict[str, float], console) -> None:
+               per_token: dict[str, float], console) -> dict:
     """Export (nsys) and summarise one system's trace into `<system>.summary.json`; say the size of what
-    was written where the child did not, and keep its JSON per token for the next outlook."""
+    was written where the child did not, and keep its JSON per token for the next outlook. Returns the
+    trace's file and sizes."""
     if plan:
         report = out_dir / f"{system}.nsys-rep"
         trace = export_sqlite(plan.nsys, report)
         console.print(f"{system}: wrote {report.name}: {megabytes(_size(report))} (exported: {trace.name}, "
                       f"{megabytes(_size(trace))})", highlight=False)
+        written = {"file": str(report), "bytes": _size(report), "json_bytes": None}
     else:
         trace = next((p for p in (out_dir / system / TORCH_TRACE, out_dir / system / "trace.torch.json")
                       if p.is_file()), out_dir / system / TORCH_TRACE)  # (vLLM's profiler writes it plain)
@@ -154,9 +158,11 @@ def _summarise(system: str, method: str, out_dir: Path, plan, vllm: bool, folder
             console.print(f"{system}: wrote {trace.name}: {megabytes(json_bytes)}", highlight=False)
         if tokens and json_bytes:
             per_token[system] = json_bytes / tokens
+        written = {"file": str(trace), "bytes": _size(trace), "json_bytes": json_bytes}
     ours = not vllm and method not in ("plain", "ngram")  # vLLM's traces carry none of our step ranges
     summary = summarize_any(trace, expect_method=method if ours else None, engine="vllm" if vllm else None)
     folder.write_json(f"{system}.summary.json", summary)
+    return written
 
 
 def _outlook(out_dir: Path, system: str, per_token: dict[str, float], max_trace_mb: float) -> str:
