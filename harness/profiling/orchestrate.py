@@ -106,12 +106,14 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
     children: dict[str, Child] = {}
     traces: dict[str, dict] = {}  # per system: its trace's file and sizes
 
+    def announce(label: str) -> None:  # as its capture window opens (or the child starts, ungated)
+        console.print(f"profiling {label} ({kind}){_outlook(out_dir, label, per_token, max_trace_mb)}",
+                      highlight=False, soft_wrap=True)
+
     def start(job: tuple, gated: bool) -> None:
         label, cmd, expected, method = job
-        if method is not None:
-            console.print(f"profiling {label} ({kind})" + ("" if gated else _outlook(out_dir, label, per_token,
-                                                                                     max_trace_mb)),
-                          highlight=False, soft_wrap=True)
+        if method is not None and not gated:
+            announce(label)
         children[label] = Child(label, cmd, out_dir, env, console, expected, gated)
 
     try:
@@ -125,8 +127,7 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
             if method is not None:
                 traces[label] = _summarise(label, method, out_dir, plan, vllm, folder, per_token, console)
             if upcoming and upcoming[0] in children:
-                console.print(f"{upcoming[0]}: capture window opens{_outlook(out_dir, upcoming[0], per_token, max_trace_mb)}",
-                              highlight=False, soft_wrap=True)
+                announce(upcoming[0])
                 children[upcoming[0]].open()
             elif upcoming:
                 start(upcoming, gated=False)
@@ -167,17 +168,17 @@ def _summarise(system: str, method: str, out_dir: Path, plan, vllm: bool, folder
 
 def _outlook(out_dir: Path, system: str, per_token: dict[str, float], max_trace_mb: float) -> str:
     """What the next capture holds, from the unprofiled run (its tokens) and the traces written so far
-    (their JSON per token, the largest): ': 2 requests, 151 tokens to come, a trace of about 89 MB'."""
+    (their JSON per token, the largest): ': 2 requests, 151 tokens to come, a trace of about 89 MB at
+    plain's 591 KB per token'."""
     mine = [r for r in read_requests(out_dir / REFERENCE) if r["system"] == system and not r.get("failed")]
     if not mine:
         return ""
     tokens = sum(r["output_tokens"] for r in mine)
-    text = f": {len(mine)} requests, {tokens} tokens to come"
+    text = f": {len(mine)} request{'s' if len(mine) > 1 else ''}, {tokens} tokens to come"
     if per_token:
         worst = max(per_token, key=per_token.get)
         expected = per_token[worst] * tokens
-        text += f", a trace of at most about {megabytes(int(expected))} (at {worst}'s {per_token[worst] / 1e3:.0f} KB " \
-                "per token)"
+        text += f", a trace of about {megabytes(int(expected))} at {worst}'s {per_token[worst] / 1e3:.0f} KB per token"
         if max_trace_mb and expected > max_trace_mb * 1e6:
             text += f", which may pass the limit of {max_trace_mb:g} MB"
     return text
@@ -220,7 +221,7 @@ class Child:
         self.gate.unlink(missing_ok=True)
         if self.proc.returncode != 0:
             lines = [line for line in self.log_path.read_text().splitlines() if line.strip()]
-            tail = lines[-1].strip() if lines else "no output"
+            tail = lines[-1].strip().removeprefix("error: ") if lines else "no output"
             what = "timing unprofiled" if self.label == REFERENCE else f"profiling {self.label}"
             raise DSparkError(f"{what} failed (exit {self.proc.returncode}: {tail}); see {self.log_path}")
 
