@@ -16,7 +16,7 @@ import pytest
 from cli_runner import run_cli
 
 from dspark.checkpoint import DEMO_DIR
-from harness.analysis.metrics import speedup_with_contention
+from harness.analysis.metrics import speedup_macro, speedup_with_contention
 from harness.analysis.records import read_requests
 from harness.analysis.summary import columns, markdown, summarize, uncontended_tpot
 from harness.runs import contention
@@ -41,6 +41,8 @@ def test_between_two_samples(monkeypatch):
     # no PSI: the cores all taken is the sign
     assert between(Sample(0.0, 0.0, 0.0, None), Sample(1.0, 0.5, 2.0, None))["contended"] is True
     assert between(Sample(0.0, 0.0, None, None), Sample(1.0, 0.5, None, None))["contended"] is False  # off Linux
+    # someone else's server on this machine: its work is "other processes", so nothing is flagged
+    assert between(Sample(0.0, 0.0, 0.0, 0), Sample(1.0, 0.5, 2.0, 1_000_000), serves_here=False)["contended"] is None
 
 
 def test_a_live_sample_counts_this_process():
@@ -85,9 +87,10 @@ def test_contention_on_one_side_widens_the_interval_to_the_quiet_figure():
 
 
 def test_no_contention_changes_nothing():
-    timed = [([10.0, 11.0], [5.0, 6.0])]
-    assert speedup_with_contention(timed, timed) == speedup_with_contention(timed, [([10.0, 11.0], [5.0, 6.0])])
-    assert "speedup_ci95_timed" not in speedup_with_contention(timed, timed)
+    timed = [([10.0, 11.0, 12.0], [5.0, 6.0, 5.5])]
+    assert speedup_with_contention(timed, [(list(b), list(m)) for b, m in timed]) == speedup_macro(timed)
+    scaled_alike = [([5.0, 5.5, 6.0], [2.5, 3.0, 2.75])]  # both sides of every pair halved: the same ratios
+    assert speedup_with_contention(timed, scaled_alike) == speedup_macro(timed)
     records = [_record("plain", "a", 10.0, None, False), _record("fast", "a", 5.0, None, False)]
     summary = summarize(records, cores=2)  # a run from before contention was measured
     assert summary["contended_requests"] == 0 and summary["warnings"] == []

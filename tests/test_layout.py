@@ -88,7 +88,9 @@ ALLOWED = {
     "harness.analysis": ("dspark.errors", "harness.analysis"),
     "harness.backends": ("dspark", "harness.specs", "harness.backends"),
     "harness.runs": ("dspark", "harness.specs", "harness.backends", "harness.analysis", "harness.runs"),
-    "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.profiling"),
+    # (and the capture window's protocol with the child it profiles: its file names and variables)
+    "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.backends.capture",
+                          "harness.profiling"),
     "harness.microbench": ("dspark", "harness.microbench"),
 }
 

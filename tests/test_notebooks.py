@@ -285,8 +285,9 @@ def _html_report(tmp_path, monkeypatch, capfd, *args) -> str:
     """`report ARGS --html`: exit 0, nothing on stderr but the file written; the page, checked for what a
     reader must never see (code prompts, tracebacks, NaN cells, raw lists, images without alt text)."""
     out = tmp_path / "report.html"
-    code, _, err = run_cli(monkeypatch, capfd, "report", *args, "--html", out)
+    code, stdout, err = run_cli(monkeypatch, capfd, "report", *args, "--html", out)
     assert code == 0, err
+    assert stdout == ""  # the tables are in the page
     assert err.strip().splitlines() == [f"wrote {out}: the {err.split(': the ')[1].split(' notebooks')[0]} "
                                         "notebooks, figures embedded"], err
     page = out.read_text()
@@ -318,10 +319,14 @@ def test_report_html_of_a_plain_only_run(tmp_path, monkeypatch, capfd):
 def test_report_html_of_a_native_and_a_vllm_run_with_a_cpu_profile_and_step_costs(tmp_path, monkeypatch, capfd):
     import run_folders
 
+    from test_trace import _kineto
+
     bench = tmp_path / "engine-bench.json"  # (`engine-bench --json`: a round's cost in decode steps)
     bench.write_text(json.dumps({"round_over_decode": 1.5, "decode_ms": 4.0, "round_ms": 6.0}))
+    raw = _kineto(tmp_path / "raw" / "trace.torch.json.gz", [("aten::zeta_op", 1.0, 50.0)])  # a trace file alone
     body = _html_report(tmp_path, monkeypatch, capfd, run_folders.mixed(tmp_path), run_folders.vllm(tmp_path),
-                        "--profile", run_folders.cpu_profile(tmp_path), "--engine-bench", bench)
+                        "--profile", run_folders.cpu_profile(tmp_path), "--profile", raw, "--engine-bench", bench)
+    assert "aten::zeta_op" in body  # the raw PyTorch trace was read (its host operators)
     assert "AL / round cost (1.50 decode steps, engine-bench)" in body  # the predicted curve, named in its alt text
     assert "mixed/dspark: 2.00x faster than plain decoding at T=0" in _words(body)
     assert "vllm/dspark: no speedup" in _words(body)

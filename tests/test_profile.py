@@ -236,7 +236,7 @@ def test_profile_nsys_of_vllm_follows_its_processes_and_names_them_when_missing(
 
 
 def test_profile_defaults_to_two_prompts_at_the_first_temperature_and_says_how_to_get_more():
-    from harness.profiling.selection import choose
+    from harness.runs.selection import choose
     from harness.runs.plan import RunOptions
     from harness.specs.experiments import load_experiment
 
@@ -332,3 +332,26 @@ def test_a_child_started_early_waits_at_its_gate(tmp_path, monkeypatch):
         capture.wait_for_gate()
     (tmp_path / "open").touch()
     capture.wait_for_gate()
+
+
+def test_on_the_way_out_a_running_child_finishes_and_only_one_waiting_at_its_gate_is_ended(tmp_path):
+    """Ctrl-C during a profile: a child past its gate (or one with none, as the first) gets the interrupt
+    itself and writes what it has, so `stop` waits for it; a child still shut at its gate is ended."""
+    import io
+    import os
+    import sys
+
+    from rich.console import Console
+
+    from harness.profiling.orchestrate import Child
+
+    script = "import pathlib, sys, time\ntime.sleep(0.5)\npathlib.Path(sys.argv[1]).write_text('kept')\n"
+    console = Console(file=io.StringIO())
+    running = Child("first", [sys.executable, "-c", script, str(tmp_path / "first.out")], tmp_path,
+                    dict(os.environ), console, None, gated=False)
+    running.stop()
+    assert running.proc.returncode == 0 and (tmp_path / "first.out").read_text() == "kept"
+    waiting = Child("next", [sys.executable, "-c", script, str(tmp_path / "next.out")], tmp_path,
+                    dict(os.environ), console, None, gated=True)
+    waiting.stop()
+    assert waiting.proc.returncode != 0 and not (tmp_path / "next.out").exists()

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # (the backend is the caller's: inline in a not
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from harness.analysis.frames import BASELINE, Profiles, Runs, bootstrap, positions
+from harness.analysis.frames import BASELINE, Profiles, Runs, bootstrap, positions, prompt_speedups
 from harness.analysis.present import Note
 
 MIN_ROUNDS = 10  # a conditional acceptance from fewer rounds reaching its position is left out: noise
@@ -256,26 +256,6 @@ def latency_distributions(runs: Runs):
         ax.set(ylabel=label)
         ax.grid(axis="y", alpha=0.3)
     return _titled(fig, "latency per request (box: quartiles, triangle: mean)", runs.caption())
-
-
-SPEEDUP_COLUMNS = ["run", "system", "temperature", "category", "max_concurrency", "question_id", "speedup",
-                   "acceptance_length"]
-
-
-def prompt_speedups(runs: Runs) -> pd.DataFrame:
-    """Per prompt, plain decoding's TPOT over each system's (the same prompt ids, level and temperature),
-    with the request's acceptance length."""
-    req = _done(runs.requests).dropna(subset=["tpot_ms"])
-    key = ["run", "question_id", "turn", "temperature", "max_concurrency"]
-    base = req[req["method"] == BASELINE].set_index(key)["tpot_ms"]
-    rows = []
-    for r in req[req["method"] != BASELINE].itertuples():
-        b = base.get((r.run, r.question_id, r.turn, r.temperature, r.max_concurrency))
-        if b is not None and r.tpot_ms:
-            rows.append({"run": r.run, "system": r.system, "temperature": r.temperature, "category": r.category,
-                         "max_concurrency": r.max_concurrency, "question_id": r.question_id,
-                         "speedup": b / r.tpot_ms, "acceptance_length": r.acceptance_length})
-    return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
 
 
 def _speedup_axis(ax, values: list[float]) -> None:

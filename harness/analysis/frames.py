@@ -31,9 +31,8 @@ import pandas as pd
 from dspark.errors import DSparkError
 from harness.analysis.metrics import percentile
 from harness.analysis.records import MANIFEST, REQUESTS, read_requests, read_waves
-from harness.analysis.summary import summarize_folder
+from harness.analysis.summary import BASELINE, summarize_folder
 
-BASELINE = "plain"  # the method of the baseline system
 RUN_COLUMNS = ("system", "method", "temperature", "category", "question_id", "turn")
 KEY = ("run", *RUN_COLUMNS, "max_concurrency", "failed")
 REQUEST_COLUMNS = (*KEY, "prompt_tokens", "output_tokens", "ttft_ms", "tpot_ms", "e2el_ms", "num_rounds",
@@ -331,3 +330,23 @@ def newest_run(root: Path | str = "results") -> Path | None:
     """The most recently written run folder under `root` (a notebook's default input)."""
     runs = [p for p in Path(root).glob("*") if is_run(p)] if Path(root).is_dir() else []
     return max(runs, key=lambda p: p.stat().st_mtime, default=None)
+
+
+SPEEDUP_COLUMNS = ["run", "system", "temperature", "category", "max_concurrency", "question_id", "speedup",
+                   "acceptance_length"]
+
+
+def prompt_speedups(runs: Runs) -> pd.DataFrame:
+    """Per prompt, plain decoding's TPOT over each system's (the same prompt ids, level and temperature),
+    with the request's acceptance length."""
+    req = runs.requests[~runs.requests["failed"].astype(bool)].dropna(subset=["tpot_ms"])
+    key = ["run", "question_id", "turn", "temperature", "max_concurrency"]
+    base = req[req["method"] == BASELINE].set_index(key)["tpot_ms"]
+    rows = []
+    for r in req[req["method"] != BASELINE].itertuples():
+        b = base.get((r.run, r.question_id, r.turn, r.temperature, r.max_concurrency))
+        if b is not None and r.tpot_ms:
+            rows.append({"run": r.run, "system": r.system, "temperature": r.temperature, "category": r.category,
+                         "max_concurrency": r.max_concurrency, "question_id": r.question_id,
+                         "speedup": b / r.tpot_ms, "acceptance_length": r.acceptance_length})
+    return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)

@@ -107,7 +107,7 @@ TEMPLATE = r"""{%- extends 'index.html.j2' -%}
 {% block data_png scoped %}
 <div class="jp-RenderedImage jp-OutputArea-output {{ extra_class }}">
 <img src="data:image/png;base64,{{ output.data['image/png'] | escape_html }}"
- alt="{{ (output | get_metadata('alt', 'image/png')) or 'figure' | escape_html }}">
+ alt="{{ ((output | get_metadata('alt', 'image/png')) or 'figure') | escape_html }}">
 </div>
 {%- endblock data_png %}
 {% block extra_css %}

@@ -60,7 +60,7 @@ def uncontended_tpot(records: list[dict]):
 
 def contention_figures(records: list[dict]) -> dict:
     """How many of the requests were timed on a shared machine, and how shared (from their `contention`)."""
-    seen = [r["contention"] for r in records if r.get("contention")]
+    seen = [r["contention"] for r in records if r.get("contention") and r["contention"].get("contended") is not None]
     other = [c["other_cores"] for c in seen if c.get("other_cores") is not None and c.get("contended")]
     return {"contention_measured": len(seen), "contended_requests": sum(bool(c.get("contended")) for c in seen),
             "other_cores_mean": sum(other) / len(other) if other else None,

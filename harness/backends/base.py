@@ -27,6 +27,9 @@ class Capabilities:
     # every system stays prepared and warm at once (they share one loaded target), so a run can alternate them
     # prompt by prompt: drift in the machine's speed then lands on both sides of each pair
     interleaves: bool = False
+    # the model runs in this process or its children, so other processes' CPU use competes with it (False: a
+    # server someone else runs, whose own work would read as contention)
+    serves_here: bool = True
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ def megabytes(n: int | None) -> str:
     """A size for people: 7.3 MB, 12 KB, 3.1 GB."""
     if n is None:
         return "?"
-    return f"{n / 1e3:.0f} KB" if n < 1e6 else f"{n / 1e6:.1f} MB" if n < 1e10 else f"{n / 1e9:.1f} GB"
+    return f"{n / 1e3:.0f} KB" if n < 1e6 else f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.1f} GB"
 
 
 def write_trace(prof, run_dir: Path, limit: int | None) -> dict:

@@ -29,7 +29,7 @@ from harness.specs.experiments import System
 class OpenAIBackend(TargetFiles, ServedBackend):
     name = "openai"
     capabilities = Capabilities(max_concurrency=4096, step_timing=False, acceptance="request",
-                                deterministic_greedy=False)
+                                deterministic_greedy=False, serves_here=False)
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,

@@ -89,6 +89,7 @@ def sampled_line(s: dict, same_engine: bool) -> str:
         line += f" ({s['seeds_differ']} of {s['requests']} not compared: their seeds differ; the runs' --seed differ?)"
     d = s["first_divergence"]
     if d is not None:
-        line += f"; the first that differs: {d['system']} {d['question_id'][:12]} turn {d['turn']} from token " \
-                f"{d['token']}" + ("" if same_engine else " (different engines sample differently: expected)")
+        at = f"from token {d['token']}" if d["token"] is not None else "in its text (no token ids kept)"
+        line += f"; the first that differs: {d['system']} {d['question_id'][:12]} turn {d['turn']} {at}" + (
+            "" if same_engine else " (different engines sample differently: expected)")
     return line

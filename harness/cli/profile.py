@@ -1,7 +1,7 @@
 """`dspark-bench profile`: every system of a run in its own child run under nsys or the PyTorch
 profiler, the steady state only, then where the time goes side by side. The child runs are given
 the run options as data (the recorded options, as `--resume` reads them), never as rebuilt flags.
-Unless told otherwise a profile takes a few prompts at one temperature (`harness.profiling.selection`)."""
+Unless told otherwise a profile takes a few prompts at one temperature (`harness.runs.selection`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def profile(
     """Profile every system of a run (one trace each, steady state only) and compare where the time goes.
     Without --num-prompts and --temperature: 2 prompts at the experiment's first temperature."""
     from harness.profiling.orchestrate import profile_run
-    from harness.profiling.selection import choose
+    from harness.runs.selection import choose
     from harness.runs.plan import default_out, recorded_options, resolve_settings
     from harness.specs.experiments import load_experiment
 
@@ -63,10 +63,11 @@ def profile(
     else:
         default = default_out(settings)
         folder = default.with_name(default.name + "-profile")
+    timed_unprofiled = settings["backend"] == "native" if overhead is None else overhead
     result = profile_run([], [(n, exp.system(n).method) for n in settings["systems"]], kind, folder, err,
                          preset, nsys_path, nsys_arg,
                          run_options=recorded_options(opts) | {"backend": settings["backend"]},  # (as resolved)
-                         overhead=settings["backend"] == "native" if overhead is None else overhead,
+                         overhead=timed_unprofiled,
                          max_trace_mb=max_trace_mb if kind == "torch" else 0,
                          requests_per_system=selection.requests_per_system, note=selection.note)
     if as_json:
@@ -76,6 +77,7 @@ def profile(
         print_operators(result)
         traces = result["traces"].values()
         json_bytes = [t["json_bytes"] for t in traces if t["json_bytes"]]
-        out.print(f"wrote: {folder}/ (profile.json, run-options.json, the unprofiled run; per system: its "
+        out.print(f"wrote: {folder}/ (profile.json, run-options.json{', the unprofiled run' if timed_unprofiled else ''}"
+                  "; per system: its "
                   f"run folder, trace, summary and log); traces: {megabytes(sum(t['bytes'] or 0 for t in traces))}"
                   + (f" ({megabytes(sum(json_bytes))} of JSON)" if json_bytes else ""), highlight=False, soft_wrap=True)

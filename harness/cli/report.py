@@ -19,8 +19,8 @@ def report(
     run_dirs: list[Path] = typer.Argument(..., help="Run folders written by `dspark-bench run`."),
     category: str = typer.Option("overall", help="Which category's rows to show (overall: the macro average)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also execute the report notebooks on these runs and "
-                                        "write them, figures embedded, as one HTML file here."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Execute the report notebooks on these runs and "
+                                        "write them, figures embedded, as one HTML file here (instead of the tables)."),
     profile: Optional[list[Path]] = typer.Option(None, "--profile", help="With --html: a profile folder or trace "
                                                  "file for the where-the-time-goes notebook (repeatable)."),
     engine_bench: Optional[Path] = typer.Option(None, "--engine-bench", help="With --html: an `engine-bench --json` "
@@ -50,6 +50,8 @@ def report(
                           f"--category {category}: the run has no finished request yet")
     if html is not None:
         _html(run_dirs, list(profile or []), engine_bench, html)
+        if not as_json:  # the tables are in the page: the console gets only the path written
+            return
     if as_json:
         print(json.dumps(summaries))
         return

@@ -193,7 +193,7 @@ class Child:
                  gated: bool):
         self.label, self.run_dir, self.console, self.expected = label, out_dir / label, console, expected
         self.log_path = out_dir / f"{label}.log"
-        self.gate = out_dir / f".{label}.open"
+        self.gate, self.gated = out_dir / f".{label}.open", gated
         env = dict(env, **({GATE_ENV: str(self.gate)} if gated else {}))
         self.log = self.log_path.open("a")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.PIPE, env=env, text=True,
@@ -227,8 +227,8 @@ class Child:
 
     def stop(self) -> None:
         """On the way out (an interrupt, another child's failure): an interrupted child writes its
-        summaries and ends by itself; one that waits at its gate is ended."""
-        if self.proc.poll() is None and not self.gate.exists():
+        summaries and ends by itself; one that still waits at its gate is ended."""
+        if self.proc.poll() is None and self.gated and not self.gate.exists():
             self.proc.terminate()
         self.proc.wait()
         self.relay.join()

@@ -99,8 +99,10 @@ def sample() -> Sample:
     return Sample(time.monotonic(), time.process_time() + _descendants_cpu(), _busy_seconds(), _stall_us())
 
 
-def between(a: Sample, b: Sample) -> dict:
-    """What a request between two samples saw (the record's `contention`)."""
+def between(a: Sample, b: Sample, serves_here: bool = True) -> dict:
+    """What a request between two samples saw (the record's `contention`). Where the model is served by
+    someone else's server (`serves_here` False) its work is among the other processes', so nothing is
+    flagged (`contended` None)."""
     wall = max(b.wall - a.wall, 1e-9)
     own = max(b.own_cpu - a.own_cpu, 0.0)
     cores = len(CORES)
@@ -115,4 +117,6 @@ def between(a: Sample, b: Sample) -> dict:
         waited = stall >= STALL_MIN if stall is not None else idle < IDLE_LEFT
         out |= {"other_cores": round(other, 3), "idle_cores": round(idle, 3),
                 "contended": other >= OTHER_MIN and waited}
+    if not serves_here:
+        out["contended"] = None
     return out

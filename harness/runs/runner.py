@@ -270,6 +270,8 @@ class Session:
             return
         wave_id = uuid.uuid4().hex[:12]
         load_before = os.getloadavg()[0]
+        if self.interleaved:  # the device's peak while this wave ran (every system's caches are resident)
+            self.backend.reset_peak_memory()
         sent_at = contention.sample()  # (above concurrency 1 each request's figures span the wave up to its end)
         counted = "server counters (request)" if len(sent) == 1 else "server counters (wave)"
 
@@ -291,7 +293,8 @@ class Session:
             record |= {"max_concurrency": wave.concurrency, "wave": wave_id, "start_utc": result.start_utc,
                        "peak_memory_bytes": self.backend.peak_memory(),
                        "load_avg": [load_before, os.getloadavg()[0]],
-                       "contention": contention.between(sent_at, contention.sample())}
+                       "contention": contention.between(sent_at, contention.sample(),
+                                                        self.backend.capabilities.serves_here)}
             self._write(record)
             advance()
 
