@@ -164,8 +164,19 @@ def sweep(root: Path) -> Path:
                  waves=waves, device="cuda")
 
 
+def older(root: Path) -> Path:
+    """A run written before requests recorded their contention, concurrency, wave or seed, whose manifest has
+    no plan or provenance: still read, its figures as they were."""
+    old_keys = ("contention", "max_concurrency", "wave", "start_utc", "seed", "accepted_counts")
+    records = [{k: v for k, v in native(s, q, tpot).items() if k not in old_keys}
+               for q in QIDS for s, tpot in (("plain", 5.0), ("dspark", 4.0))]
+    path = write(root / "older", records, systems=["plain", "dspark"])
+    (path / "manifest.json").write_text(json.dumps({"settings": {"backend": "native", "split": "qualitative"}}))
+    return path
+
+
 KINDS = {"plain_only": plain_only, "no_plain": no_plain, "interrupted": interrupted, "empty": empty,
-         "mixed": mixed, "vllm": vllm, "sweep": sweep}
+         "mixed": mixed, "vllm": vllm, "sweep": sweep, "older": older}
 
 
 def cpu_profile(root: Path) -> Path:

@@ -138,6 +138,7 @@ EXPECTED = {
     "vllm": {"acceptance_length": FIG, "position_curves": FIG, "accepted_histogram": "totals, not rounds",
              "paired_speedup": "no request has a TPOT"},
     "sweep": {"acceptance_length": "counters count whole waves", "position_curves": FIG, "paired_speedup": FIG},
+    "older": {"acceptance_length": FIG, "position_curves": FIG, "paired_speedup": FIG, "latency_distributions": FIG},
 }
 
 
@@ -197,6 +198,7 @@ def test_the_headline_says_what_ran_where_the_verdict_and_the_warnings(folders):
     html = present.Headline(runs)._repr_html_()
     for warning in ("incomplete run: 21 of 24 requests done", "1 requests failed", "contention: 2 of"):
         assert warning in html
+    assert "busy: requests timed while other processes competed" in html  # the legend defines the busy column
     assert "4 (1 failed)" in html and "1 of 4" in html  # requests per row: failed and unfinished
     both = frames.load_runs([folders["mixed"], folders["no_plain"]])
     verdict = present.verdict(both)

@@ -288,7 +288,10 @@ class Headline:
         lines.append('<p class="dspark-legend">speedup: geometric mean over prompts of plain decoding\'s TPOT '
                      "over the system's, paired by prompt, with its 95 % bootstrap interval; AL: acceptance length "
                      "(tokens per verify round) with its 95 % bootstrap interval over requests; accepted: "
-                     "accepted / proposed draft tokens; = plain: greedy outputs equal to plain decoding's.</p>")
+                     "accepted / proposed draft tokens; = plain: greedy outputs equal to plain decoding's" +
+                     ("; busy: requests timed while other processes competed for the cores, of those measured (a "
+                      "speedup's interval then also covers their times scaled back to a quiet machine)"
+                      if _contended(overall_rows(self.runs)) else "") + ".</p>")
         return "\n".join(lines) + "</header>"
 
     def __repr__(self) -> str:
@@ -337,7 +340,7 @@ def parity_table(result: dict | str) -> Table | Note:
                           "inputs": f"{g['prompt_ids_equal']}/{g['prompts']}",
                           "greedy": "-" if g.get("outputs_equal") is None else f"{g['outputs_equal']}/{g['prompts']}",
                           "sampled": "-" if g.get("sampled_outputs_equal") is None else
-                          f"{g['sampled_outputs_equal']}/{g.get('seeds_equal') or g['prompts']}",
+                          f"{g['sampled_outputs_equal']}/{g['prompts'] if g.get('seeds_equal') is None else g['seeds_equal']}",
                           "found": ", ".join(f"{k} {n}" for k, n in g["kinds"].items() if n) or "none"}
                          for g in result["groups"]])
     return Table(rows, [("system", "system", 0), ("temperature", "T", temperature), ("max_concurrency", "c", 0),
