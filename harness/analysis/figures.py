@@ -14,7 +14,8 @@ import matplotlib.pyplot as plt  # (the backend is the caller's: inline in a not
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from harness.analysis.frames import BASELINE, Profiles, Runs, bootstrap, positions, prompt_speedups
+from harness.analysis.frames import BASELINE, Profiles, Runs, positions, prompt_speedups
+from harness.analysis.metrics import bootstrap
 from harness.analysis.present import Note
 
 MIN_ROUNDS = 10  # a conditional acceptance from fewer rounds reaching its position is left out: noise

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from dspark.errors import DSparkError
-from harness.analysis.metrics import percentile
+from harness.analysis.metrics import bootstrap, percentile, wilson
 from harness.analysis.records import MANIFEST, REQUESTS, read_requests, read_waves
 from harness.analysis.summary import BASELINE, summarize_folder
 
@@ -49,7 +48,6 @@ SUMMARY_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", 
                    "output_throughput", "throughput_speedup", "matches_baseline", "matches_baseline_of",
                    "requests_expected")
 OPERATOR_COLUMNS = ("profile", "system", "name", "calls", "self_ns", "share")  # a CPU trace's host operators
-Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 
 @dataclass
@@ -169,17 +167,6 @@ def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*columns, *extra])
 
 
-def wilson(successes: float, trials: float, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion: honest with few trials or a share near 0 or 1, where
-    the normal approximation claims a spread of 0."""
-    if not trials:
-        return math.nan, math.nan
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def positions(counts: pd.DataFrame, by: tuple[str, ...] = ("run", "system", "temperature")) -> pd.DataFrame:
     """Per group and draft position k: the joint acceptance (rounds accepting k / rounds proposing k)
     and the conditional one (given k - 1 accepted), as `metrics.acceptance` defines them, each with its
@@ -197,17 +184,6 @@ def positions(counts: pd.DataFrame, by: tuple[str, ...] = ("run", "system", "tem
                          "conditional": r["accepted"] / r["reached"] if r["reached"] else math.nan,
                          "conditional_lo": cond[0], "conditional_hi": cond[1]})
     return pd.DataFrame(rows, columns=cols)
-
-
-def bootstrap(strata: list[list], stat, resamples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
-    """A 95 % percentile-bootstrap interval of `stat(strata)`, resampling items within each stratum
-    (a category's requests); None with fewer than two items in all."""
-    strata = [s for s in strata if s]
-    if sum(map(len, strata)) < 2:
-        return None
-    rng = random.Random(seed)
-    boot = sorted(stat([[s[rng.randrange(len(s))] for _ in s] for s in strata]) for _ in range(resamples))
-    return percentile(boot, 2.5), percentile(boot, 97.5)
 
 
 def _macro_length(strata: list[list[tuple[float, float]]]) -> float:

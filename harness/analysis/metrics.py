@@ -100,6 +100,35 @@ def geometric_mean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
+
+
+def bootstrap(strata: list[list], stat, resamples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
+    """A 95 % percentile-bootstrap interval of `stat(strata)`, resampling items within each stratum
+    (a category's requests or prompts); None with fewer than two items in all."""
+    strata = [s for s in strata if s]
+    if sum(map(len, strata)) < 2:
+        return None
+    rng = random.Random(seed)
+    boot = sorted(stat([[s[rng.randrange(len(s))] for _ in s] for s in strata]) for _ in range(resamples))
+    return percentile(boot, 2.5), percentile(boot, 97.5)
+
+
+def wilson(successes: float, trials: float, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion: honest with few trials or a share near 0 or 1, where
+    the normal approximation claims a spread of 0."""
+    if not trials:
+        return math.nan, math.nan
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _macro_geometric(strata: list[list[float]]) -> float:
+    return geometric_mean([geometric_mean(r) for r in strata])
+
+
 def speedup_macro(groups: Sequence[tuple[Sequence[float], Sequence[float]]], resamples: int = 2000,
                   seed: int = 0) -> dict | None:
     """The geometric mean over groups (categories) of each group's paired speedup, with a 95 %
@@ -108,11 +137,9 @@ def speedup_macro(groups: Sequence[tuple[Sequence[float], Sequence[float]]], res
     per = [r for r in per if r]
     if not per:
         return None
-    rng = random.Random(seed)
-    boot = sorted(geometric_mean([geometric_mean([r[rng.randrange(len(r))] for _ in r]) for r in per])
-                  for _ in range(resamples))
-    return {"speedup": geometric_mean([geometric_mean(r) for r in per]),
-            "speedup_ci95": [percentile(boot, 2.5), percentile(boot, 97.5)], "speedup_pairs": sum(map(len, per))}
+    point = _macro_geometric(per)
+    ci = bootstrap(per, _macro_geometric, resamples, seed) or (point, point)  # (one pair: no spread)
+    return {"speedup": point, "speedup_ci95": list(ci), "speedup_pairs": sum(map(len, per))}
 
 
 def speedup_with_contention(timed: Sequence[tuple[Sequence[float], Sequence[float]]],
