@@ -1,0 +1,109 @@
+"""Build vLLM 0.26.0's offline wheelhouse here (where PyPI answers) and split it into parts small enough
+to travel to a GPU host with no network, one part per transfer.
+
+    python tools/vllm_offline/build.py [--wheels tools/vllm_offline/wheels-0.26.txt] [--out .carry/vllm]
+        [--part-mb 52]
+
+Every pinned wheel is downloaded for CPython 3.12 on x86-64 Linux, without dependencies (the list holds
+exactly what the host's image lacks). The vLLM wheel is slimmed: the FlashAttention-2 library (Hopper
+runs FA3), the `vllm-rs` binary and the SM100 FMHA kernels are dropped and its RECORD rewritten, which
+takes it from 304 MB to about 153 MB. The wheels are packed in one uncompressed tar, cut into
+`<out>-1/`, `<out>-2/` ... (each a folder to name in one transfer), with `manifest.json` in every part:
+each wheel's sha256, the tar's and each part's. `install.py` beside this file puts them back together
+on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64",
+             "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux1_x86_64",
+             "manylinux_2_5_x86_64")
+# what the GPU host does not need of vLLM's wheel (path prefixes inside it)
+SLIM = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/third_party/fmha_sm100")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pinned(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def download(requirements: list[str], into: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.12", "--implementation", "cp", "--dest", str(into)]
+    for platform in PLATFORMS:
+        cmd += ["--platform", platform]
+    subprocess.run(cmd + requirements, check=True)
+
+
+def slim(wheel: Path) -> Path:
+    """The wheel without SLIM's paths, its RECORD without their lines (pip checks RECORD's hashes only for
+    the files present)."""
+    out = wheel.with_suffix(".slim")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            if info.filename.startswith(SLIM):
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = "".join(line for line in io.StringIO(data.decode()) if not line.startswith(SLIM)).encode()
+            dst.writestr(info, data)
+    out.replace(wheel)
+    return wheel
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--wheels", type=Path, default=HERE / "wheels-0.26.txt")
+    p.add_argument("--out", type=Path, default=Path(".carry/vllm"))
+    p.add_argument("--part-mb", type=float, default=52.0)
+    args = p.parse_args()
+    wheels_dir = args.out.with_name(args.out.name + "-wheels")
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    requirements = pinned(args.wheels)
+    download(requirements, wheels_dir)
+    files = sorted(wheels_dir.glob("*.whl"))
+    names = {f.name.split("-")[0].lower().replace("_", "-") for f in files}
+    missing = [r for r in requirements if r.split("==")[0].lower().replace("_", "-") not in names]
+    if missing or len(files) != len(requirements):
+        raise SystemExit(f"the wheelhouse does not match the list: missing {missing}, {len(files)} wheels for "
+                         f"{len(requirements)} pins (remove {wheels_dir} and build again)")
+    vllm = next(f for f in files if f.name.startswith("vllm-"))
+    with zipfile.ZipFile(vllm) as z:
+        if any(n.startswith(SLIM) for n in z.namelist()):
+            slim(vllm)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for f in files:
+            tar.add(f, arcname=f.name)
+    blob = buf.getvalue()
+    size = int(args.part_mb * 1e6)
+    parts = [blob[i:i + size] for i in range(0, len(blob), size)]
+    manifest = {"wheels": {f.name: sha256(f.read_bytes()) for f in files}, "tar_sha256": sha256(blob),
+                "tar_bytes": len(blob), "parts": [sha256(part) for part in parts], "list": args.wheels.name}
+    for i, part in enumerate(parts, 1):
+        folder = args.out.with_name(f"{args.out.name}-{i}")
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            old.unlink()
+        (folder / f"part-{i}").write_bytes(part)
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"{len(files)} wheels, {len(blob) / 1e6:.1f} MB, in {len(parts)} parts: "
+          + ", ".join(str(args.out.with_name(f"{args.out.name}-{i}")) for i in range(1, len(parts) + 1)))
+
+
+if __name__ == "__main__":
+    main()
