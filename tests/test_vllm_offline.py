@@ -1,0 +1,84 @@
+"""The offline vLLM wheelhouse (`tools/vllm_offline/`): the slimmed wheel keeps everything but the
+dropped paths and a RECORD without them, and the parts put back together only whole and unaltered."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools" / "vllm_offline"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"vllm_offline_{name}", TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pinned_list_names_each_package_once_with_vllm_0_26():
+    pins = _load("build").pinned(TOOLS / "wheels-0.26.txt")
+    names = [p.split("==")[0] for p in pins]
+    assert len(names) == len(set(names)) == 49 and "vllm==0.26.0" in pins
+    assert "llguidance==1.7.6" in pins and "xgrammar==0.2.7" in pins  # (vLLM's bound; tvm-ffi's pin)
+
+
+def test_a_slimmed_wheel_drops_the_paths_and_their_record_lines(tmp_path):
+    build = _load("build")
+    wheel = tmp_path / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    keep = {"vllm/__init__.py": b"x", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3"}
+    drop = {"vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"fa2", "vllm/vllm-rs": b"rs",
+            "vllm/third_party/fmha_sm100/kernel.so": b"k"}
+    record = "".join(f"{n},sha256=,1\n" for n in [*keep, *drop]) + "vllm-0.26.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in {**keep, **drop, "vllm-0.26.0.dist-info/RECORD": record.encode()}.items():
+            z.writestr(name, data)
+    build.slim(wheel)
+    with zipfile.ZipFile(wheel) as z:
+        assert set(z.namelist()) == {*keep, "vllm-0.26.0.dist-info/RECORD"}
+        assert all(z.read(n) == data for n, data in keep.items())
+        lines = z.read("vllm-0.26.0.dist-info/RECORD").decode().splitlines()
+    assert [line.split(",")[0] for line in lines] == [*keep, "vllm-0.26.0.dist-info/RECORD"]
+
+
+def _parts(tmp_path: Path, blob: bytes, size: int) -> list[Path]:
+    parts = [blob[i:i + size] for i in range(0, len(blob), size)]
+    manifest = {"tar_sha256": hashlib.sha256(blob).hexdigest(), "parts": [hashlib.sha256(p).hexdigest() for p in parts],
+                "wheels": {}}
+    dirs = []
+    for i, part in enumerate(parts, 1):
+        d = tmp_path / f"vllm-{i}"
+        d.mkdir()
+        (d / f"part-{i}").write_bytes(part)
+        (d / "manifest.json").write_text(json.dumps(manifest))
+        dirs.append(d)
+    return dirs
+
+
+def test_the_parts_reassemble_only_whole_and_unaltered(tmp_path, capsys):
+    install = _load("install")
+    blob = bytes(range(256)) * 40
+    dirs = _parts(tmp_path, blob, 3000)
+    assert len(dirs) == 4 and install.assemble(list(reversed(dirs)))[0] == blob  # in any order given
+    with pytest.raises(SystemExit) as missing:
+        install.assemble(dirs[:2])
+    assert missing.value.code == 2 and "parts [3, 4] of 4 are missing" in capsys.readouterr().err
+    (dirs[1] / "part-2").write_bytes(b"altered" + (dirs[1] / "part-2").read_bytes()[7:])
+    with pytest.raises(SystemExit) as altered:
+        install.assemble(dirs)
+    assert altered.value.code == 2 and "part-2: its sha256 is not the manifest's" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(sys.version_info[:2] == (3, 12), reason="refuses only a Python other than 3.12")
+def test_install_refuses_another_python_in_one_line(tmp_path, capsys, monkeypatch):
+    install = _load("install")
+    monkeypatch.setattr(sys, "argv", ["install.py", str(tmp_path)])
+    with pytest.raises(SystemExit) as refused:
+        install.main()
+    assert refused.value.code == 2 and "the wheels are for CPython 3.12" in capsys.readouterr().err
