@@ -29,7 +29,7 @@ import pandas as pd
 
 from dspark.errors import DSparkError
 from harness.analysis.metrics import bootstrap, percentile, wilson
-from harness.analysis.records import MANIFEST, REQUESTS, read_requests, read_waves
+from harness.analysis.records import MANIFEST, REQUESTS, read_requests, read_waves, trace_name
 from harness.analysis.summary import BASELINE, summarize_folder
 
 RUN_COLUMNS = ("system", "method", "temperature", "category", "question_id", "turn")
@@ -219,17 +219,13 @@ class Profiles:
         return "; ".join(self.sources)
 
 
-TRACE_SUFFIXES = (".summary.json", ".sqlite", ".json.gz", ".json")  # a trace file's name: <system><suffix>
-
-
 def profile_files(path: Path | str) -> dict[str, Path]:
     """Per system, the file a profile folder holds for it: its `<system>.summary.json`, else its nsys
     `<system>.sqlite` or PyTorch `<system>/trace.torch.json[.gz]`; or the one trace or summary file
     given. A path that is neither is refused in one line (before any trace is read)."""
     path = Path(path)
     if path.is_file():
-        name = next((path.name.removesuffix(s) for s in TRACE_SUFFIXES if path.name.endswith(s)), path.name)
-        return {name: path}
+        return {trace_name(path): path}
     if not path.is_dir():
         raise DSparkError(f"{path}: no such profile folder or trace file")
     found = {f.name.removesuffix(".summary.json"): f for f in sorted(path.glob("*.summary.json"))}

@@ -43,3 +43,12 @@ def read_requests(run_dir: Path, repair: bool = False, name: str = REQUESTS) -> 
         with path.open("r+b") as f:
             f.truncate(good)
     return records
+
+
+TRACE_SUFFIXES = (".summary.json", ".json.gz", ".json", ".sqlite", ".nsys-rep")  # a trace file: <name><suffix>
+
+
+def trace_name(path: Path) -> str:
+    """A trace or trace-summary file's name without its format's suffix (`a/trace.torch.json.gz`:
+    trace.torch, `dspark.sqlite`: dspark)."""
+    return next((path.name.removesuffix(s) for s in TRACE_SUFFIXES if path.name.endswith(s)), path.stem)

@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.analysis.records import read_requests
+from harness.analysis.records import read_requests, trace_name
 from harness.profiling.nsys import export_sqlite, find_nsys
 from harness.profiling.torch_trace import SUFFIXES, summarize_torch
 from harness.profiling.traces import summarize
@@ -35,14 +35,6 @@ def summarize_any(path: Path, expect_method: str | None = None, engine: str | No
 
 
 STEP_RANGES = ("prefill", "target_verify", "decode_sample", "ar_decode")
-
-
-def trace_name(path: Path) -> str:
-    """A trace file's name without its format's suffixes (`a/trace.torch.json.gz`: trace.torch)."""
-    for suffix in (".summary.json", ".json.gz", ".json", ".sqlite", ".nsys-rep"):
-        if path.name.endswith(suffix):
-            return path.name.removesuffix(suffix)
-    return path.stem
 
 
 def distinct_names(items: list[dict]) -> None:
