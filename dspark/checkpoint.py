@@ -256,16 +256,21 @@ def _same(a: Tensor, b: Tensor) -> bool:
 
 # ---- saving (the real formats; used by make-tiny, the tests and the trainer) ----------------------
 
-def save_target(model: Qwen3Target, out: Path, extra_config: dict | None = None) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = model.config
-    hf = cfg.backbone.hf_fields() | {
+def target_hf_config(cfg: TargetConfig, dtype: torch.dtype) -> dict:
+    """The Hugging Face `config.json` of a Qwen3 target of `cfg` stored in `dtype`."""
+    return cfg.backbone.hf_fields() | {
         "architectures": ["Qwen3ForCausalLM"],
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "max_position_embeddings": cfg.max_position_embeddings,
         "eos_token_id": list(cfg.eos_token_ids) or None,
-        "torch_dtype": str(model.lm_head.weight.dtype).removeprefix("torch."),
-    } | (extra_config or {})
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def save_target(model: Qwen3Target, out: Path, extra_config: dict | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    hf = target_hf_config(cfg, model.lm_head.weight.dtype) | (extra_config or {})
     (out / "config.json").write_text(json.dumps(hf, indent=2))
     if cfg.eos_token_ids:
         (out / "generation_config.json").write_text(json.dumps({"eos_token_id": list(cfg.eos_token_ids)}, indent=2))

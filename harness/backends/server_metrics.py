@@ -1,7 +1,8 @@
 """A server's Prometheus counters (`/metrics`): vLLM's speculative-decoding counters, read before and
 after a wave of requests, give that wave's acceptance when the server reports none per request (a
 server someone else started). At concurrency 1 a wave is one request, so the figures are that
-request's; above, they are the wave's, pooled."""
+request's; above, they are the wave's, pooled. An offline engine's own counters (`vllm.LLM.get_metrics()`)
+read around each request do the same where vLLM reports nothing per request (0.26)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,25 @@ def spec_counters(text: str | None) -> dict | None:
     if not totals:
         return None
     totals["accepted_per_pos"] = [per_pos.get(k, 0.0) for k in range(max(per_pos) + 1)] if per_pos else []
+    return totals
+
+
+def engine_counters(metrics: list) -> dict | None:
+    """The same from an offline engine's metrics (`vllm.LLM.get_metrics()`: objects with a `name` and a
+    `value`, the per-position counter a `values` list), summed over engines. None when it has none."""
+    totals: dict = {}
+    per_pos: list[float] = []
+    for metric in metrics:
+        name = metric.name.removesuffix("_total")
+        if name in SPEC_COUNTERS:
+            totals[SPEC_COUNTERS[name]] = totals.get(SPEC_COUNTERS[name], 0.0) + float(metric.value)
+        elif name == PER_POS:
+            for i, value in enumerate(getattr(metric, "values", None) or []):
+                per_pos += [0.0] * (i + 1 - len(per_pos))
+                per_pos[i] += float(value)
+    if not totals:
+        return None
+    totals["accepted_per_pos"] = per_pos
     return totals
 
 

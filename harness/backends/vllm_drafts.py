@@ -1,0 +1,71 @@
+"""A draft folder as the installed vLLM reads it.
+
+vLLM's DFlash/DSpark loader has read the draft's tap list (`target_layer_ids`) from two places over
+its versions: 0.26 reads it only from `dflash_config` (or `eagle_config`) and otherwise assumes as
+many taps as draft layers, so a DeepSpec-format draft whose tap count differs from its layer count
+(the demo draft: 3 layers, 5 taps) fails to load its `fc` there; 0.32 reads the top-level list,
+which the DeepSpec format has. Where the installed version needs it, the draft is given to vLLM as
+a copy of its folder: the config with `dflash_config: {target_layer_ids, mask_token_id}` added (the
+values it already has at the top level, so nothing about the draft changes) and every other file
+linked, not copied. The copy lives in the run folder, and the engine's record says it was used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from dspark.errors import DSparkError
+
+TOP_LEVEL_TAPS = (0, 32)  # the first vLLM seen reading `target_layer_ids` at the config's top level (0.26: not)
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """(major, minor) of a vLLM version string ("0.26.0", "0.32.0+cpu", "0.27.0rc1")."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        raise DSparkError(f"vLLM version '{version}' is not MAJOR.MINOR[...]; reinstall vLLM")
+    return int(m.group(1)), int(m.group(2))
+
+
+def nested_taps(cfg: dict, version: str) -> dict | None:
+    """The `dflash_config` this vLLM needs added to a draft config `cfg`, or None where it reads the
+    config as it is (a newer vLLM, a config that has one already, or one without top-level taps)."""
+    if version_tuple(version) >= TOP_LEVEL_TAPS or "dflash_config" in cfg or "eagle_config" in cfg:
+        return None
+    if "target_layer_ids" not in cfg:
+        return None
+    nested = {"target_layer_ids": list(cfg["target_layer_ids"])}
+    if "mask_token_id" in cfg:
+        nested["mask_token_id"] = cfg["mask_token_id"]
+    return nested
+
+
+def as_vllm_reads(cfg: dict, version: str) -> tuple[dict, str | None]:
+    """(`cfg` as this vLLM reads it, a line saying what was added, or None when nothing was)."""
+    nested = nested_taps(cfg, version)
+    if nested is None:
+        return cfg, None
+    note = (f"dflash_config {json.dumps(nested)} added to a copy of the config: vLLM {version} reads the draft's taps "
+            "only there")
+    return cfg | {"dflash_config": nested}, note
+
+
+def draft_folder(path: Path, version: str, out: Path) -> tuple[Path, str | None]:
+    """The folder to give vLLM for the draft at `path`: `path` itself, or `out` holding a rewritten
+    config and links to every other file (`as_vllm_reads`); with the note saying what changed."""
+    cfg = json.loads((path / "config.json").read_text())
+    rewritten, note = as_vllm_reads(cfg, version)
+    if note is None:
+        return path, None
+    out.mkdir(parents=True, exist_ok=True)
+    for item in path.iterdir():
+        if item.name == "config.json":
+            continue
+        link = out / item.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(item.resolve())
+    (out / "config.json").write_text(json.dumps(rewritten, indent=2))
+    return out, note
