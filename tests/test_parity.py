@@ -72,12 +72,25 @@ def test_parity_names_every_kind_of_divergence_at_its_round(tmp_path):
     # without our margins (a native run without --record-margins) the kind is not guessed
     (found,) = divergences(record("dspark", "q5", [2, 3, 1]), record("dspark", "q5", [2, 1, 1, 1]), "dspark", 1e-3)
     assert found["kind"] == "unclassified" and "--record-margins" in found["detail"]
-    # where vLLM gave only its totals there are no rounds to align: the totals are compared
-    totals = record("dspark", "q6", [])
-    totals |= {"acceptance_source": "vllm totals", "acceptance_totals": {"num_accepted_draft_tokens": 5}}
+    # where vLLM gave only its totals (0.26) there are no rounds to align: steps, accepted drafts and
+    # accepted drafts per position are compared, and ours [2, 3] counts as 2 steps, 5 accepted, [2, 2, 1, 0, ...]
+    totals = record("dspark", "q6", []) | {"acceptance_source": "vllm totals", "acceptance_totals": {
+        "num_spec_steps": 2, "num_draft_tokens": 14, "num_accepted_draft_tokens": 5,
+        "accepted_per_pos": [2, 2, 1, 0, 0, 0, 0]}}
     assert divergences(record("dspark", "q6", [2, 3]), totals, "dspark", 1e-3) == []
     (found,) = divergences(record("dspark", "q6", [2, 2]), totals, "dspark", 1e-3)
-    assert found["kind"] == "unclassified" and "only totals" in found["detail"]
+    assert found["kind"] == "unclassified" and "only totals" in found["detail"] and "no margins" in found["detail"]
+    # with our margins, the first position that differs (slot 2: ours accepted it in 0 rounds, theirs in 1)
+    # points at the round of ours that rejected slot 2 with the smallest margin there: round 1 (0.0002)
+    near = record("dspark", "q6", [2, 2, 0], margins=[[5, 5, 3], [4, 4, 0.0002], [0.5]])
+    totals["acceptance_totals"] = {"num_spec_steps": 3, "num_draft_tokens": 21, "num_accepted_draft_tokens": 5,
+                                   "accepted_per_pos": [2, 2, 1, 0, 0, 0, 0]}
+    (found,) = divergences(near, totals, "dspark", 1e-3)
+    assert {k: found[k] for k in ("kind", "round", "token", "slot", "margin")} == \
+        {"kind": "numerics", "round": 1, "token": 4, "slot": 2, "margin": 0.0002}
+    near["draft_margins"][1][2] = 0.5  # far above float error: not told from semantics without their rounds
+    (found,) = divergences(near, totals, "dspark", 1e-3)
+    assert (found["kind"], found["round"]) == ("unclassified", 1) and "cannot be told" in found["detail"]
     # pooled by hand: ours 4 prompts x rounds [2,3,1],[2,3,1],[2,3,1],[2,3] -> 11 rounds, 23 accepted
     ours, theirs = dspark["pooled"]
     assert (ours["rounds"], ours["accepted"]) == (11, 23) and abs(ours["acceptance_length"] - (1 + 23 / 11)) < 1e-12

@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 DSPARK_GIT_REVISI
 export LD_LIBRARY_PATH=/tmp/nsys-lib:${LD_LIBRARY_PATH:-}
 R=/tmp/r
 mkdir -p "$R" "${OUT:-/tmp/out}"
-cli() { python3 -m harness.cli "$@"; }
+CLI=(python3 -m harness.cli)
 stage() {  # stage NAME SECONDS COMMAND...: timed, its output in $R/NAME.log
   local name=$1 limit=$2
   shift 2
@@ -25,12 +25,12 @@ demo() {  # demo DTYPE SUFFIX VLLM_ARGS...: the demo pair on both engines, then 
   local dtype=$1 tag=$2
   shift 2
   local common=(--experiment demo --device cuda --dtype "$dtype" --temperature 0 --output-len 128)
-  stage "vllm$tag" 330 cli run "${common[@]}" --backend vllm --systems plain,ngram,dspark "$@" --out "$R/vllm$tag"
-  stage "vllm-dflash$tag" 150 cli run "${common[@]}" --backend vllm --systems dflash "$@" --out "$R/vllm-dflash$tag"
-  stage "native$tag" 150 cli run "${common[@]}" --backend native --record-margins --out "$R/native$tag"
+  stage "vllm$tag" 300 "${CLI[@]}" run "${common[@]}" --backend vllm --systems plain,ngram,dspark "$@" --out "$R/vllm$tag"
+  stage "vllm-dflash$tag" 120 "${CLI[@]}" run "${common[@]}" --backend vllm --systems dflash "$@" --out "$R/vllm-dflash$tag"
+  stage "native$tag" 110 "${CLI[@]}" run "${common[@]}" --backend native --record-margins --out "$R/native$tag"
   for run in "vllm$tag" "vllm-dflash$tag"; do
-    cli parity "$R/native$tag" "$R/$run" >"$R/parity-$run.txt" 2>&1
-    cli parity "$R/native$tag" "$R/$run" --json >"$R/parity-$run.json" 2>/dev/null
+    "${CLI[@]}" parity "$R/native$tag" "$R/$run" >"$R/parity-$run.txt" 2>&1
+    "${CLI[@]}" parity "$R/native$tag" "$R/$run" --json >"$R/parity-$run.json" 2>/dev/null
   done
 }
 for s in "$@"; do
@@ -40,16 +40,16 @@ for s in "$@"; do
     demo-bf16) demo bfloat16 -bf16 ;;
     bench) stage bench 560 sh -c "python3 -m harness.cli engine-bench --skip-hf --repeats 20 --against vllm \
              --concurrency 1,4,16,32 --json > $R/engine_bench_vs_vllm.json" ;;
-    serve) stage serve 560 cli run --experiment demo --backend vllm-server --device cuda --systems plain,ngram,dspark \
+    serve) stage serve 300 "${CLI[@]}" run --experiment demo --backend vllm-server --device cuda --systems plain,ngram,dspark \
              --split qualitative --num-prompts 32 --max-concurrency 1,4,16,32 --temperature 0 --output-len 128 \
              --ignore-eos --out "$R/serve" ;;
     profile)
-      stage profile-native 200 cli profile --nsys --preset lean --backend native --device cuda --systems plain,dspark \
+      stage profile-native 80 "${CLI[@]}" profile --nsys --preset lean --backend native --device cuda --systems plain,dspark \
         --out "$R/profile-native"
-      stage profile-vllm 400 cli profile --nsys --preset lean --backend vllm --device cuda --systems plain,dspark \
+      stage profile-vllm 280 "${CLI[@]}" profile --nsys --preset lean --backend vllm --device cuda --systems plain,dspark \
         --out "$R/profile-vllm"
-      cli trace compare "$R/profile-native" "$R/profile-vllm" >"$R/profile-compare.txt" 2>&1
-      cli trace compare "$R/profile-native" "$R/profile-vllm" --json >"$R/profile-compare.json" 2>/dev/null ;;
+      "${CLI[@]}" trace compare "$R/profile-native" "$R/profile-vllm" >"$R/profile-compare.txt" 2>&1
+      "${CLI[@]}" trace compare "$R/profile-native" "$R/profile-vllm" --json >"$R/profile-compare.json" 2>/dev/null ;;
     *) echo "unknown stage $s" ;;
   esac
 done

@@ -66,7 +66,7 @@ def acceptance_from_totals(totals: Sequence[dict]) -> dict:
     drafts = sum(t.get("num_draft_tokens") or 0 for t in totals)
     accepted = sum(t.get("num_accepted_draft_tokens") or 0 for t in totals)
     per_pos: list[float] = []
-    if totals and all(t.get("accepted_per_pos") for t in totals):
+    if totals and all(t.get("accepted_per_pos") or not t.get("num_spec_steps") for t in totals):  # (no step: none)
         width = max(len(t["accepted_per_pos"]) for t in totals)
         per_pos = [sum((t["accepted_per_pos"] + [0] * width)[k] for t in totals) for k in range(width)]
     return {"num_rounds": steps, "spec_decode_acceptance_length": 1 + accepted / steps if steps else None,

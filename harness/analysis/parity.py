@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.analysis.metrics import acceptance, first_difference
+from harness.analysis.metrics import acceptance, acceptance_from_totals, first_difference
 from harness.analysis.records import MANIFEST, read_requests
 
 KINDS = ("accounting", "numerics", "semantics", "unclassified")
@@ -63,14 +63,80 @@ def _dtype(run: dict) -> str:
     return "float32" if str(run["device"]).startswith("cpu") else "bfloat16"
 
 
-def _pooled(records: list[dict]) -> dict:
-    a = acceptance([n for r in records for n in r.get("acceptance_lengths") or []],
-                   [d for r in records for d in r.get("proposal_lengths") or []],
-                   [c for r in records for c in r.get("accepted_counts") or []])
+def _totals_only(record: dict) -> bool:
+    return bool(record.get("acceptance_totals")) and not record.get("acceptance_lengths")
+
+
+def _pooled(records: list[dict], as_totals: bool) -> dict:
+    """Pooled acceptance of one side; `as_totals` (the other side, or this one, knows only totals): both
+    as vLLM counts them, the steps that proposed drafts."""
+    if as_totals:
+        a = acceptance_from_totals([totals_of(r) for r in records])
+    else:
+        a = acceptance([n for r in records for n in r.get("acceptance_lengths") or []],
+                       [d for r in records for d in r.get("proposal_lengths") or []],
+                       [c for r in records for c in r.get("accepted_counts") or []])
     return {"rounds": a["num_rounds"], "accepted": a["spec_decode_num_accepted_tokens"],
             "acceptance_length": a["spec_decode_acceptance_length"],
             "accepted_per_position": a["spec_decode_num_accepted_tokens_per_pos"],
             "per_position_rates": a["spec_decode_per_position_acceptance_rates"]}
+
+
+def totals_of(record: dict) -> dict:
+    """A record's speculative totals as vLLM counts them: from its rounds where it has them (the rounds
+    that proposed drafts), else the backend's own totals (vLLM 0.26 reports nothing per round)."""
+    if record.get("acceptance_lengths") or not record.get("acceptance_totals"):
+        rounds = [(d, a) for d, a in zip(record.get("proposal_lengths") or [], record.get("accepted_counts") or [])
+                  if d > 0]
+        return {"num_spec_steps": len(rounds), "num_draft_tokens": sum(d for d, _ in rounds),
+                "num_accepted_draft_tokens": sum(a for _, a in rounds),
+                "accepted_per_pos": [sum(a > k for _, a in rounds) for k in range(max((d for d, _ in rounds),
+                                                                                      default=0))]}
+    return record["acceptance_totals"]
+
+
+def _rounds_accepted(record: dict) -> list[int]:
+    """[rounds, accepted drafts] of a record: its own rounds, else its backend's totals."""
+    if record.get("acceptance_lengths") or not record.get("acceptance_totals"):
+        return [record["num_rounds"], sum(record.get("accepted_counts") or [])]
+    t = record["acceptance_totals"]
+    return [t.get("num_spec_steps") or 0, t.get("num_accepted_draft_tokens") or 0]
+
+
+def _totals_divergences(ours: dict, theirs: dict, method: str, tol: float) -> list[dict]:
+    """The first difference of two records when one side has only totals: steps, accepted drafts and
+    accepted drafts per position compared; for the first position that differs, the round of ours most
+    likely behind it (the smallest top-2 margin at that slot among the rounds that could have gone the
+    other way) names numerics when that margin is within float error."""
+    a, b = totals_of(ours), totals_of(theirs)
+    width = max(len(a.get("accepted_per_pos") or []), len(b.get("accepted_per_pos") or []))
+    pa, pb = ((list(t.get("accepted_per_pos") or []) + [0] * width)[:width] for t in (a, b))
+    counts = [(t.get("num_spec_steps"), t.get("num_accepted_draft_tokens")) for t in (a, b)]
+    if counts[0] == counts[1] and pa == pb:
+        return []
+    what = (f"steps that proposed drafts: ours {counts[0][0]}, theirs {counts[1][0]}; accepted drafts: ours "
+            f"{counts[0][1]}, theirs {counts[1][1]}; per position ours {pa}, theirs {pb} (only totals are known for "
+            "one side)")
+    base = {"round": None, "token": None, "slot": None}
+    if method == "ngram":
+        return [base | {"kind": "semantics", "detail": f"the n-gram lookup rules differ: {what}"}]
+    slot = next((k for k in range(width) if pa[k] != pb[k]), None)
+    margins = ours.get("draft_margins") or []
+    if slot is None or not margins:
+        return [base | {"kind": "unclassified", "detail": what + ("" if margins else "; no margins recorded")}]
+    # ours accepted slot `slot` in more rounds: one of those could have been rejected; in fewer: one it rejected there
+    more = pa[slot] > pb[slot]
+    candidates = [(m[slot], i) for i, (m, acc) in enumerate(zip(margins, ours.get("accepted_counts") or []))
+                  if slot < len(m) and (acc > slot if more else acc == slot)]
+    if not candidates:
+        return [base | {"kind": "unclassified", "detail": what}]
+    margin, i = min(candidates)
+    kind = "numerics" if margin < tol else "unclassified"
+    token = 1 + sum((ours.get("acceptance_lengths") or [])[:i])  # where that round starts in the output
+    return [base | {"kind": kind, "round": i, "token": token, "slot": slot, "margin": margin, "detail": (
+        f"{what}; the likeliest round of ours is {i}, whose top-2 margin at slot {slot} is {margin:.3g} "
+        + (f"(within float error, {tol:g})" if kind == "numerics" else f"(above float error, {tol:g}: without the "
+           "other side's rounds it cannot be told from semantics)"))}]
 
 
 def _drafting(record: dict) -> list[tuple[int, int, int, int]]:
@@ -89,11 +155,7 @@ def divergences(ours: dict, theirs: dict, method: str, tol: float) -> list[dict]
     seed), first difference only:
     `ours` is the native engine's (its margins decide numerics), `theirs` the other engine's."""
     if "vllm totals" in (ours.get("acceptance_source"), theirs.get("acceptance_source")):  # no rounds to align
-        totals = [sum(r.get("accepted_counts") or []) or (r.get("acceptance_totals") or {}).get(
-            "num_accepted_draft_tokens") for r in (ours, theirs)]
-        return [] if totals[0] == totals[1] else [{
-            "kind": "unclassified", "round": None, "token": None, "slot": None,
-            "detail": f"accepted drafts: ours {totals[0]}, theirs {totals[1]}; only totals are known for one side"}]
+        return _totals_divergences(ours, theirs, method, tol)
     found = []
     empty = [sum(d == 0 for d in r.get("proposal_lengths") or []) for r in (ours, theirs)]
     if empty[0] != empty[1]:
@@ -179,8 +241,7 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
             row = {"question_id": key[3], "turn": key[4], "prompt_ids_equal": same_input, "seeds_equal": same_seed,
                    "outputs_equal": None if diff is None else diff is True,
                    "first_difference": diff if isinstance(diff, int) and diff is not True else None,
-                   "rounds": [x["num_rounds"], y["num_rounds"]],
-                   "accepted": [sum(x.get("accepted_counts") or []), sum(y.get("accepted_counts") or [])]}
+                   **dict(zip(("rounds", "accepted"), map(list, zip(_rounds_accepted(x), _rounds_accepted(y)))))}
             where = {"question_id": key[3], "turn": key[4]}
             if diff is True and method != "plain":
                 ours, theirs = (x, y) if native == 0 else (y, x)
@@ -202,7 +263,8 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
             "outputs_equal": sum(bool(p["outputs_equal"]) for p in prompts) if greedy else None,
             "seeds_equal": None if greedy else sum(bool(p["prompt_ids_equal"] and p["seeds_equal"]) for p in prompts),
             "sampled_outputs_equal": None if greedy else sum(bool(p["outputs_equal"]) for p in prompts),
-            "per_prompt": prompts, "pooled": [_pooled([p[0] for p in pairs]), _pooled([p[1] for p in pairs])],
+            "per_prompt": prompts, "pooled": [_pooled([p[i] for p in pairs], any(_totals_only(r) for p in pairs for r in p))
+                                                 for i in (0, 1)],
             "divergences": found, "kinds": {k: sum(d["kind"] == k for d in found) for k in KINDS}})
     out["sampled"] = sampled_parity(out["groups"])
     return out
