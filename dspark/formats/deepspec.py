@@ -62,7 +62,8 @@ def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: s
 
 
 def hf_config(cfg, num_target_layers: int | None) -> dict:
-    """The `config.json` of a draft of `cfg` (a DraftConfig: not imported here, it imports the formats) in this format (also what vLLM is given for a dummy-weight draft)."""
+    """The `config.json` of a draft of `cfg` (a DraftConfig, not imported here: it imports the formats) in
+    this format; also what vLLM is given for a dummy-weight draft."""
     if not cfg.sample_from_anchor:
         raise DSparkError("the DeepSpec format is anchor-first; a fill-in draft saves as zlab or speculators")
     b = cfg.backbone

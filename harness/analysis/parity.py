@@ -85,7 +85,7 @@ def _pooled(records: list[dict], as_totals: bool) -> dict:
 def totals_of(record: dict) -> dict:
     """A record's speculative totals as vLLM counts them: from its rounds where it has them (the rounds
     that proposed drafts), else the backend's own totals (vLLM 0.26 reports nothing per round)."""
-    if record.get("acceptance_lengths") or not record.get("acceptance_totals"):
+    if not _totals_only(record):
         rounds = [(d, a) for d, a in zip(record.get("proposal_lengths") or [], record.get("accepted_counts") or [])
                   if d > 0]
         return {"num_spec_steps": len(rounds), "num_draft_tokens": sum(d for d, _ in rounds),
@@ -97,7 +97,7 @@ def totals_of(record: dict) -> dict:
 
 def _rounds_accepted(record: dict) -> list[int]:
     """[rounds, accepted drafts] of a record: its own rounds, else its backend's totals."""
-    if record.get("acceptance_lengths") or not record.get("acceptance_totals"):
+    if not _totals_only(record):
         return [record["num_rounds"], sum(record.get("accepted_counts") or [])]
     t = record["acceptance_totals"]
     return [t.get("num_spec_steps") or 0, t.get("num_accepted_draft_tokens") or 0]
@@ -232,6 +232,7 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
             out["only_in"][0].append((system, temp, conc))
             continue
         pairs = [(index[0][k], index[1][k]) for k in keys]
+        as_totals = any(_totals_only(r) for p in pairs for r in p)  # (then both sides pooled as vLLM counts)
         method = pairs[0][native]["method"]
         prompts, found = [], []
         for (x, y), key in zip(pairs, keys):
@@ -263,8 +264,7 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
             "outputs_equal": sum(bool(p["outputs_equal"]) for p in prompts) if greedy else None,
             "seeds_equal": None if greedy else sum(bool(p["prompt_ids_equal"] and p["seeds_equal"]) for p in prompts),
             "sampled_outputs_equal": None if greedy else sum(bool(p["outputs_equal"]) for p in prompts),
-            "per_prompt": prompts, "pooled": [_pooled([p[i] for p in pairs], any(_totals_only(r) for p in pairs for r in p))
-                                                 for i in (0, 1)],
+            "per_prompt": prompts, "pooled": [_pooled([p[i] for p in pairs], as_totals) for i in (0, 1)],
             "divergences": found, "kinds": {k: sum(d["kind"] == k for d in found) for k in KINDS}})
     out["sampled"] = sampled_parity(out["groups"])
     return out

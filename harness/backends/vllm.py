@@ -108,6 +108,12 @@ def _set_environment(values: dict) -> None:
             os.environ[key] = value
 
 
+def in_one_line(exc: Exception) -> str:
+    """What vLLM said when it refused to start, in one line: its first two lines, without pydantic's tail."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    return " ".join(lines[:2]).split(" [type=")[0]
+
+
 def per_request_metrics() -> bool:
     """Whether the installed vLLM reports speculative metrics per request (`per_request_spec_decode_metrics`,
     0.32 has it; 0.26 does not, and its acceptance comes from the engine's counters read around each
@@ -181,6 +187,7 @@ class VllmBackend(VllmTarget):
         except ImportError:
             raise DSparkError(INSTALL) from None
         self.version = vllm.__version__
+        self.per_request = per_request_metrics()  # (0.26: no; its counters are read around each request)
         given = self._load_target(target, device, dtype, revision, engine_args)
         unknown = sorted(set(given) - set(EngineArgs.__dataclass_fields__))
         if unknown:
@@ -213,7 +220,6 @@ class VllmBackend(VllmTarget):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         sc = prepared.handle["speculative_config"]
         v2 = v2_runner(sc)
-        self.per_request = per_request_metrics()
         extra = {"per_request_spec_decode_metrics": "detailed"} if sc is not None and self.per_request else {}
         if self.profiled == "nsys":  # the worker's cudaProfilerStart/Stop: nsys' capture range
             extra["profiler_config"] = {"profiler": "cuda"}
@@ -228,8 +234,7 @@ class VllmBackend(VllmTarget):
                 llm = LLM(model=str(self.path), speculative_config=sc, **args)
                 record = engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
-            lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-            first = " ".join(lines[:2]).split(" [type=")[0]
+            first = in_one_line(exc)
             what = "" if sc is None else f" (method {sc['method']}, {prepared.handle['format']}-format draft)"
             raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'{what}: "
                               f"{first}") from None

@@ -37,7 +37,8 @@ from dspark.engine import Engine, GenerationConfig, synchronize
 from dspark.errors import DSparkError
 from dspark.formats import deepspec
 from harness.backends.server_metrics import delta, engine_counters
-from harness.backends.vllm import CPU_DEFAULTS, engine_record, environment, logging_config, v2_runner
+from harness.backends.vllm import (CPU_DEFAULTS, engine_record, environment, in_one_line, logging_config,
+                                   v2_runner)
 from harness.backends.vllm_drafts import as_vllm_reads
 
 # published acceptance lengths of the official Qwen3-8B draft (../shared/docs/anchors.md §0), for the
@@ -132,9 +133,8 @@ def start_vllm(model: Path, draft: Path | None, dcfg: DraftConfig, on_cpu: bool,
         with environment(VLLM_USE_V2_MODEL_RUNNER=v2_runner(sc)):
             llm = LLM(model=str(model), speculative_config=sc, **args)
     except Exception as exc:  # its own words, in one line
-        first = " ".join(line.strip() for line in str(exc).splitlines()[:2] if line.strip()) or type(exc).__name__
-        raise DSparkError(f"vLLM could not start {'DSpark' if sc else 'plain decoding'} on dummy weights: {first}") \
-            from None
+        raise DSparkError(f"vLLM could not start {'DSpark' if sc else 'plain decoding'} on dummy weights: "
+                          f"{in_one_line(exc)}") from None
     return llm, engine_record(llm, sc, log_dir) | {"engine_args": args}
 
 
