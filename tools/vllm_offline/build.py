@@ -5,9 +5,9 @@ to travel to a GPU host with no network, one part per transfer.
         [--part-mb 52]
 
 Every pinned wheel is downloaded for CPython 3.12 on x86-64 Linux, without dependencies (the list holds
-exactly what the host's image lacks). The vLLM wheel is slimmed: the FlashAttention-2 library (Hopper
-runs FA3), the `vllm-rs` binary and the SM100 FMHA kernels are dropped and its RECORD rewritten, which
-takes it from 304 MB to about 153 MB. The wheels are packed in one uncompressed tar, cut into
+exactly what the host's image lacks). The vLLM wheel is slimmed (`SLIM`: FlashAttention 2, the `vllm-rs`
+binary, the SM100 kernels, the MoE kernels, DeepGEMM for other Pythons) and its RECORD rewritten, which
+takes it from 304 MB to about 111 MB. The wheels are packed in one uncompressed tar, cut into
 `<out>-1/`, `<out>-2/` ... (each a folder to name in one transfer), with `manifest.json` in every part:
 each wheel's sha256, the tar's and each part's. `install.py` beside this file puts them back together
 on the host.
@@ -29,8 +29,12 @@ HERE = Path(__file__).resolve().parent
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux1_x86_64",
              "manylinux_2_5_x86_64")
-# what the GPU host does not need of vLLM's wheel (path prefixes inside it)
-SLIM = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/third_party/fmha_sm100")
+# what the GPU host does not need of vLLM's wheel (path prefixes inside it): FlashAttention 2 (Hopper runs
+# FA3), the Rust front end, the SM100 kernels, the MoE kernels (41 MB; vLLM imports them only if present,
+# and a dense model such as Qwen3 calls none) and DeepGEMM's bindings for Pythons other than 3.12
+SLIM = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/third_party/fmha_sm100",
+        "vllm/_moe_C_stable_libtorch.abi3.so",
+        *(f"vllm/third_party/deep_gemm/_C.cpython-{v}-x86_64-linux-gnu.so" for v in (310, 311, 313, 314)))
 
 
 def sha256(data: bytes) -> str:

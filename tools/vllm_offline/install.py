@@ -24,7 +24,7 @@ from pathlib import Path
 
 CHECK = ("import torch, vllm\n"
          "from vllm.platforms import current_platform\n"
-         "current_platform.import_kernels()  # (vLLM's compiled ops: _C_stable_libtorch, _moe_C ...)\n"
+         "current_platform.import_kernels()  # (vLLM's compiled ops: _C_stable_libtorch; no MoE kernels)\n"
          "import vllm.vllm_flash_attn._vllm_fa3_C  # FlashAttention 3, what a Hopper GPU runs\n"
          "ops = [op for op in ('rms_norm', 'fused_add_rms_norm', 'silu_and_mul') if not hasattr(torch.ops._C, op)]\n"
          "assert not ops, f'compiled ops missing: {ops}'\n"
