@@ -5,7 +5,8 @@
 # Stages: install, demo (the demo pair through vLLM against our engine, float32, parity), demo-bf16 (the
 # same at vLLM's defaults), bench (engine-bench --against vllm with batch sizes), serve (the vllm-server
 # sweep), profile (nsys of both engines, compared). Results go to /tmp/r (kept while the machine stays
-# warm) and, packed, to $OUT. Each stage runs under its own time limit; a failed one does not stop the next.
+# warm) and, packed, to $OUT. Each stage runs under its own time limit (PROFILE_NATIVE_S, PROFILE_VLLM_S, SERVE_S
+# override three); a failed one does not stop the next.
 set -u
 revision=$1
 shift
@@ -40,13 +41,13 @@ for s in "$@"; do
     demo-bf16) demo bfloat16 -bf16 ;;
     bench) stage bench 560 sh -c "python3 -m harness.cli engine-bench --skip-hf --repeats 20 --against vllm \
              --concurrency 1,4,16,32 --json > $R/engine_bench_vs_vllm.json" ;;
-    serve) stage serve 300 "${CLI[@]}" run --experiment demo --backend vllm-server --device cuda --systems plain,ngram,dspark \
+    serve) stage serve "${SERVE_S:-300}" "${CLI[@]}" run --experiment demo --backend vllm-server --device cuda --systems plain,ngram,dspark \
              --split qualitative --num-prompts 32 --max-concurrency 1,4,16,32 --temperature 0 --output-len 128 \
              --ignore-eos --out "$R/serve" ;;
     profile)
-      stage profile-native 80 "${CLI[@]}" profile --nsys --preset lean --backend native --device cuda --systems plain,dspark \
+      stage profile-native "${PROFILE_NATIVE_S:-90}" "${CLI[@]}" profile --nsys --preset lean --backend native --device cuda --systems plain,dspark \
         --out "$R/profile-native"
-      stage profile-vllm 280 "${CLI[@]}" profile --nsys --preset lean --backend vllm --device cuda --systems plain,dspark \
+      stage profile-vllm "${PROFILE_VLLM_S:-280}" "${CLI[@]}" profile --nsys --preset lean --backend vllm --device cuda --systems plain,dspark \
         --out "$R/profile-vllm"
       "${CLI[@]}" trace compare "$R/profile-native" "$R/profile-vllm" >"$R/profile-compare.txt" 2>&1
       "${CLI[@]}" trace compare "$R/profile-native" "$R/profile-vllm" --json >"$R/profile-compare.json" 2>/dev/null ;;
