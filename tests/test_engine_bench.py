@@ -80,5 +80,8 @@ def test_engine_bench_refuses_a_peer_it_does_not_have_and_levels_without_one(mon
         assert code == 2 and words in err and "Traceback" not in err
 
 
-def _vllm_variables() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+def _vllm_variables() -> dict[str, str | None]:
+    """The variables the harness sets for vLLM (vLLM sets others of its own as it imports)."""
+    names = ("VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL", "VLLM_USE_V2_MODEL_RUNNER",
+             "VLLM_CPU_KVCACHE_SPACE")
+    return {k: os.environ.get(k) for k in names}

@@ -232,7 +232,27 @@ def test_profile_nsys_of_vllm_follows_its_processes_and_names_them_when_missing(
     assert record["vllm"]["worker_multiproc_method"] == "spawn" and "cudaProfilerStart" in record["vllm"]["capture"]
     assert json.loads((out / "run-options.json").read_text())["backend"] == "vllm"
     diagnosis = json.loads((out / "plain.summary.json").read_text())["diagnosis"]
-    assert any(d.startswith("vLLM's EngineCore and Worker processes are not in this trace") for d in diagnosis)
+    assert any(d.startswith("vLLM's engine processes (EngineCore and Worker) are not in this trace") for d in diagnosis)
+
+
+def test_a_vllm_trace_whose_engine_core_ran_the_model_is_not_diagnosed_as_missing_it():
+    """On one GPU vLLM 0.26 runs the model inside its EngineCore process, whose name a trace keeps to 15
+    characters (`VLLM::EngineCor`, as in the H200 trace of `benchmarks/vllm026_h200/profile/`): that trace
+    has the engine's kernels, and says nothing is missing; a trace of only the harness's process does."""
+    from harness.profiling.traces import diagnose
+
+    def summary(*processes):
+        return {"launches": {"kernels": 29466, "graph_launches": 272, "kernels_from_graphs_share": 0.84,
+                             "graph_trace_rows": 0}, "memory_ops": [], "nvtx": [],
+                "processes": [{"pid": pid, "name": name, "nvtx_rows": 261, "api_rows": api, "kernel_rows": kernels,
+                               "did_gpu_work": kernels > 0} for pid, name, api, kernels in processes]}
+
+    engine_core = (1422, "VLLM::EngineCor", 16723, 29466)
+    assert diagnose(summary(engine_core), {}, None, engine="vllm") == []
+    assert diagnose(summary((1400, "python3", 0, 0), (1423, "VLLM::Worker_TP", 900, 29466)), {}, None, "vllm") == []
+    (note,) = diagnose(summary((1400, "python3", 16723, 29466)), {}, None, engine="vllm")
+    assert note.startswith("vLLM's engine processes (EngineCore and Worker) are not in this trace (processes seen: "
+                           "python3)")
 
 
 def test_profile_defaults_to_two_prompts_at_the_first_temperature_and_says_how_to_get_more():

@@ -273,3 +273,19 @@ def test_trace_compare_tells_same_named_traces_apart_by_their_folders(tmp_path, 
     assert [r["name"] for r in json.loads(out)["rows"]] == ["trace.torch (1)", "trace.torch (2)"]  # one file twice
     code, out, _ = run_cli(monkeypatch, capfd, "trace", "compare", a, b)
     assert code == 0 and "runs/a/trace.torch" in out and "top host operators: other/a/trace.torch" in out
+
+
+def test_vllm_step_ranges_sit_beside_ours_as_prefill_and_decode():
+    """vLLM names each model-runner step by its batch; `compare` sums them into `vllm_prefill` (steps with
+    prompt tokens) and `vllm_decode` (none), as in the H200 trace of vLLM 0.26 (`benchmarks/vllm026_h200/
+    profile/`), and nothing for ranges of any other name."""
+    from harness.profiling.compare import vllm_steps
+
+    ranges = {"execute_context_0(0)_generation_1(1)": {"total_ns": 1000, "instances": 250},
+              "execute_context_0(0)_generation_2(2)": {"total_ns": 30, "instances": 8},
+              "execute_context_1(16)_generation_0(0)": {"total_ns": 700, "instances": 1},
+              "execute_context_1(60)_generation_1(1)": {"total_ns": 5, "instances": 1},
+              "ar_decode": {"total_ns": 9, "instances": 9}, "execute_context_x": {"total_ns": 1, "instances": 1}}
+    assert vllm_steps(ranges) == {"vllm_decode": {"total_ns": 1030, "instances": 258},
+                                  "vllm_prefill": {"total_ns": 705, "instances": 2}}
+    assert vllm_steps({"ar_decode": {"total_ns": 9, "instances": 9}}) == {}

@@ -41,6 +41,9 @@ COMMON = ["--category", "coding", "--output-len", "24", "--temperature", "0", "-
 CODING = 18  # the demo suite's coding prompts (the demo experiment runs 8 unless told)
 DSPARK_PROMPTS = 3  # DSpark on vLLM's V2 runner runs its Triton kernels interpreted: about 1 s a round here
 SHIM = Path(__file__).parent / "vllm_shim"
+# the environment before any test ran: vLLM imported in this process by another module's test sets variables of
+# its own (VLLM_WORKER_MULTIPROC_METHOD ...) that a user's fresh shell would not pass to the runs
+START_ENV = dict(os.environ)
 
 
 def _script() -> Path:
@@ -53,7 +56,7 @@ def _script() -> Path:
 def _env(vllm: bool = True) -> dict:
     """The environment of the test's runs; for vLLM's, the V2 runner's Triton kernels interpreted on the
     CPU through the shim (never for the native run: our own kernels would run interpreted too)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
+    env = {k: v for k, v in START_ENV.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
     if not vllm:
         return env
     path = os.pathsep.join(p for p in (str(SHIM), env.get("PYTHONPATH")) if p)

@@ -6,6 +6,7 @@ profiler's overhead against the same requests timed unprofiled."""
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -35,6 +36,22 @@ def summarize_any(path: Path, expect_method: str | None = None, engine: str | No
 
 
 STEP_RANGES = ("prefill", "target_verify", "decode_sample", "ar_decode")
+# vLLM's model runner names each step by its batch, `execute_context_<n>(<tokens>)_generation_<m>(<tokens>)`:
+# a step with no prompt tokens is a decode step (or a speculative round), one with some a prefill
+VLLM_STEP = re.compile(r"execute_context_(\d+)\(\d+\)_generation_\d+\(\d+\)")
+
+
+def vllm_steps(ranges: dict[str, dict]) -> dict[str, dict]:
+    """vLLM's per-batch step ranges summed into `vllm_prefill` and `vllm_decode` ({"total_ns",
+    "instances"}), so that its steps sit beside our engine's ranges; empty for any other trace."""
+    out: dict[str, dict] = {}
+    for name, r in ranges.items():
+        m = VLLM_STEP.fullmatch(name or "")
+        if m:
+            step = out.setdefault("vllm_prefill" if int(m.group(1)) else "vllm_decode", {"total_ns": 0, "instances": 0})
+            step["total_ns"] += r["total_ns"]
+            step["instances"] += r["instances"]
+    return out
 
 
 def distinct_names(items: list[dict]) -> None:
@@ -134,7 +151,9 @@ def compare(items: list[dict]) -> dict:
     for it in items:
         s = it["summary"]
         ranges = {r["range"]: r for r in s["nvtx"]}
+        ranges |= vllm_steps(ranges)
         names = list(STEP_RANGES) + [r for r in ranges if r and r.endswith("_propose")]
+        names += [n for n in ("vllm_prefill", "vllm_decode") if n in ranges]
         tokens = it["output_tokens"]
         gpu = s["categories"] is not None  # None: the profiler saw no GPU work (a CPU run)
         gpu_ns = sum(c["total_ns"] for c in s["categories"] or [])

@@ -325,7 +325,17 @@ def _processes(conn, tables: set[str]) -> list[dict]:
     return sorted(out, key=lambda p: -(p["kernel_rows"] + p["nvtx_rows"]))
 
 
-VLLM_PROCESSES = ("EngineCore", "Worker")  # where vLLM's engine runs: processes it starts (VLLM::<name>)
+# where vLLM's engine runs: the processes it starts, named VLLM::EngineCore (which holds the model itself
+# when one GPU runs it) and VLLM::Worker...; a trace keeps the kernel's 15 characters of a name
+# ("VLLM::EngineCor"), so each is matched by what survives of it after "VLLM::"
+VLLM_PROCESSES = ("EngineCore", "Worker")
+NAME_CHARS = 15
+
+
+def vllm_engine_process(name: str | None) -> bool:
+    """Whether a traced process is one of vLLM's engine processes, by its possibly truncated name."""
+    kept = NAME_CHARS - len("VLLM::")
+    return name is not None and any(p[:kept].lower() in name.lower() for p in VLLM_PROCESSES)
 
 
 def diagnose(summary: dict, capture: dict, expect_method: str | None, engine: str | None = None) -> list[str]:
@@ -335,14 +345,13 @@ def diagnose(summary: dict, capture: dict, expect_method: str | None, engine: st
     launches, processes = summary["launches"], summary["processes"]
     forked = capture.get("TRACE_AFTER_FORK_BEFORE_EXEC")
     gpu_ops = launches["kernels"] + launches["graph_trace_rows"] + sum(m["count"] for m in summary["memory_ops"] or [])
-    if engine == "vllm":
-        names = [p["name"] or "" for p in processes]
-        missing = [n for n in VLLM_PROCESSES if not any(n.lower() in seen.lower() for seen in names)]
-        if missing and (gpu_ops == 0 or len(processes) < 3):
-            notes.append(f"vLLM's {' and '.join(missing)} process{'es are' if len(missing) > 1 else ' is'} not in "
-                         f"this trace (processes seen: {', '.join(n or '?' for n in names) or 'none'}): vLLM runs "
-                         "the model there. Profile with --trace-fork-before-exec=true and start vLLM's workers with "
-                         "spawn (VLLM_WORKER_MULTIPROC_METHOD=spawn), as profile --backend vllm does.")
+    if engine == "vllm" and not any(vllm_engine_process(p["name"]) and (p["kernel_rows"] or p["api_rows"])
+                                    for p in processes):
+        names = ", ".join(p["name"] or "?" for p in processes) or "none"
+        notes.append(f"vLLM's engine processes ({' and '.join(VLLM_PROCESSES)}) are not in this trace (processes "
+                     f"seen: {names}): vLLM runs the model there. Profile with --trace-fork-before-exec=true and "
+                     "start vLLM's workers with spawn (VLLM_WORKER_MULTIPROC_METHOD=spawn), as profile --backend "
+                     "vllm does.")
     if gpu_ops == 0 and not any(p["api_rows"] for p in processes):
         notes.append("No process in the trace did GPU work: the process that did was not traced. If it was forked "
                      "(a multiprocessing or engine worker), profile with --trace-fork-before-exec=true, or start "
