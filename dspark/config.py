@@ -221,4 +221,99 @@ class DraftConfig:
             raise DSparkError(f"{where}: mask_token_id {self.mask_token_id} is outside the target vocabulary")
 
 
-__all__ = ["MARKOV_HEAD_TYPES", "BackboneConfig", "TargetConfig", "DraftConfig"]
+@dataclass(frozen=True)
+class Eagle3Config:
+    """One description of an EAGLE-3 draft, whatever format it was saved in (`dspark.formats.eagle3`).
+
+    One decoder layer whose attention reads [norm(embedding), norm(hidden)] (2H wide), fed at the first
+    chain step with `fc` of the target's tapped states and afterwards with its own pre-norm output; a
+    final norm and a head over the draft vocabulary (`d2t` maps draft ids to target ids). It has no
+    fixed block: `num_speculative_tokens` is the chain length its checkpoint suggests (a run may set
+    another)."""
+
+    format: str  # eagle | speculators-eagle3 | deepspec-eagle3
+    backbone: BackboneConfig  # the draft layer's shapes; vocab_size is the target vocabulary it embeds
+    target_layer_ids: tuple[int, ...]  # DeepSpec convention: outputs of these 0-based target layers
+    num_speculative_tokens: int = 7
+    qk_norm: bool = False  # per-head q/k RMSNorm before RoPE (Qwen3-style layer); Llama-style without
+    norm_before_residual: bool = False  # the residual is the normed hidden input rather than the raw one
+    draft_vocab_size: int | None = None  # None: the full target vocabulary
+    target_hidden_size: int | None = None  # None: the draft's hidden size
+    num_target_layers: int | None = None
+    architecture: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+    method = "eagle3"
+    vllm_method = "eagle3"
+    vllm_note = None
+    markov_rank = 0  # (the block drafts' fields a caller may read of any draft)
+    confidence_head = False
+
+    @property
+    def num_drafts(self) -> int:
+        return self.num_speculative_tokens
+
+    @property
+    def block_size(self) -> int:
+        """Tokens proposed per round (a chain, not a block: the name every drafter answers to)."""
+        return self.num_speculative_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return self.draft_vocab_size or self.backbone.vocab_size
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.vocab_size != self.backbone.vocab_size
+
+    @property
+    def feature_size(self) -> int:
+        """Width of one tapped target state."""
+        return self.target_hidden_size or self.backbone.hidden_size
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(num_drafts=self.num_drafts, method=self.method, vllm_method=self.vllm_method,
+                   vllm_note=self.vllm_note)
+        return out
+
+    def validate(self, where: str) -> None:
+        if self.backbone.num_layers != 1:
+            raise DSparkError(f"{where}: an EAGLE-3 draft of {self.backbone.num_layers} layers; only one-layer "
+                              "EAGLE-3 drafts (every published one) are supported")
+        ids = self.target_layer_ids
+        if not ids or list(ids) != sorted(set(ids)) or ids[0] < 0:
+            raise DSparkError(f"{where}: tapped target layers {list(ids)} must be strictly increasing ids >= 0")
+        if self.num_speculative_tokens < 1:
+            raise DSparkError(f"{where}: num_speculative_tokens {self.num_speculative_tokens} must be at least 1")
+
+    def check_target(self, target: TargetConfig, where: str = "draft") -> None:
+        """Fail with one clear line when this draft cannot run against `target`."""
+        t = target.backbone
+        if self.feature_size != t.hidden_size:
+            raise DSparkError(f"{where}: the draft reads target states of width {self.feature_size}, the target's "
+                              f"are {t.hidden_size}; the draft was trained for another target")
+        if self.backbone.vocab_size != t.vocab_size:
+            raise DSparkError(f"{where}: draft vocabulary {self.backbone.vocab_size} != target vocabulary "
+                              f"{t.vocab_size}; the draft was trained for another target")
+        bad = [i for i in self.target_layer_ids if i >= t.num_layers]
+        if bad:
+            raise DSparkError(f"{where}: tapped target layer {bad[0]} does not exist in a {t.num_layers}-layer target")
+
+
+AnyDraftConfig = DraftConfig | Eagle3Config
+
+
+def draft_config_from_hf(cfg: dict, where: str = "draft") -> AnyDraftConfig:
+    """A draft config.json in any format, block (DSpark, DFlash) or EAGLE-3, as its normalised config."""
+    kind, fields = formats.parse_any(cfg, where, BackboneConfig.from_hf)
+    try:
+        out = (Eagle3Config if kind == "eagle3" else DraftConfig)(**fields)
+        out.validate(where)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise _malformed(where, exc) from None
+    return out
+
+
+__all__ = ["MARKOV_HEAD_TYPES", "AnyDraftConfig", "BackboneConfig", "TargetConfig", "DraftConfig", "Eagle3Config",
+           "draft_config_from_hf"]

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 
 from dspark.checkpoint import save_draft, save_target
-from dspark.config import BackboneConfig, DraftConfig, TargetConfig
+from dspark.config import BackboneConfig, DraftConfig, Eagle3Config, TargetConfig
 from dspark.draft import DraftModel
+from dspark.eagle3 import Eagle3Draft
 from dspark.target import Qwen3Target
 from dspark.tokenizer import SPECIALS, build_tokenizer, save_tokenizer
 
@@ -62,6 +63,30 @@ def random_draft(cfg: DraftConfig, target: Qwen3Target, seed: int = 1, std: floa
     model.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight)
     if cfg.reduced_vocab:
         # Keep every target id reachable the simple way: draft ids map to the first draft_vocab_size ids.
+        model.d2t = torch.zeros(cfg.vocab_size, dtype=torch.long)
+    model.lm_head.weight.data.copy_(target.lm_head.weight[model.target_ids()])
+    return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False).fuse()
+
+
+def tiny_eagle3_config(target: TargetConfig, taps: tuple[int, ...] = (0, 1, 2), num_tokens: int = 5,
+                       qk_norm: bool = False, norm_before_residual: bool = False,
+                       draft_vocab_size: int | None = None, fmt: str = "eagle",
+                       intermediate_size: int | None = None) -> Eagle3Config:
+    backbone = replace(target.backbone, num_layers=1,
+                       intermediate_size=intermediate_size or target.backbone.intermediate_size)
+    return Eagle3Config(format=fmt, backbone=backbone, target_layer_ids=taps, num_speculative_tokens=num_tokens,
+                        qk_norm=qk_norm, norm_before_residual=norm_before_residual,
+                        draft_vocab_size=draft_vocab_size, num_target_layers=target.backbone.num_layers)
+
+
+def random_eagle3(cfg: Eagle3Config, target: Qwen3Target, seed: int = 1, std: float = 0.02) -> Eagle3Draft:
+    """A random EAGLE-3 draft embedding tokens with the target's table (as every EAGLE-3 draft does), its
+    head started from the target's rows; fused like a loaded draft."""
+    torch.manual_seed(seed)
+    model = Eagle3Draft(cfg)
+    model.init_random(std)
+    model.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight)
+    if cfg.reduced_vocab:  # draft ids map to the first draft_vocab_size target ids
         model.d2t = torch.zeros(cfg.vocab_size, dtype=torch.long)
     model.lm_head.weight.data.copy_(target.lm_head.weight[model.target_ids()])
     return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False).fuse()

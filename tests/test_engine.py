@@ -194,7 +194,7 @@ def test_greedy_draft_margins_are_the_top2_gap_of_the_logits_each_draft_was_chos
     """With margins on, each round records, for its slots up to the first rejected one, how far the
     chosen draft's logit led the runner-up: from the very logits the arg-max was taken of (the Markov-
     corrected ones for DSpark); nothing else changes, and at T > 0 nothing is recorded."""
-    import dspark.drafters as drafters
+    import dspark.drafters.block as drafters
 
     target, draft = CASES["dspark-bigram"]()
     prompt, cfg = _prompt(), GenerationConfig(max_new_tokens=60, temperature=0.0)

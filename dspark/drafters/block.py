@@ -1,14 +1,7 @@
-"""Drafters: what proposes tokens for the target to verify. All share one interface and one verify path.
-
-A drafter starts a request from the prompt's tapped features, then, once per round, writes a
-proposal into the request's `DecodeState` (tokens, the distributions they were drawn from, how
-many count). The block drafter works on the device only, so its step can be a CUDA graph; the
-n-gram drafter looks the history up on the host.
-"""
+"""The block drafter: a DSpark (Markov-corrected) or DFlash (independent slots) draft model proposing a
+whole block from one non-causal forward."""
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -18,22 +11,6 @@ from dspark.draft import DraftModel
 from dspark.layers import KVCache
 from dspark.sampling import GREEDY_TEMPERATURE, draw, race_noise, top2_margin
 from dspark.steps import DecodeState, scratch_positions, visible_len
-
-
-class Drafter(Protocol):
-    method: str  # dspark | dflash | ngram
-    taps: tuple[int, ...]  # target layers whose outputs the drafter reads
-    block_size: int  # proposal slots per round
-    graphable: bool  # propose() is device work only, with no host decision
-    margins: bool  # at T = 0, writes each slot's top-2 logit margin to `state.draft_margin` (for `parity`)
-
-    def allocate(self, max_len: int) -> None: ...
-
-    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None: ...
-
-    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
-                history: list[int]) -> None:
-        """Write the proposal following `state.anchor` (`history`: all committed ids, the anchor last)."""
 
 
 class BlockDrafter:
@@ -127,44 +104,3 @@ class BlockDrafter:
             e = head.markov_w1(prevs) if self.model.config.confidence_head_with_markov else None
             conf = torch.sigmoid(self.model.confidence_head(hidden, e))
         return q, ids, conf, corrected
-
-
-class NgramDrafter:
-    """Prompt lookup: the tokens that followed the latest earlier occurrence of the newest n-gram.
-
-    Tries n from `max_ngram` down to `min_ngram`; proposes up to `num_tokens` tokens (none when no
-    n-gram recurs, which makes the round a plain decoding step through the same verify path).
-    Proposals are deterministic, so their distributions are one-hot.
-    """
-
-    method = "ngram"
-    taps: tuple[int, ...] = ()
-    graphable = False
-    margins = False  # its proposals are lookups, not arg-maxes
-
-    def __init__(self, num_tokens: int = 7, min_ngram: int = 2, max_ngram: int = 4):
-        self.block_size = num_tokens
-        self.min_ngram, self.max_ngram = min_ngram, max_ngram
-
-    def allocate(self, max_len: int) -> None:
-        pass
-
-    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None:
-        pass
-
-    def lookup(self, history: list[int]) -> list[int]:
-        for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
-            tail = history[-n:]
-            for i in range(len(history) - n - 1, -1, -1):  # latest earlier occurrence first
-                if history[i : i + n] == tail:
-                    return history[i + n : i + n + self.block_size]
-        return []
-
-    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
-                history: list[int]) -> None:
-        found = self.lookup(history)
-        tokens = torch.zeros(1, self.block_size, dtype=torch.long)
-        tokens[0, : len(found)] = torch.tensor(found, dtype=torch.long)
-        state.draft_tokens.copy_(tokens)
-        state.draft_probs.zero_().scatter_(-1, state.draft_tokens[..., None], 1.0)
-        state.num_proposed.fill_(len(found))

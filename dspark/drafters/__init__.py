@@ -1,0 +1,15 @@
+"""Drafters: what proposes tokens for the target to verify. All share one interface (`base.Drafter`) and
+one verify path.
+
+A drafter starts a request from the prompt's tapped features, then, once per round, writes a
+proposal into the request's `DecodeState` (tokens, the distributions they were drawn from, how
+many count). The block drafter (DSpark, DFlash) and the EAGLE-3 chain drafter work on the device
+only, so their step can be a CUDA graph; the n-gram drafter looks the history up on the host.
+"""
+
+from dspark.drafters.base import Drafter
+from dspark.drafters.block import BlockDrafter
+from dspark.drafters.eagle3 import Eagle3Drafter
+from dspark.drafters.ngram import NgramDrafter
+
+__all__ = ["BlockDrafter", "Drafter", "Eagle3Drafter", "NgramDrafter"]

@@ -1,0 +1,26 @@
+"""What every drafter offers the engine: start a request, then propose once per round."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from dspark.steps import DecodeState
+
+
+class Drafter(Protocol):
+    method: str  # dspark | dflash | eagle3 | ngram
+    taps: tuple[int, ...]  # target layers whose outputs the drafter reads (-1: the embedding output)
+    block_size: int  # proposal slots per round
+    graphable: bool  # propose() is device work only, with no host decision
+    margins: bool  # at T = 0, writes each slot's top-2 logit margin to `state.draft_margin` (for `parity`)
+
+    def allocate(self, max_len: int) -> None: ...
+
+    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None: ...
+
+    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
+                history: list[int]) -> None:
+        """Write the proposal following `state.anchor` (`history`: all committed ids, the anchor last)."""
