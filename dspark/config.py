@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from dspark import formats
 from dspark.errors import DSparkError
-from dspark.formats.common import require
+from dspark.formats.common import require, vllm_ids
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
@@ -271,10 +271,16 @@ class Eagle3Config:
         """Width of one tapped target state."""
         return self.target_hidden_size or self.backbone.hidden_size
 
+    @property
+    def vllm_aux_layer_ids(self) -> tuple[int, ...]:
+        """The taps in vLLM's convention (`eagle_aux_hidden_state_layer_ids`: the state entering layer k),
+        ours + 1."""
+        return tuple(vllm_ids(self.target_layer_ids))
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out.update(num_drafts=self.num_drafts, method=self.method, vllm_method=self.vllm_method,
-                   vllm_note=self.vllm_note)
+                   vllm_note=self.vllm_note, vllm_aux_layer_ids=list(self.vllm_aux_layer_ids))
         return out
 
     def validate(self, where: str) -> None:
@@ -290,6 +296,10 @@ class Eagle3Config:
     def check_target(self, target: TargetConfig, where: str = "draft") -> None:
         """Fail with one clear line when this draft cannot run against `target`."""
         t = target.backbone
+        if self.backbone.hidden_size != t.hidden_size:
+            raise DSparkError(f"{where}: draft hidden_size {self.backbone.hidden_size} != target hidden_size "
+                              f"{t.hidden_size}; the draft was trained for another target (an EAGLE-3 draft embeds "
+                              "tokens with its target's table)")
         if self.feature_size != t.hidden_size:
             raise DSparkError(f"{where}: the draft reads target states of width {self.feature_size}, the target's "
                               f"are {t.hidden_size}; the draft was trained for another target")
@@ -306,8 +316,8 @@ AnyDraftConfig = DraftConfig | Eagle3Config
 
 def draft_config_from_hf(cfg: dict, where: str = "draft") -> AnyDraftConfig:
     """A draft config.json in any format, block (DSpark, DFlash) or EAGLE-3, as its normalised config."""
-    kind, fields = formats.parse_any(cfg, where, BackboneConfig.from_hf)
     try:
+        kind, fields = formats.parse_any(cfg, where, BackboneConfig.from_hf)
         out = (Eagle3Config if kind == "eagle3" else DraftConfig)(**fields)
         out.validate(where)
     except (TypeError, ValueError, AttributeError) as exc:

@@ -241,7 +241,8 @@ def test_mask_token_outside_the_vocabulary(name):
     ({}, r"unknown draft format"),
     (QWEN3_8B, r"unknown draft format \(architectures=\['Qwen3ForCausalLM'\]\)"),  # a target given as draft
     ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096}, r"unknown draft format"),
-    (speculators_8b("dspark") | {"speculators_model_type": "eagle3"}, r"'eagle3' is not a DSpark/DFlash draft"),
+    (speculators_8b("dspark") | {"speculators_model_type": "mtp"}, r"'mtp' is not a DSpark, DFlash or EAGLE-3 draft"),
+    (speculators_8b("dspark") | {"speculators_model_type": "eagle3"}, r"not a DSpark/DFlash one; it runs as method eagle3"),
     ({k: v for k, v in zlab_dflash_8b().items() if k != "dflash_config"}, r"lacks 'dflash_config'"),
 ])
 def test_unknown_format(raw, message):

@@ -48,12 +48,64 @@ SKIPPED = HF_BUFFERS + ("t2d", "verifier_lm_head", "verifier_norm")
 
 @dataclass(frozen=True)
 class KeyTable:
-    """Which stored tensors a format skips on load (by name suffix); the others are the model's names."""
+    """Which stored tensors a format skips on load (by name suffix), and the name prefixes it stores
+    otherwise than the model calls them ((stored, ours) pairs, e.g. speculators' `layers.0.` for the
+    EAGLE-3 draft's `midlayer.`); every other name is the model's own."""
 
     ignored: tuple[str, ...] = SKIPPED
+    renames: tuple[tuple[str, str], ...] = ()
 
     def is_ignored(self, key: str) -> bool:
         return any(key.endswith(s) for s in self.ignored)
+
+    def ours(self, key: str) -> str:
+        """The model's name of stored tensor `key`."""
+        return _swap_prefix(key, self.renames)
+
+    def stored(self, key: str) -> str:
+        """The format's name of the model's tensor `key`."""
+        return _swap_prefix(key, tuple((own, stored) for stored, own in self.renames))
+
+
+def _swap_prefix(key: str, pairs: tuple[tuple[str, str], ...]) -> str:
+    for old, new in pairs:
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key
+
+
+def vllm_ids(ours) -> list[int]:
+    """Tapped layers in vLLM's convention (`aux_hidden_state_layer_ids`, `eagle_aux_hidden_state_layer_ids`:
+    id k is the state before layer k, HF's hidden_states[k]) from ours (the output of 0-based layer i): + 1."""
+    return [int(i) + 1 for i in ours]
+
+
+def our_ids(vllm) -> tuple[int, ...]:
+    """The inverse of `vllm_ids`."""
+    return tuple(int(i) - 1 for i in vllm)
+
+
+def narrowed(value, full: int) -> int | None:
+    """A draft vocabulary (or width) field as the normalised configs keep it: None when absent or `full`."""
+    return int(value) if value and int(value) != full else None
+
+
+def t2d_mask(model: nn.Module) -> Tensor:
+    """The training-only target-to-draft mask that reduced-vocabulary checkpoints carry beside d2t: True at
+    the target ids the draft vocabulary holds."""
+    t2d = torch.zeros(model.config.backbone.vocab_size, dtype=torch.bool)
+    t2d[model.target_ids().cpu()] = True
+    return t2d
+
+
+def speculators_config(algorithm: str, tokens: int, verifier: str) -> dict:
+    """The `speculators_config` block of a speculators export: one greedy proposal method of `tokens`."""
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens}],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": verifier, "architectures": ["Qwen3ForCausalLM"]},
+    }
 
 
 MASK_FILE = "mask_embedding.pt"

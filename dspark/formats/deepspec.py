@@ -25,6 +25,8 @@ from dspark.formats.common import (
 )
 
 NAME = "deepspec"
+KIND = "block"
+READS_BIN = False
 KEYS = KeyTable()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import torch
 from torch import nn
 
 from dspark.errors import DSparkError
@@ -23,11 +22,18 @@ from dspark.formats.common import (
     full_attention,
     load_mask_file,
     markov_fields,
+    narrowed,
+    our_ids,
     require,
+    speculators_config,
+    t2d_mask,
+    vllm_ids,
     write,
 )
 
 NAME = "speculators"
+KIND = "block"
+READS_BIN = False
 KINDS = ("dspark", "dflash")
 # t2d is training-only; the verifier's head and norm are the target's (excluded on save, skipped if present).
 KEYS = KeyTable()
@@ -35,10 +41,10 @@ KEYS = KeyTable()
 
 def detect(cfg: dict, where: str) -> bool:
     kind = cfg.get("speculators_model_type")
-    if kind is None:
+    if kind is None or kind == "eagle3":  # (an EAGLE-3 draft is `dspark.formats.eagle3.speculators`')
         return False
     if kind not in KINDS:
-        raise DSparkError(f"{where}: speculators_model_type '{kind}' is not a DSpark/DFlash draft")
+        raise DSparkError(f"{where}: speculators_model_type '{kind}' is not a DSpark, DFlash or EAGLE-3 draft")
     return True
 
 
@@ -52,16 +58,15 @@ def parse(cfg: dict, where: str, backbone: Callable) -> dict:
     aux = require(cfg, "aux_hidden_state_layer_ids", where)
     heads = markov_fields(cfg, enabled=kind == "dspark")
     b = backbone(layer_cfg, where)
-    draft_vocab = cfg.get("draft_vocab_size")
     return {
         "format": NAME,
         "backbone": b,
         "block_size": int(cfg.get("block_size", 8)),
-        "target_layer_ids": tuple(int(i) - 1 for i in aux),
+        "target_layer_ids": our_ids(aux),
         "sample_from_anchor": bool(cfg.get("sample_from_anchor", kind == "dspark")),
         "mask_token_id": int(require(cfg, "mask_token_id", where)),
         **heads,
-        "draft_vocab_size": int(draft_vocab) if draft_vocab and int(draft_vocab) != b.vocab_size else None,
+        "draft_vocab_size": narrowed(cfg.get("draft_vocab_size"), b.vocab_size),
         "architecture": architecture(cfg),
     }
 
@@ -77,15 +82,10 @@ def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: s
     hf = {
         "architectures": ["DSparkSpeculator" if kind == "dspark" else "DFlashSpeculator"],
         "speculators_model_type": kind,
-        "speculators_config": {
-            "algorithm": kind,
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.num_drafts}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": ["Qwen3ForCausalLM"]},
-        },
+        "speculators_config": speculators_config(kind, cfg.num_drafts, verifier),
         "transformer_layer_config": b.hf_fields() | {"layer_types": full_attention(b.num_layers)},
         "draft_vocab_size": cfg.vocab_size, "block_size": cfg.block_size,
-        "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
+        "aux_hidden_state_layer_ids": vllm_ids(cfg.target_layer_ids),
         "mask_token_id": cfg.mask_token_id, "target_hidden_size": b.hidden_size,
         "sample_from_anchor": cfg.sample_from_anchor,
     }
@@ -95,7 +95,5 @@ def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: s
                "confidence_head_with_markov": cfg.confidence_head_with_markov}
     state = draft_state(model, with_embeddings)
     if cfg.reduced_vocab:  # d2t is a buffer of the model, already in the state
-        t2d = torch.zeros(b.vocab_size, dtype=torch.bool)
-        t2d[model.target_ids().cpu()] = True
-        state["t2d"] = t2d
+        state["t2d"] = t2d_mask(model)
     write(out, hf, state)

@@ -27,6 +27,8 @@ from dspark.formats.common import (
 )
 
 NAME = "zlab"
+KIND = "block"
+READS_BIN = False
 KEYS = KeyTable()
 
 
