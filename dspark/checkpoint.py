@@ -2,11 +2,12 @@
 
 What differs between the draft formats (config fields, tensor names, extra files, how to write
 one) is in `dspark.formats`, one module per format; this module resolves folders, reads weights,
-checks names and shapes, builds the models (fused once loaded) and dispatches to the format.
-Weights come from safetensors only; the one non-safetensors file a format may carry (z-lab's
-`mask_embedding.pt`) is read with `torch.load(weights_only=True)`. Every problem a user can cause
-(missing file, unreadable config, missing tensor, wrong shape, draft for another target) raises a
-`DSparkError` naming it.
+checks names and shapes, builds the models (a DSpark/DFlash `DraftModel` or an `Eagle3Draft`, fused
+once loaded) and dispatches to the format. Weights come from safetensors; the non-safetensors files
+a format may carry (z-lab's `mask_embedding.pt`, AngelSlim's EAGLE-3 `pytorch_model.bin` where no
+safetensors exist) are read with `torch.load(weights_only=True)`. Every problem a user can cause
+(missing file, unreadable config, missing tensor, wrong shape, draft for another target, a draft
+whose weights are of another method than its config says) raises a `DSparkError` naming it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from dspark import formats
-from dspark.config import DraftConfig, TargetConfig
+from dspark.config import AnyDraftConfig, Eagle3Config, TargetConfig, draft_config_from_hf
 from dspark.draft import DraftModel
+from dspark.eagle3 import Eagle3Draft
 from dspark.errors import DSparkError
 from dspark.formats.common import KeyTable
+from dspark.formats.eagle3.common import weights_signature
 from dspark.target import Qwen3Target
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.txt", "*.model", "*.jinja"]
@@ -75,10 +78,36 @@ def read_config(path: Path) -> dict:
     return cfg
 
 
-def read_weights(path: Path) -> dict[str, Tensor]:
+def _bin_files(path: Path, reads_bin: bool) -> list[Path]:
+    """The `pytorch_model*.bin` files to read where a folder has no safetensors (formats that allow it),
+    else one line: no weights."""
+    files = sorted(path.glob("pytorch_model*.bin")) if reads_bin else []
+    if not files:
+        also = " (nor pytorch_model.bin)" if reads_bin else "; only safetensors checkpoints are loaded"
+        raise DSparkError(f"{path}: no .safetensors weights{also}")
+    return files
+
+
+def _read_bins(files: list[Path]) -> dict[str, Tensor]:
+    """Pickled tensor files read with `weights_only=True`: plain tensors, no code run."""
+    tensors: dict[str, Tensor] = {}
+    for f in files:
+        try:
+            state = torch.load(f, weights_only=True, map_location="cpu")
+        except Exception as exc:
+            raise DSparkError(f"{f}: not a plain tensor file (torch.load with weights_only refused it: "
+                              f"{type(exc).__name__}); convert the checkpoint to safetensors") from None
+        if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+            raise DSparkError(f"{f}: expected a dict of named tensors; convert the checkpoint to safetensors")
+        tensors.update(state)
+    return tensors
+
+
+def read_weights(path: Path, reads_bin: bool = False) -> dict[str, Tensor]:
+    """Every tensor of a checkpoint folder: its safetensors, else (`reads_bin`) its pytorch_model*.bin."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise DSparkError(f"{path}: no .safetensors weights; only safetensors checkpoints are loaded")
+        return _read_bins(_bin_files(path, reads_bin))
     tensors: dict[str, Tensor] = {}
     for f in files:
         try:
@@ -108,11 +137,11 @@ def shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
 
-def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor shapes from the safetensors headers, without reading the data."""
+def weight_shapes(path: Path, reads_bin: bool = False) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from the safetensors headers, without reading the data (a .bin is read whole)."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise DSparkError(f"{path}: no .safetensors weights; only safetensors checkpoints are loaded")
+        return {k: tuple(v.shape) for k, v in _read_bins(_bin_files(path, reads_bin)).items()}
     out = {}
     for f in files:
         try:
@@ -184,59 +213,76 @@ def _stop_tokens(path: Path, cfg: TargetConfig) -> tuple[int, ...]:
 
 @dataclass
 class LoadedDraft:
-    model: DraftModel
+    model: DraftModel | Eagle3Draft
     path: Path
-    config: DraftConfig
-    shares_embeddings: bool  # embedding and LM head are the target's (absent, or identical copies)
+    config: AnyDraftConfig
+    # The embedding (and a block draft's LM head) are the target's: absent, or identical copies. An EAGLE-3
+    # draft always embeds with the target's (its head is its own).
+    shares_embeddings: bool
 
 
-def load_draft_config(name_or_path: str | Path, revision: str | None = None) -> tuple[Path, DraftConfig]:
+def load_draft_config(name_or_path: str | Path, revision: str | None = None) -> tuple[Path, AnyDraftConfig]:
     path = resolve_path(name_or_path, revision)
-    return path, DraftConfig.from_hf(read_config(path), where=f"draft {name_or_path}")
+    return path, draft_config_from_hf(read_config(path), where=f"draft {name_or_path}")
 
 
-def check_draft(path: Path, cfg: DraftConfig, where: str, target: TargetConfig | None = None) -> dict[str, tuple]:
-    """Check a draft's tensors (from file headers) against its config, and the config against `target`."""
+def _meta_model(cfg: AnyDraftConfig) -> DraftModel | Eagle3Draft:
+    """The draft model of `cfg` with no storage: its tensor names and shapes."""
+    with torch.device("meta"):
+        return Eagle3Draft(cfg) if isinstance(cfg, Eagle3Config) else DraftModel(cfg)
+
+
+def check_draft(path: Path, cfg: AnyDraftConfig, where: str, target: TargetConfig | None = None) -> dict[str, tuple]:
+    """Check a draft's tensors (from file headers) against its config, and the config against `target`.
+    Returns the stored names and shapes."""
+    fmt = formats.get(cfg.format)
+    found = weight_shapes(path, fmt.READS_BIN)
+    eagle3 = weights_signature(found)
+    if eagle3 and fmt.KIND != "eagle3":  # the community-draft case: EAGLE-3 weights under a DSpark/DFlash config
+        raise DSparkError(f"{where}: its weights are an EAGLE-3 draft ({eagle3}), but its config says "
+                          f"{cfg.architecture or cfg.format} ({cfg.method}); run it as method eagle3")
     if target is not None:
         cfg.check_target(target, where)
-    keys = formats.get(cfg.format).KEYS
-    found = weight_shapes(path)
     if "d2t" in found and not cfg.reduced_vocab:
         raise DSparkError(f"{where}: has a d2t vocabulary map but draft_vocab_size equals the target vocabulary")
-    with torch.device("meta"):
-        model = DraftModel(cfg)
-    # An absent embedding or head is the target's; the frozen copies DeepSpec ships are checked like any tensor.
-    check_tensors(shapes(model), found, where, _absent_embeddings(found), keys)
+    expected = {fmt.KEYS.stored(k): shape for k, shape in shapes(_meta_model(cfg)).items()}
+    # An absent embedding (or block head) is the target's; the frozen copies drafts ship are checked like any tensor.
+    check_tensors(expected, found, where, _absent_embeddings(found, cfg), fmt.KEYS)
     return found
 
 
-def _absent_embeddings(found: dict) -> tuple[str, ...]:
-    return tuple(k for k in ("embed_tokens.", "lm_head.") if k + "weight" not in found)
+def _absent_embeddings(found: dict, cfg: AnyDraftConfig) -> tuple[str, ...]:
+    """What the target provides when the checkpoint lacks it: the embedding, and a block draft's head (an
+    EAGLE-3 draft's head is its own, over its vocabulary, and required)."""
+    shared = ("embed_tokens.",) if isinstance(cfg, Eagle3Config) else ("embed_tokens.", "lm_head.")
+    return tuple(k for k in shared if k + "weight" not in found)
 
 
 def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | None = None) -> LoadedDraft:
-    """Load a draft in any of the three formats, check it against `target` and fuse it."""
+    """Load a draft in any of the formats, check it against `target`, put it on the target's device and
+    dtype (d2t stays int64) and fuse it."""
     where = f"draft {name_or_path}"
     path, cfg = load_draft_config(name_or_path, revision)
     fmt = formats.get(cfg.format)
     check_draft(path, cfg, where, target.config)
-    tensors = read_weights(path)
-    has_embed = "embed_tokens.weight" in tensors
-    with torch.device("meta"):
-        model = DraftModel(cfg)
-    _assign(model, tensors, where, _absent_embeddings(tensors), fmt.KEYS)
-    has_head = "lm_head.weight" in tensors
+    tensors = {fmt.KEYS.ours(k): v for k, v in read_weights(path, fmt.READS_BIN).items()}
+    has_embed, has_head = "embed_tokens.weight" in tensors, "lm_head.weight" in tensors
+    model = _meta_model(cfg)
+    _assign(model, tensors, where, _absent_embeddings(tensors, cfg), fmt.KEYS)
     if not has_embed:
         model.embed_tokens = None
     if not has_head:
         model.lm_head = None
-    device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
     fmt.load_extras(path, model)
     if cfg.reduced_vocab:
         ids = torch.arange(cfg.vocab_size) + model.d2t
         if ids.min() < 0 or ids.max() >= cfg.backbone.vocab_size:
             raise DSparkError(f"{where}: d2t maps draft ids outside the target vocabulary")
-    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)  # d2t stays int64
+    model = model.to(device=target.lm_head.weight.device, dtype=target.lm_head.weight.dtype)
+    model = model.eval().requires_grad_(False)  # d2t stays int64
+    if isinstance(model, Eagle3Draft):
+        _share_target_embedding(model, target, where)
+        return LoadedDraft(model.fuse(), path, cfg, True)
     # Share the target's embedding and head when the draft has none or ships identical copies.
     embed_same = not has_embed or _same(model.embed_tokens.weight, target.model.embed_tokens.weight)
     head_same = not has_head or (not cfg.reduced_vocab and _same(model.lm_head.weight, target.lm_head.weight))
@@ -248,6 +294,16 @@ def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | No
         if not has_head:
             model.share_embeddings(model.embed_tokens, target.lm_head)
     return LoadedDraft(model.fuse(), path, cfg, embed_same and head_same)
+
+
+def _share_target_embedding(model: Eagle3Draft, target: Qwen3Target, where: str) -> None:
+    """An EAGLE-3 draft embeds with the target's table: ours feeds its context rows the target's embedding
+    output (dspark/drafters/eagle3.py), so a copy that differs is refused, not run wrong."""
+    own = model.embed_tokens
+    if own is not None and not _same(own.weight, target.model.embed_tokens.weight):
+        raise DSparkError(f"{where}: its embed_tokens differ from the target's; this engine's EAGLE-3 drafter embeds "
+                          "the context with the target's table, so it cannot run this draft (vLLM can: --backend vllm)")
+    model.share_embeddings(target.model.embed_tokens)
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
@@ -280,12 +336,18 @@ def save_target(model: Qwen3Target, out: Path, extra_config: dict | None = None)
     save_file(state, out / "model.safetensors")
 
 
-def save_draft(model: DraftModel, out: Path, fmt: str, target_config: TargetConfig | None = None,
+def save_draft(model: DraftModel | Eagle3Draft, out: Path, fmt: str, target_config: TargetConfig | None = None,
                verifier: str = "", with_embeddings: bool = True) -> None:
-    """Write `model` as a DeepSpec flat, speculators, or z-lab DFlash checkpoint (spec §1; see
+    """Write `model` in format `fmt`: a block draft as a DeepSpec flat, speculators, or z-lab DFlash
+    checkpoint (spec §1), an EAGLE-3 draft as eagle, speculators-eagle3 or deepspec-eagle3 (see
     `dspark.formats`). `with_embeddings=False` leaves out the frozen copies of the target's embedding
-    and head (the loader then shares the target's), as z-lab checkpoints always do."""
+    (and a block draft's head; the loader then shares the target's), as z-lab checkpoints always do."""
     cfg = model.config
+    module = formats.get(fmt)
+    kind = "eagle3" if isinstance(cfg, Eagle3Config) else "block"
+    if module.KIND != kind:
+        raise DSparkError(f"the {fmt} format holds {module.KIND} drafts, not {kind} ones; use one of "
+                          f"{', '.join(formats.names(kind))}")
     out.mkdir(parents=True, exist_ok=True)
     num_target_layers = cfg.num_target_layers or (target_config.backbone.num_layers if target_config else None)
-    formats.get(fmt).save(model, out, num_target_layers, verifier, with_embeddings)
+    module.save(model, out, num_target_layers, verifier, with_embeddings)

@@ -97,7 +97,8 @@ def make_tiny(out: str | Path, seed: int = 0) -> dict[str, Path]:
     out = Path(out)
     tcfg = tiny_target_config()
     target = random_target(tcfg, seed)
-    paths = {name: out / name for name in ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab")}
+    paths = {name: out / name for name in ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab",
+                                           "eagle3", "eagle3-speculators", "eagle3-deepspec")}
     save_target(target, paths["target"])
     save_tokenizer(build_tokenizer(), paths["target"])
     dspark = random_draft(tiny_draft_config(tcfg), target, seed + 1)
@@ -108,6 +109,15 @@ def make_tiny(out: str | Path, seed: int = 0) -> dict[str, Path]:
     zlab = random_draft(tiny_draft_config(tcfg, block_size=8, markov_rank=0, confidence=False,
                                           sample_from_anchor=False, fmt="zlab"), target, seed + 3)
     save_draft(zlab, paths["dflash-zlab"], "zlab", tcfg)
+    # EAGLE-3: a Llama-style layer over a reduced vocabulary (the EAGLE authors' layout), a Qwen3-style one
+    # with norm_before_residual (speculators'), and DeepSpec's (Qwen3-style, full vocabulary).
+    eagle = random_eagle3(tiny_eagle3_config(tcfg, num_tokens=7, draft_vocab_size=200), target, seed + 4)
+    save_draft(eagle, paths["eagle3"], "eagle", tcfg)
+    spec = random_eagle3(tiny_eagle3_config(tcfg, qk_norm=True, norm_before_residual=True,
+                                            fmt="speculators-eagle3"), target, seed + 5)
+    save_draft(spec, paths["eagle3-speculators"], "speculators-eagle3", tcfg, verifier=str(paths["target"]))
+    deep = random_eagle3(tiny_eagle3_config(tcfg, qk_norm=True, fmt="deepspec-eagle3"), target, seed + 6)
+    save_draft(deep, paths["eagle3-deepspec"], "deepspec-eagle3", tcfg)
     (out / "README.txt").write_text("Random-weight tiny Qwen3 target and drafts made by `dspark-bench make-tiny` "
                                     f"(seed {seed}). For smoke tests and timing; acceptance means nothing.\n")
     (out / "manifest.json").write_text(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))

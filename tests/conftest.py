@@ -22,7 +22,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    """`make_tiny` output: target/, dspark/, dspark-speculators/, dflash/, dflash-zlab/."""
+    """`make_tiny` output: target/, dspark/, dspark-speculators/, dflash/, dflash-zlab/, eagle3/,
+    eagle3-speculators/, eagle3-deepspec/."""
     from dspark.tiny import make_tiny
 
     out = tmp_path_factory.mktemp("tiny")

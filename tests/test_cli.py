@@ -63,7 +63,8 @@ def test_make_tiny_then_generate(tmp_path, monkeypatch, capfd):
     assert made.returncode == 0, made.stderr.decode()
     listed = dict(line.split() for line in made.stdout.decode().splitlines())
     assert listed == {name: str(out_dir / name)
-                      for name in ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab")}
+                      for name in ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab", "eagle3",
+                                   "eagle3-speculators", "eagle3-deepspec")}
     for folder in listed.values():
         assert (Path(folder) / "config.json").is_file() and (Path(folder) / "model.safetensors").is_file()
     assert (out_dir / "target" / "tokenizer_config.json").is_file()

@@ -33,8 +33,10 @@ def inspect(
         fits, problem, found = False, str(exc), None
     info = {"path": str(path), "format": cfg.format, **cfg.to_dict()}
     info.pop("extra", None)
+    if cfg.method == "eagle3":
+        info |= _eagle3_facts(cfg)
     if found is not None:
-        info["parameters"] = _param_counts(found)
+        info["parameters"] = _param_counts(found, cfg.method)
         info["ships_embeddings"] = "embed_tokens.weight" in found
     if target_cfg is not None:
         info["fits_target"] = fits
@@ -52,13 +54,25 @@ def inspect(
         raise typer.Exit(1)
 
 
-def _param_counts(found: dict[str, tuple]) -> dict[str, int]:
-    groups = {"embed_tokens": 0, "lm_head": 0, "layers": 0, "fc+norms": 0, "markov_head": 0, "confidence_head": 0}
+def _eagle3_facts(cfg) -> dict:
+    """What running an EAGLE-3 draft takes: its taps in both conventions, its vocabulary, its layer."""
+    return {
+        "taps (ours: outputs of target layers)": list(cfg.target_layer_ids),
+        "taps (vLLM eagle_aux_hidden_state_layer_ids)": list(cfg.vllm_aux_layer_ids),
+        "draft_vocabulary": cfg.vocab_size,
+        "layer_style": "qwen3 (q/k norm)" if cfg.qk_norm else "llama",
+    }
+
+
+def _param_counts(found: dict[str, tuple], method: str) -> dict[str, int]:
+    groups = {"embed_tokens": 0, "lm_head": 0, "layers": 0, "fc+norms": 0}
+    if method != "eagle3":
+        groups |= {"markov_head": 0, "confidence_head": 0}
     for key, shape in found.items():
         n = 1
         for s in shape:
             n *= s
-        group = key.split(".")[0]
+        group = "layers" if key.startswith("midlayer.") else key.split(".")[0]  # (the EAGLE-3 layer's name)
         if group in ("d2t", "t2d"):
             continue
         groups[group if group in groups else "fc+norms"] += n
