@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pairs import bigram_pair, random_pair
+from pairs import bigram_pair, eagle3_close_pair, eagle3_pair, random_pair
 from test_lossless import _rule_distribution, chi_square_p
 
-from dspark.drafters import BlockDrafter, NgramDrafter
+from dspark.drafters import BlockDrafter, NgramDrafter, drafter_for
 from dspark.engine import Engine, GenerationConfig
 from dspark.sampling import rejection_sample
 
@@ -51,11 +51,14 @@ def _cuda_cases():
         "dspark": lambda: bigram_pair(dtype=torch.bfloat16),
         "dspark-random": lambda: random_pair(dtype=torch.bfloat16),
         "dflash-fill-in": fill_in,
+        "eagle3": lambda: eagle3_close_pair(dtype=torch.bfloat16),
+        "eagle3-qwen3-reduced": lambda: eagle3_pair(vocab=64, qk_norm=True, draft_vocab=48, dtype=torch.bfloat16),
     }
 
 
-@pytest.mark.parametrize("case,threshold", [(c, 0.0) for c in ("dspark", "dspark-random", "dflash-fill-in", "ngram",
-                                                                   "plain")] + [("dspark", 0.5), ("dspark-random", 0.5)])
+@pytest.mark.parametrize("case,threshold", [(c, 0.0) for c in ("dspark", "dspark-random", "dflash-fill-in", "eagle3",
+                                                                   "eagle3-qwen3-reduced", "ngram", "plain")]
+                         + [("dspark", 0.5), ("dspark-random", 0.5)])
 def test_graph_path_equals_eager_path(case, threshold):
     target, draft = _cuda_cases().get(case, lambda: bigram_pair(dtype=torch.bfloat16))()
     target, draft = target.cuda(), draft.cuda()
@@ -63,7 +66,7 @@ def test_graph_path_equals_eager_path(case, threshold):
     cfg = GenerationConfig(max_new_tokens=96, temperature=0.0, confidence_threshold=threshold)
     runs = []
     for graphs in (False, True):
-        drafter = NgramDrafter() if case == "ngram" else None if case == "plain" else BlockDrafter(draft, margins=True)
+        drafter = NgramDrafter() if case == "ngram" else None if case == "plain" else drafter_for(draft, margins=True)
         engine = Engine(target, drafter, use_graphs=graphs)
         assert bool(engine.runner.graphs) is False
         runs.append(engine.generate(prompt, cfg))
@@ -76,13 +79,14 @@ def test_graph_path_equals_eager_path(case, threshold):
 
 
 def test_graph_path_is_lossless():
-    """The core's distribution test, rerun with every step replayed from a CUDA graph."""
+    """The core's distribution test, rerun with every step replayed from a CUDA graph (DSpark close and
+    far, EAGLE-3)."""
     from test_lossless import N_SAMPLES, PROMPT, _pair, chi_square_p, exact_joint, sampled_joint
 
-    for kind in ("close", "far"):
-        target, draft = _pair(kind)  # float64 on the CPU: the exact distribution comes from these
+    pairs = [_pair("close"), _pair("far"), eagle3_pair(vocab=4, std=1.0, num_tokens=2)]
+    for target, draft in pairs:  # float64 on the CPU: the exact distribution comes from these
         expected = exact_joint(target, PROMPT, 1.0)
-        engine = Engine(target.float().cuda(), BlockDrafter(draft.float().cuda()), use_graphs=True)
+        engine = Engine(target.float().cuda(), drafter_for(draft.float().cuda()), use_graphs=True)
         counts, lengths, _ = sampled_joint(engine, 1.0, 0.0, N_SAMPLES)
         assert engine.runner.graphs
         assert chi_square_p(counts, expected) > 1e-3

@@ -73,6 +73,35 @@ def test_engine_bench_against_vllm_times_both_engines_the_same_way_on_the_cpu(mo
         assert 0 < row["plain_fraction_of_limit"] == pytest.approx(row["plain_tok_s"] / row["limit_tok_s"])
 
 
+def test_engine_bench_times_an_eagle3_draft_alternated_with_the_block_draft(monkeypatch, capfd, tmp_path):
+    """`--eagle3`: an EAGLE-3 draft of the demo target's width (one layer, a 1,024-token vocabulary) timed on
+    the same target and context as the block draft, in the order block, EAGLE-3, block, EAGLE-3; its ratios
+    are of its own figures; a block draft given to --eagle3 (or the reverse) is one line."""
+    from dspark.checkpoint import save_draft
+    from dspark.config import TargetConfig
+    from dspark.presets import eagle3_draft_config
+    from dspark.tiny import random_eagle3, random_target
+
+    monkeypatch.setitem(CPU_DEFAULTS, "copy_gib", 0.02)
+    tcfg = TargetConfig.from_hf(read_config(DEMO_DIR / "target"))
+    cfg = eagle3_draft_config(tcfg, draft_vocab_size=1024)  # (7 tokens: the authors' layout names no length)
+    save_draft(random_eagle3(cfg, random_target(tcfg)), tmp_path / "e3", "eagle", tcfg)
+    code, out, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--json", "--skip-hf",
+                             "--repeats", "5", "--context-len", "32", "--eagle3", tmp_path / "e3")
+    assert code == 0, err
+    result = json.loads(out)
+    e = result["eagle3"]
+    assert (e["num_tokens"], e["draft_vocab_size"], e["target_layer_ids"]) == (7, 1024, [1, 3, 4])
+    assert [who for who, _ in e["passes"]] == ["block", "eagle3", "block", "eagle3"]
+    assert e["round_over_decode"] == e["round_ms"] / result["decode_ms"]
+    assert e["round_over_block_round"] == e["round_ms"] / e["block_round_ms"]
+    h, v = tcfg.backbone.hidden_size, 1024
+    layer = sum(p.numel() for p in random_eagle3(cfg, random_target(tcfg)).midlayer.parameters())
+    assert e["draft_step_bytes"] == 4 * (h * 3 * h + 7 * (layer + h + v * h))  # fc once, then 7 x (layer, norm, head)
+    code, _, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--eagle3", "demo-dspark")
+    assert code == 2 and "--eagle3 demo-dspark: a dspark draft" in err and "Traceback" not in err
+
+
 def test_engine_bench_refuses_a_peer_it_does_not_have_and_levels_without_one(monkeypatch, capfd):
     for args, words in ((("--against", "sglang"), "--against sglang: the only peer engine is vllm"),
                         (("--concurrency", "1,4"), "--concurrency sets vLLM's batch sizes; add --against vllm")):

@@ -17,8 +17,8 @@ from cli_runner import run_cli
 
 from dspark.checkpoint import DEMO_DIR, save_draft, save_target
 from dspark.config import BackboneConfig, TargetConfig
-from dspark.presets import dspark_draft_config
-from dspark.tiny import random_draft, random_target
+from dspark.presets import dspark_draft_config, eagle3_draft_config
+from dspark.tiny import random_draft, random_eagle3, random_target
 from harness.analysis.records import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
@@ -210,14 +210,25 @@ def test_dry_run_of_the_qwen3_8b_experiment_against_stand_ins(tmp_path):
                            ("deepseek-ai/dflash_qwen3_8b_block7", dflash, "deepspec"),
                            ("z-lab/Qwen3-8B-DFlash-b16", zlab, "zlab")):
         save_draft(random_draft(cfg, target), _hub_snapshot(cache, repo), fmt, tcfg, verifier="Qwen/Qwen3-8B")
+    eagle3 = eagle3_draft_config(tcfg, draft_vocab_size=4000)
+    for repo, fmt, qk_norm in (("RedHatAI/Qwen3-8B-speculator.eagle3", "speculators-eagle3", False),
+                               ("AngelSlim/Qwen3-8B_eagle3", "eagle", False), ("Tengyunw/qwen3_8b_eagle3", "eagle", False),
+                               ("deepseek-ai/eagle3_qwen3_8b_ttt7", "deepspec-eagle3", True)):
+        cfg = replace(eagle3, format=fmt, qk_norm=qk_norm,
+                      draft_vocab_size=None if fmt == "deepspec-eagle3" else eagle3.draft_vocab_size)
+        save_draft(random_eagle3(cfg, target), _hub_snapshot(cache, repo), fmt, tcfg, verifier="Qwen/Qwen3-8B",
+                   with_embeddings=False)
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     proc = _process(["run", "--experiment", "qwen3-8b", "--dry-run", "--json"], tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["system"]: r for r in json.loads(proc.stdout)}
-    assert list(rows) == ["plain", "dspark-deepseek", "dspark-dogacel", "dflash-deepseek", "dflash-zlab", "ngram"]
+    assert list(rows) == ["plain", "dspark-deepseek", "dspark-dogacel", "dflash-deepseek", "dflash-zlab",
+                          "eagle3-redhat", "eagle3-angelslim", "eagle3-tengyunw", "eagle3-deepseek", "ngram"]
     assert [(rows[s]["format"], rows[s]["method"], rows[s]["num_speculative_tokens"]) for s in rows] == [
         (None, "plain", 0), ("deepspec", "dspark", 7), ("speculators", "dspark", 7), ("deepspec", "dflash", 7),
-        ("zlab", "dflash", 15), (None, "ngram", 7)]
+        ("zlab", "dflash", 15), ("speculators-eagle3", "eagle3", 7), ("eagle", "eagle3", 7), ("eagle", "eagle3", 7),
+        ("deepspec-eagle3", "eagle3", 7), (None, "ngram", 7)]
+    assert rows["eagle3-angelslim"]["taps"] == [1, 17, 32] and rows["eagle3-angelslim"]["vllm_method"] == "eagle3"
     assert all(r["fits_target"] for r in rows.values())
     # the same systems on vLLM: the same drafts, formats and methods resolve
     proc = _process(["run", "--experiment", "qwen3-8b-vllm", "--dry-run", "--json"], tmp_path, env)

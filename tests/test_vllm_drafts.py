@@ -42,3 +42,23 @@ def test_the_copy_links_the_weights_and_rewrites_only_the_config(tmp_path):
     assert again == folder and weights.is_symlink()
     assert draft_folder(source, "0.32.0", tmp_path / "other") == (source, None)
     assert not (tmp_path / "other").exists()
+
+
+def test_a_deepspec_eagle3_draft_is_given_to_vllm_as_its_eagle3_qwen3_class_with_vllm_taps(tmp_path):
+    """DeepSpec writes `Qwen3Eagle3Model` and its taps as `target_layer_ids` (the output of layer i); vLLM
+    registers neither: the copy names `Eagle3Qwen3ForCausalLM` and the taps + 1, and nothing else changes."""
+    from dspark.checkpoint import save_draft
+    from dspark.tiny import random_eagle3, random_target, tiny_eagle3_config, tiny_target_config
+
+    tcfg = tiny_target_config()
+    target = random_target(tcfg)
+    save_draft(random_eagle3(tiny_eagle3_config(tcfg, taps=(0, 2), qk_norm=True, fmt="deepspec-eagle3"), target),
+               tmp_path / "d", "deepspec-eagle3", tcfg)
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    folder, note = draft_folder(tmp_path / "d", "0.32.0", tmp_path / "copy")
+    given = json.loads((folder / "config.json").read_text())
+    assert folder == tmp_path / "copy" and "Eagle3Qwen3ForCausalLM" in note
+    assert given["architectures"] == ["Eagle3Qwen3ForCausalLM"] and given["eagle_aux_hidden_state_layer_ids"] == [1, 3]
+    assert {k: v for k, v in given.items() if k not in ("architectures", "eagle_aux_hidden_state_layer_ids")} == {
+        k: v for k, v in cfg.items() if k not in ("architectures", "eagle_aux_hidden_state_layer_ids")}
+    assert (folder / "model.safetensors").is_symlink()

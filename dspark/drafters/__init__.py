@@ -7,9 +7,21 @@ many count). The block drafter (DSpark, DFlash) and the EAGLE-3 chain drafter wo
 only, so their step can be a CUDA graph; the n-gram drafter looks the history up on the host.
 """
 
+from dspark.draft import DraftModel
 from dspark.drafters.base import Drafter
 from dspark.drafters.block import BlockDrafter
 from dspark.drafters.eagle3 import Eagle3Drafter
 from dspark.drafters.ngram import NgramDrafter
+from dspark.eagle3 import Eagle3Draft
 
-__all__ = ["BlockDrafter", "Drafter", "Eagle3Drafter", "NgramDrafter"]
+
+def drafter_for(model: DraftModel | Eagle3Draft, num_tokens: int | None = None,
+                margins: bool = False) -> BlockDrafter | Eagle3Drafter:
+    """The drafter that runs a draft model: EAGLE-3's chain (`num_tokens` long, else its checkpoint's
+    length), or the block drafter (its block is its checkpoint's)."""
+    if isinstance(model, Eagle3Draft):
+        return Eagle3Drafter(model, num_tokens, margins)
+    return BlockDrafter(model, margins)
+
+
+__all__ = ["BlockDrafter", "Drafter", "Eagle3Drafter", "NgramDrafter", "drafter_for"]

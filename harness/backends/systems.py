@@ -5,26 +5,27 @@ by the backend and by `generate`)."""
 from __future__ import annotations
 
 from dspark.checkpoint import check_draft, load_draft, load_draft_config
-from dspark.config import DraftConfig, TargetConfig
-from dspark.drafters import BlockDrafter, Drafter, NgramDrafter
+from dspark.config import AnyDraftConfig, TargetConfig
+from dspark.drafters import Drafter, NgramDrafter, drafter_for
 from dspark.errors import DSparkError
 from harness.specs.experiments import System
 
 NGRAM_TOKENS = 7  # an n-gram proposal's length when the experiment does not set one
 
 
-def check_system(system: System, cfg: DraftConfig) -> str | None:
-    """Why `cfg` (the draft's own config) does not run as `system` says, or None."""
+def check_system(system: System, cfg: AnyDraftConfig) -> str | None:
+    """Why `cfg` (the draft's own config) does not run as `system` says, or None. A block draft proposes
+    its block; an EAGLE-3 chain is as long as the system asks."""
     if cfg.method != system.method:
         return f"{system.draft} is a {cfg.method} draft, but the experiment says {system.method}; fix its method"
-    if system.num_speculative_tokens not in (None, cfg.num_drafts):
+    if cfg.method != "eagle3" and system.num_speculative_tokens not in (None, cfg.num_drafts):
         return (f"{system.draft} proposes {cfg.num_drafts} tokens per round, but the experiment says "
                 f"{system.num_speculative_tokens}; fix num_speculative_tokens")
     return None
 
 
 def make_drafter(method: str, draft: str | None, target, num_speculative_tokens: int | None = None,
-                 margins: bool = False) -> tuple[Drafter | None, str, DraftConfig | None]:
+                 margins: bool = False) -> tuple[Drafter | None, str, AnyDraftConfig | None]:
     """(drafter, the method that runs, the draft's config): none for plain decoding, n-gram lookup, or
     the draft model at `draft` (its method read from its config) on `target`, recording its greedy
     top-2 margins when `margins`."""
@@ -33,7 +34,7 @@ def make_drafter(method: str, draft: str | None, target, num_speculative_tokens:
     if method == "ngram":
         return NgramDrafter(num_speculative_tokens or NGRAM_TOKENS), "ngram", None
     loaded = load_draft(draft, target)
-    return BlockDrafter(loaded.model, margins), loaded.config.method, loaded.config
+    return drafter_for(loaded.model, num_speculative_tokens, margins), loaded.config.method, loaded.config
 
 
 def resolve_system(system: System, target_cfg: TargetConfig) -> dict:
@@ -49,7 +50,8 @@ def resolve_system(system: System, target_cfg: TargetConfig) -> dict:
     except DSparkError as exc:
         return info | {"method": None, "format": None, "fits_target": False, "problem": str(exc)}
     problem = check_system(system, cfg)
+    k = system.num_speculative_tokens if cfg.method == "eagle3" and system.num_speculative_tokens else cfg.num_drafts
     return info | {"method": cfg.method, "format": cfg.format, "path": str(path), "block_size": cfg.block_size,
-                   "num_speculative_tokens": cfg.num_drafts, "taps": list(cfg.target_layer_ids),
+                   "num_speculative_tokens": k, "taps": list(cfg.target_layer_ids),
                    "markov_rank": cfg.markov_rank, "vllm_method": cfg.vllm_method, "fits_target": problem is None,
                    "problem": problem}

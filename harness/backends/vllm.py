@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from dspark.checkpoint import load_draft_config
-from dspark.config import DraftConfig
+from dspark.config import AnyDraftConfig
 from dspark.errors import DSparkError
 from harness.backends.base import Capabilities, OnResult, Prepared, RequestResult, RequestSpec, Schedule, one_at_a_time
 from harness.backends.fingerprints import model_record
@@ -58,7 +58,7 @@ PROFILE_DIR = "vllm-profile"  # where vLLM's profiler writes its traces, in the 
 LOG = "vllm.log"  # vLLM's log (every process), in the run folder
 
 
-def speculative_config(system: System, cfg: DraftConfig | None, path: Path | None, on_cpu: bool) -> dict | None:
+def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | None, on_cpu: bool) -> dict | None:
     """The `speculative_config` that runs `system` in vLLM (None: plain decoding)."""
     if system.method == "plain":
         return None
@@ -71,7 +71,8 @@ def speculative_config(system: System, cfg: DraftConfig | None, path: Path | Non
                           "0) on the CPU: method dflash does not register its architecture, and under method dspark "
                           "its worker dies of SIGFPE on the empty Markov matrix; run it on a GPU or with --backend "
                           "native")
-    return {"method": method, "model": str(path), "num_speculative_tokens": cfg.num_drafts,
+    k = system.num_speculative_tokens if method == "eagle3" and system.num_speculative_tokens else cfg.num_drafts
+    return {"method": method, "model": str(path), "num_speculative_tokens": k,
             "draft_sample_method": "greedy" if on_cpu else "probabilistic"}
 
 

@@ -1,5 +1,8 @@
 """A draft folder as the installed vLLM reads it.
 
+DeepSpec's EAGLE-3 drafts (`Qwen3Eagle3Model`) are given as a copy whose config names vLLM's class of
+the same layer and the taps in vLLM's convention (`dspark.formats.eagle3.deepspec.vllm_config`).
+
 vLLM's DFlash/DSpark loader has read the draft's tap list (`target_layer_ids`) from two places over
 its versions: 0.26 reads it only from `dflash_config` (or `eagle_config`) and otherwise assumes as
 many taps as draft layers, so a DeepSpec-format draft whose tap count differs from its layer count
@@ -17,6 +20,7 @@ import re
 from pathlib import Path
 
 from dspark.errors import DSparkError
+from dspark.formats.eagle3 import deepspec as eagle3_deepspec
 
 TOP_LEVEL_TAPS = (0, 32)  # the first vLLM seen reading `target_layer_ids` at the config's top level (0.26: not)
 
@@ -44,6 +48,11 @@ def nested_taps(cfg: dict, version: str) -> dict | None:
 
 def as_vllm_reads(cfg: dict, version: str) -> tuple[dict, str | None]:
     """(`cfg` as this vLLM reads it, a line saying what was added, or None when nothing was)."""
+    if eagle3_deepspec.detect(cfg, "draft"):  # an architecture vLLM does not register, taps it does not read
+        rewritten = eagle3_deepspec.vllm_config(cfg)
+        return rewritten, (f"architectures {rewritten['architectures']} and eagle_aux_hidden_state_layer_ids "
+                           f"{rewritten['eagle_aux_hidden_state_layer_ids']} (its target_layer_ids + 1) in a copy of "
+                           f"the config: vLLM {version} loads DeepSpec's EAGLE-3 layer as that class, with those taps")
     nested = nested_taps(cfg, version)
     if nested is None:
         return cfg, None

@@ -26,6 +26,9 @@ def engine_bench(
                                           "(default: 50 on a GPU, 20 on a CPU)."),
     device: str = typer.Option("auto", help="auto (a GPU when one is visible, else the CPU), cpu, cuda, cuda:N."),
     skip_hf: bool = typer.Option(False, "--skip-hf", help="Skip the transformers generate peer."),
+    eagle3: Optional[str] = typer.Option(None, help="An EAGLE-3 draft timed beside the block draft, alternated with "
+                                         "it: preset (eagle3-qwen3-8b), demo-eagle3, or a config.json / folder; none "
+                                         "to skip (default: eagle3-qwen3-8b on a GPU, none on a CPU)."),
     sweep_context: str = typer.Option("", help="Also these context lengths, comma-separated (e.g. 1024,4096,16384): "
                                       "decode against its limit, verify, draft and round against decode, and the draft "
                                       "step against its floor, at each."),
@@ -46,8 +49,8 @@ def engine_bench(
     `round_over_decode` draws the speed notebook's predicted-speedup curve for a CPU run."""
     from harness.cli.options import device as resolve_device
     from harness.cli.options import number_list
-    from harness.microbench.engine import (CPU_DEFAULTS, GPU_DEFAULTS, SWEEP, BenchArgs, dumps, model_folder,
-                                           run_engine_bench, sweep_rows, table_rows)
+    from harness.microbench.engine import (CPU_DEFAULTS, GPU_DEFAULTS, SWEEP, BenchArgs, dumps, eagle3_rows,
+                                           model_folder, run_engine_bench, sweep_rows, table_rows)
     from harness.microbench.vllm_peer import peer_tables
     from harness.runs import threads
 
@@ -64,7 +67,10 @@ def engine_bench(
     if any(c < 1 for c in levels):
         raise DSparkError(f"--concurrency {concurrency}: every level must be at least 1")
     defaults = GPU_DEFAULTS if device.startswith("cuda") else CPU_DEFAULTS
-    given = {"target": target, "draft": draft, "context_len": context_len, "repeats": repeats}
+    given = {"target": target, "draft": draft, "context_len": context_len, "repeats": repeats,
+             "eagle3": None if eagle3 == "none" else eagle3}
+    if eagle3 == "none":
+        defaults = {k: v for k, v in defaults.items() if k != "eagle3"}
     args = BenchArgs(**defaults | {k: v for k, v in given.items() if v is not None}, dtype=dtype, skip_hf=skip_hf,
                      sweep_context=contexts, device=device, against=against, concurrency=levels,
                      peer_repeats=peer_repeats)
@@ -78,13 +84,12 @@ def engine_bench(
         print(dumps(result))
         return
     where = result["device_name"] + (f", {n_threads} thread(s)" if result["is_cpu"] else "")
-    table = Table(title=f"engine-bench {args.target} + {args.draft}, {args.context_len}-token context, "
-                  f"{result['shapes']['dtype']}, {result['device']} ({where})")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for name, value in table_rows(result):
-        table.add_row(name, value)
-    show(out, table)
+    show(out, _figures(f"engine-bench {args.target} + {args.draft}, {args.context_len}-token context, "
+                       f"{result['shapes']['dtype']}, {result['device']} ({where})", table_rows(result)))
+    if result.get("eagle3"):
+        e = result["eagle3"]
+        show(out, _figures(f"EAGLE-3 {e['name']} ({e['num_tokens']} tokens, draft vocabulary "
+                           f"{e['draft_vocab_size']:,}), alternated with {args.draft}", eagle3_rows(result)))
     if result.get("against_vllm"):
         for title, rows in peer_tables(result["against_vllm"]):
             peer = Table(title=title)
@@ -100,3 +105,13 @@ def engine_bench(
         for row in sweep_rows(result):
             sweep.add_row(*row)
         show(out, sweep)
+
+
+def _figures(title: str, rows: list[tuple[str, str]]) -> Table:
+    """A two-column table of named figures."""
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

@@ -16,18 +16,18 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from dspark.checkpoint import DEMO_DIR, DEMO_MODELS, pick_dtype, read_config
-from dspark.config import DraftConfig, TargetConfig
-from dspark.drafters import BlockDrafter
+from dspark.config import AnyDraftConfig, DraftConfig, TargetConfig, draft_config_from_hf
+from dspark.drafters import drafter_for
 from dspark.engine import Engine, GenerationConfig, StepRunner, synchronize
 from dspark.errors import DSparkError
-from dspark.presets import DRAFTS, TARGETS, build_random
+from dspark.presets import DRAFTS, TARGETS, build_random, random_draft_for
 from dspark.sampling import Streams
 from dspark.steps import DecodeState, TargetSteps
+from harness.microbench.timing import copy_bandwidth_tbps, cuda_median_ms, host_median_ms, median_ms
 
 
 @dataclass
@@ -42,14 +42,15 @@ class BenchArgs:
     skip_hf: bool = False
     sweep_context: tuple[int, ...] = ()  # more context lengths: decode, verify, draft and round at each
     device: str = "cuda"
+    eagle3: str | None = None  # an EAGLE-3 draft timed beside the block draft, on the same target and context
     against: str | None = None  # "vllm": vLLM beside our engine on the same shapes (vllm_peer)
     concurrency: tuple[int, ...] = ()  # vLLM's batch sizes, with --against vllm
     peer_repeats: int = 3
 
 
 # the defaults where the bench runs: the published pair on a GPU, the demo pair (the one a CPU run uses) on a CPU
-GPU_DEFAULTS = {"target": "qwen3-8b", "draft": "dspark-qwen3-8b-block7", "context_len": 1024, "repeats": 50,
-                "copy_gib": 4.0}
+GPU_DEFAULTS = {"target": "qwen3-8b", "draft": "dspark-qwen3-8b-block7", "eagle3": "eagle3-qwen3-8b",
+                "context_len": 1024, "repeats": 50, "copy_gib": 4.0}
 CPU_DEFAULTS = {"target": "demo", "draft": "demo-dspark", "context_len": 128, "repeats": 20, "copy_gib": 0.25}
 
 
@@ -68,77 +69,20 @@ def _target_config(name: str) -> TargetConfig:
     raise DSparkError(f"unknown target preset '{name}'; use one of {', '.join(TARGETS)}, demo or a config.json")
 
 
-def _draft_config(name: str, target: TargetConfig) -> DraftConfig:
+def _draft_config(name: str, target: TargetConfig, option: str = "--draft") -> AnyDraftConfig:
     if name in DRAFTS:
         cfg = DRAFTS[name]()
     else:
         path = model_folder(name)
         if not path.is_dir():
-            raise DSparkError(f"unknown draft preset '{name}'; use one of {', '.join(DRAFTS)}, demo-dspark, "
-                              "demo-dflash or a config.json")
-        cfg = DraftConfig.from_hf(read_config(path), str(name))
+            raise DSparkError(f"{option} {name}: unknown draft preset; use one of {', '.join(DRAFTS)}, a demo draft "
+                              f"({', '.join(k for k in DEMO_MODELS if k != 'demo')}) or a config.json")
+        cfg = draft_config_from_hf(read_config(path), str(name))
+    if (option == "--eagle3") != (cfg.method == "eagle3"):
+        raise DSparkError(f"{option} {name}: a {cfg.method} draft; --draft takes a block draft (DSpark, DFlash), "
+                          "--eagle3 an EAGLE-3 one")
     cfg.check_target(target, f"draft {name}")
     return cfg
-
-
-def cuda_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None) -> float:
-    """Median of `repeats` device-timed runs of `fn` (CUDA events), after three warm-up runs."""
-    for _ in range(3):
-        if before:
-            before()
-        fn()
-    times = []
-    for _ in range(repeats):
-        if before:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None,
-              device: torch.device = torch.device("cuda")) -> float:
-    """Median time of `fn` on `device`: CUDA events on a GPU (`cuda_median_ms`), the wall clock on a CPU."""
-    if device.type == "cuda":
-        return cuda_median_ms(fn, repeats, before)
-    return host_median_ms(fn, repeats, before, device)
-
-
-def host_times_ms(fn: Callable[[], object], repeats: int, before: Callable[[], None] | None = None,
-                  device: torch.device = torch.device("cuda")) -> list[float]:
-    """Wall times of `repeats` runs of `fn` including its host work, synchronised before and after, after
-    three warm-up runs."""
-    times = []
-    for i in range(repeats + 3):
-        if before:
-            before()
-        synchronize(device)
-        t = time.perf_counter()
-        fn()
-        synchronize(device)
-        if i >= 3:
-            times.append((time.perf_counter() - t) * 1e3)
-    return times
-
-
-def host_median_ms(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None,
-                   device: torch.device = torch.device("cuda")) -> float:
-    """Median wall time of `fn` including its host work (`host_times_ms`)."""
-    return statistics.median(host_times_ms(fn, repeats, before, device))
-
-
-def copy_bandwidth_tbps(gib: float, repeats: int, device: torch.device = torch.device("cuda")) -> float:
-    """A copy of a `gib` GiB buffer on `device` (device-to-device on a GPU, memory-to-memory on a CPU,
-    on the threads torch uses); bytes read plus bytes written over time."""
-    n = int(gib * 2**30)
-    src = torch.empty(n, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), max(5, repeats // 5), device=device)
-    return 2 * n / (ms * 1e-3) / 1e12
 
 
 def step_bytes(target: torch.nn.Module, context_len: int) -> int:
@@ -223,6 +167,8 @@ def run_engine_bench(args: BenchArgs) -> dict:
     out["draft_step_bytes"] = draft_step_bytes(target, draft)
     out["draft_floor_ms"] = out["draft_step_bytes"] / (out["copy_tbps"] * 1e12) * 1e3
     out["draft_fraction_of_floor"] = out["draft_floor_ms"] / out["draft_ms"]
+    if args.eagle3:
+        out["eagle3"] = measure_eagle3(target, draft, args.eagle3, tcfg, prompt, reps, out)
     if args.sweep_context:
         out["sweep"] = [measure_context(target, draft, dcfg, n, reps, out["copy_tbps"], high)
                         for n in args.sweep_context]
@@ -238,6 +184,38 @@ def run_engine_bench(args: BenchArgs) -> dict:
             peer.tokens, peer.level_tokens = (8, 40), (8, 24)
         out["against_vllm"] = run_against_vllm(target, draft, tcfg, dcfg, peer, limit)
     return out
+
+
+def measure_eagle3(target, block_draft, name: str, tcfg: TargetConfig, prompt: list[int], reps: int,
+                   out: dict) -> dict:
+    """An EAGLE-3 draft (random weights) on the same target and context as the block draft: its propose
+    step (four newly committed rows, then the chain) and a whole round, timed alternately with the
+    block draft's (block, EAGLE-3, block, EAGLE-3, half the repeats each), against the plain decode
+    step; its propose step against its floor (`eagle3_step_bytes`)."""
+    cfg = _draft_config(name, tcfg, "--eagle3")
+    timers = {"block": SpeculativeTimer(target, block_draft, prompt),
+              "eagle3": SpeculativeTimer(target, random_draft_for(target, cfg), prompt)}
+    passes = [(who, timer.measure(max(3, reps // 2))) for _ in range(2) for who, timer in timers.items()]
+    figures = {who: {k: statistics.median(p[k] for w, p in passes if w == who) for k in ("draft_ms", "round_ms")}
+               for who in timers}
+    floor_bytes = eagle3_step_bytes(timers["eagle3"].engine.drafter.model, cfg.num_drafts)
+    e, b = figures["eagle3"], figures["block"]
+    return {"name": name, "num_tokens": cfg.num_drafts, "draft_vocab_size": cfg.vocab_size,
+            "target_layer_ids": list(cfg.target_layer_ids), "qk_norm": cfg.qk_norm, **e,
+            "block_draft_ms": b["draft_ms"], "block_round_ms": b["round_ms"], "passes": passes,
+            "order": "block, eagle3, block, eagle3",
+            "draft_over_decode": e["draft_ms"] / out["decode_ms"], "round_over_decode": e["round_ms"] / out["decode_ms"],
+            "round_over_block_round": e["round_ms"] / b["round_ms"], "draft_step_bytes": floor_bytes,
+            "draft_fraction_of_floor": floor_bytes / (out["copy_tbps"] * 1e12) * 1e3 / e["draft_ms"]}
+
+
+def eagle3_step_bytes(draft: torch.nn.Module, num_tokens: int) -> int:
+    """Bytes an EAGLE-3 propose step must read: `fc` once, and per chained token the layer, the final
+    norm and the head (the embedding rows it gathers are small beside them)."""
+    def size(module: torch.nn.Module) -> int:
+        return sum(p.numel() * p.element_size() for p in module.parameters())
+
+    return size(draft.fc) + num_tokens * (size(draft.midlayer) + size(draft.norm) + size(draft.lm_head))
 
 
 def measure_context(target, draft, dcfg: DraftConfig, context_len: int, reps: int, copy_tbps: float,
@@ -312,30 +290,40 @@ def measure_verify(target, taps: tuple[int, ...], prompt: list[int], rows: int, 
     return median_ms(lambda: runner.run(("verify",), verify), reps, device=device)
 
 
-def measure_speculative(target, draft, prompt: list[int], reps: int) -> dict:
-    """The draft step with 4 newly accepted context rows (graph replay), and a whole round:
-    propose + verify + accept and the host's read of the outcome."""
-    ctx, cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
-    drafter = BlockDrafter(draft)
-    engine = Engine(target, drafter)
-    engine.generate(prompt, cfg)
-    state, propose = engine.state, engine.steps[0]
+class SpeculativeTimer:
+    """A speculative engine after `prompt` (its graphs captured), whose propose step and whole round can
+    be timed again and again: each run restarts from 4 newly committed context rows."""
 
-    def reset_round():
-        state.position.fill_(ctx)
-        state.pending_start.fill_(ctx - 4)
+    def __init__(self, target, draft, prompt: list[int]):
+        self.ctx, self.cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
+        self.engine = Engine(target, drafter_for(draft))
+        self.engine.generate(prompt, self.cfg)
+        self.device = _device(target)
+
+    def reset_round(self) -> None:
+        state = self.engine.state
+        state.position.fill_(self.ctx)
+        state.pending_start.fill_(self.ctx - 4)
         state.pending_count.fill_(4)
 
-    def whole_round():
-        for step in engine.steps:
-            engine.run_step(step, cfg)
-        state.round_out.tolist()
+    def whole_round(self) -> None:
+        for step in self.engine.steps:
+            self.engine.run_step(step, self.cfg)
+        self.engine.state.round_out.tolist()
 
-    device = _device(target)
-    engine.nvtx = False  # the draft step alone, as the plain step is timed: no range around it
-    draft_ms = median_ms(lambda: engine.run_step(propose, cfg), reps, reset_round, device)
-    engine.nvtx = device.type == "cuda"  # (a CPU run has no ranges)
-    return {"draft_ms": draft_ms, "round_ms": host_median_ms(whole_round, reps, reset_round, device)}
+    def measure(self, reps: int) -> dict:
+        """The draft step alone, as the plain step is timed (no NVTX range around it), and a whole round:
+        propose + verify + accept and the host's read of the outcome."""
+        engine, propose = self.engine, self.engine.steps[0]
+        engine.nvtx = False
+        draft_ms = median_ms(lambda: engine.run_step(propose, self.cfg), reps, self.reset_round, self.device)
+        engine.nvtx = self.device.type == "cuda"  # (a CPU run has no ranges)
+        return {"draft_ms": draft_ms, "round_ms": host_median_ms(self.whole_round, reps, self.reset_round, self.device)}
+
+
+def measure_speculative(target, draft, prompt: list[int], reps: int) -> dict:
+    """The draft step with 4 newly accepted context rows (graph replay), and a whole round."""
+    return SpeculativeTimer(target, draft, prompt).measure(reps)
 
 
 def hf_generate_tok_s(target, prompt: list[int], new_tokens: int) -> float | None:
@@ -386,6 +374,19 @@ SWEEP = [("context", "context_len", "{:,}"), ("decode ms", "decode_ms", "{:.3f}"
 def sweep_rows(out: dict) -> list[list[str]]:
     """The context sweep's table: one row per context length (SWEEP's columns)."""
     return [[fmt.format(row[key]) for _, key, fmt in SWEEP] for row in out.get("sweep") or []]
+
+
+EAGLE3_ROWS = [("draft step", "draft_ms", "{:.3f} ms"), ("draft step / decode", "draft_over_decode", "{:.2f}x"),
+               ("round", "round_ms", "{:.3f} ms"), ("round / decode", "round_over_decode", "{:.2f}x"),
+               ("round / block draft's round", "round_over_block_round", "{:.2f}x"),
+               ("block draft's round (same passes)", "block_round_ms", "{:.3f} ms"),
+               ("draft step of its floor", "draft_fraction_of_floor", "{:.1%}")]
+
+
+def eagle3_rows(out: dict) -> list[tuple[str, str]]:
+    """The EAGLE-3 draft's figures (`measure_eagle3`), for the table; none when it was not timed."""
+    e = out.get("eagle3")
+    return [(label, fmt.format(e[key])) for label, key, fmt in EAGLE3_ROWS] if e else []
 
 
 def dumps(out: dict) -> str:

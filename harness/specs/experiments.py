@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 
-METHODS = ("plain", "dspark", "dflash", "ngram")
+METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram")
 BACKENDS = ("native", "vllm", "vllm-server", "openai")
 DATASETS = ("demo", "hub")
 
@@ -23,7 +23,7 @@ DATASETS = ("demo", "hub")
 @dataclass(frozen=True)
 class System:
     name: str
-    method: str  # what the system is expected to run: plain decoding, a DSpark or DFlash draft, n-gram lookup
+    method: str  # what the system is expected to run: plain decoding, a DSpark, DFlash or EAGLE-3 draft, n-gram lookup
     draft: str | None = None
     num_speculative_tokens: int | None = None
     confidence_threshold: float = 0.0
