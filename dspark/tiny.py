@@ -79,15 +79,17 @@ def tiny_eagle3_config(target: TargetConfig, taps: tuple[int, ...] = (0, 1, 2), 
                         draft_vocab_size=draft_vocab_size, num_target_layers=target.backbone.num_layers)
 
 
-def random_eagle3(cfg: Eagle3Config, target: Qwen3Target, seed: int = 1, std: float = 0.02) -> Eagle3Draft:
+def random_eagle3(cfg: Eagle3Config, target: Qwen3Target, seed: int = 1, std: float = 0.02,
+                  d2t: torch.Tensor | None = None) -> Eagle3Draft:
     """A random EAGLE-3 draft embedding tokens with the target's table (as every EAGLE-3 draft does), its
-    head started from the target's rows; fused like a loaded draft."""
+    head started from the target's rows of its vocabulary: `d2t` (target id = draft id + d2t[draft id]),
+    by default the first draft_vocab_size target ids. Fused like a loaded draft."""
     torch.manual_seed(seed)
     model = Eagle3Draft(cfg)
     model.init_random(std)
     model.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight)
-    if cfg.reduced_vocab:  # draft ids map to the first draft_vocab_size target ids
-        model.d2t = torch.zeros(cfg.vocab_size, dtype=torch.long)
+    if cfg.reduced_vocab:
+        model.d2t = torch.zeros(cfg.vocab_size, dtype=torch.long) if d2t is None else d2t.long()
     model.lm_head.weight.data.copy_(target.lm_head.weight[model.target_ids()])
     return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False).fuse()
 

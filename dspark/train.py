@@ -1,4 +1,5 @@
-"""Training a draft for a Qwen3 target with DeepSpec's objective (spec §6).
+"""Training a draft for a Qwen3 target: DeepSpec's block objective (spec §6), and the loop that
+trains every draft (EAGLE-3's objective is `dspark.train_eagle3`'s).
 
 Per sequence: the target's tapped features and final hidden states are computed on the fly; anchors
 are drawn where the anchor and its next token are in the loss mask; every anchor's block
@@ -7,6 +8,9 @@ before its anchor and itself (the same layers as inference, with an explicit mas
 scored against the token at anchor + k + 1 with weight exp(-k / gamma) under a prefix mask:
 DSpark: 0.1 CE + 0.9 L1(draft, target) + BCE(confidence, 1 - L1 / 2) with a teacher-forced Markov
 head; DFlash mode (Markov rank 0, no confidence head): CE only.
+
+The loop (`train`) is the same for both drafts: seeded batches, checkpoints it resumes from exactly,
+a stop between steps; only the loss of a batch differs.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from torch import Tensor
 
 from dspark.checkpoint import load_draft, save_draft
 from dspark.draft import DraftModel
+from dspark.eagle3 import Eagle3Draft
 from dspark.errors import DSparkError
 from dspark.layers import KVCache
 from dspark.target import Qwen3Target
 from dspark.tokenizer import chat_prompt_ids
+from dspark.train_eagle3 import TTTConfig, ttt_loss
 
 
 @dataclass(frozen=True)
@@ -183,9 +189,11 @@ def to_device(t: Tensor, device: torch.device) -> Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
-def trainable_parameters(draft: DraftModel) -> list[torch.nn.Parameter]:
-    """Everything but the frozen, target-shared embedding and LM head."""
-    frozen = {id(p) for m in (draft.embed_tokens, draft.lm_head) if m is not None for p in m.parameters()}
+def trainable_parameters(draft: DraftModel | Eagle3Draft) -> list[torch.nn.Parameter]:
+    """Everything but the frozen, target-shared embedding and, of a block draft, the target's LM head
+    (an EAGLE-3 draft's head is its own, over its vocabulary, and trained)."""
+    shared = (draft.embed_tokens,) if isinstance(draft, Eagle3Draft) else (draft.embed_tokens, draft.lm_head)
+    frozen = {id(p) for m in shared if m is not None for p in m.parameters()}
     return [p for p in draft.parameters() if id(p) not in frozen]
 
 
@@ -208,8 +216,8 @@ class TrainArgs:
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 200
-    max_len: int = 1024
-    loss: LossConfig = LossConfig()
+    max_len: int = 1024  # tokens of a sequence trained on (the first ones)
+    loss: LossConfig | TTTConfig | None = None  # None: the draft's objective with its defaults
 
 
 def read_examples(path, tokenizer=None, max_len: int = 1024) -> list[tuple[Tensor, Tensor]]:
@@ -278,15 +286,28 @@ def stop_requested(time_limit_s: float | None = None) -> Iterator[Callable[[], b
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: a handler set from C
 
 
-def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, Tensor]], args: TrainArgs,
-          out_dir=None, start_step: int = 0, optimizer_state: dict | None = None, on_step=None,
-          stop: Callable[[], bool] | None = None) -> DraftModel:
-    """AdamW with warm-up and cosine decay, gradient clipping, frozen shared embedding and head.
+def loss_config(draft: DraftModel | Eagle3Draft, args: TrainArgs) -> LossConfig | TTTConfig:
+    """The objective `args` asks for, checked against the draft it trains: TTT for an EAGLE-3 draft,
+    the block objective for a DSpark or DFlash one."""
+    eagle3 = isinstance(draft, Eagle3Draft)
+    cfg = args.loss if args.loss is not None else TTTConfig() if eagle3 else LossConfig()
+    if eagle3 != isinstance(cfg, TTTConfig):
+        raise DSparkError(f"{type(cfg).__name__} is the {'block' if eagle3 else 'EAGLE-3'} objective, and this draft "
+                          f"is {draft.config.method}; pass {'TTTConfig' if eagle3 else 'LossConfig'} as the loss")
+    return cfg
 
-    Step s draws its sequences and anchors from a generator seeded by (seed, s), so a run resumed at
-    any checkpoint takes the same steps as an uninterrupted one. `stop` is asked after every step:
-    when it is true before the last, the step is checkpointed and `TrainingStopped` raised.
+
+def train(target: Qwen3Target, draft: DraftModel | Eagle3Draft, examples: list[tuple[Tensor, Tensor]],
+          args: TrainArgs, out_dir=None, start_step: int = 0, optimizer_state: dict | None = None, on_step=None,
+          stop: Callable[[], bool] | None = None) -> DraftModel | Eagle3Draft:
+    """AdamW with warm-up and cosine decay, gradient clipping, the frozen shared embedding (and a block
+    draft's head); the loss of each batch is the draft's objective (`loss_config`).
+
+    Step s draws its sequences (and a block draft's anchors) from a generator seeded by (seed, s), so a
+    run resumed at any checkpoint takes the same steps as an uninterrupted one. `stop` is asked after
+    every step: when it is true before the last, the step is checkpointed and `TrainingStopped` raised.
     """
+    cfg = loss_config(draft, args)
     device = target.lm_head.weight.device
     params = trainable_parameters(draft)
     for p in draft.parameters():
@@ -304,11 +325,15 @@ def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, T
             g["lr"] = cosine_lr(step, args.steps, args.lr, args.warmup_frac)
         opt.zero_grad(set_to_none=True)
         picks = torch.randint(0, len(examples), (args.batch,), generator=gen).tolist()
-        ids, mask = pad_batch([examples[i] for i in picks], "cpu")  # anchors are drawn on the CPU: no device syncs
-        anchors = pad_anchors([sample_anchors(mask[row], args.loss.num_anchors, gen) for row in range(len(picks))])
-        ids, mask, anchors = (to_device(t, device) for t in (ids, mask, anchors))
-        feats, t_logits = target_features(target, ids, taps)
-        parts = draft_loss(draft, feats, t_logits, ids, mask, anchors, args.loss)
+        ids, mask = pad_batch([(examples[i][0][: args.max_len], examples[i][1][: args.max_len]) for i in picks],
+                              "cpu")  # anchors are drawn on the CPU: no device syncs
+        if isinstance(cfg, TTTConfig):
+            ids, mask = to_device(ids, device), to_device(mask, device)
+            parts = ttt_loss(draft, *target_features(target, ids, taps), ids, mask, cfg)
+        else:
+            anchors = pad_anchors([sample_anchors(mask[row], cfg.num_anchors, gen) for row in range(len(picks))])
+            ids, mask, anchors = (to_device(t, device) for t in (ids, mask, anchors))
+            parts = draft_loss(draft, *target_features(target, ids, taps), ids, mask, anchors, cfg)
         parts.loss.backward()
         stats = [parts]
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
@@ -326,13 +351,21 @@ def train(target: Qwen3Target, draft: DraftModel, examples: list[tuple[Tensor, T
     return draft
 
 
-def save_checkpoint(draft: DraftModel, opt: torch.optim.Optimizer, step: int, out_dir, target: Qwen3Target) -> None:
-    """The draft in DeepSpec's format (loadable anywhere the official drafts load), and the optimizer
-    state beside it, written to temporary names first so an interruption never leaves half a checkpoint."""
+def checkpoint_format(draft: DraftModel | Eagle3Draft) -> str:
+    """The format the trainer writes a draft in: DeepSpec's for a block draft, the EAGLE authors' (the
+    layout vLLM loads) for an EAGLE-3 draft."""
+    return "eagle" if isinstance(draft, Eagle3Draft) else "deepspec"
+
+
+def save_checkpoint(draft: DraftModel | Eagle3Draft, opt: torch.optim.Optimizer, step: int, out_dir,
+                    target: Qwen3Target) -> None:
+    """The draft in its format (`checkpoint_format`: loadable anywhere the published drafts load), and
+    the optimizer state beside it, written to temporary names first so an interruption never leaves half
+    a checkpoint."""
     out = Path(out_dir)
     tmp = out / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_draft(draft, tmp, "deepspec", target.config)
+    save_draft(draft, tmp, checkpoint_format(draft), target.config)
     torch.save({"step": step, "optimizer": opt.state_dict()}, tmp / "trainer_state.pt")
     final = out / "checkpoint"
     if final.exists():
@@ -342,7 +375,7 @@ def save_checkpoint(draft: DraftModel, opt: torch.optim.Optimizer, step: int, ou
     shutil.rmtree(out / "checkpoint.old", ignore_errors=True)
 
 
-def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel, int, dict] | None:
+def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel | Eagle3Draft, int, dict] | None:
     """(draft, step, optimizer state) of the last checkpoint under `out_dir`, or None. A save cut off
     between its two renames leaves only the previous checkpoint, as checkpoint.old: that one is used."""
     path = next((p for p in (Path(out_dir) / "checkpoint", Path(out_dir) / "checkpoint.old")
