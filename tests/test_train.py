@@ -282,3 +282,38 @@ def test_a_model_that_generated_can_still_train():
     before = [p.detach().clone() for p in trainable_parameters(draft)]
     train(target, draft, _examples(n=2), TrainArgs(steps=2, batch=2, lr=1e-2))
     assert any(not torch.equal(a, b) for a, b in zip(before, trainable_parameters(draft)))
+
+
+def test_train_draft_command_trains_an_eagle3_draft_over_the_datas_vocabulary(tiny_dir, tmp_path, monkeypatch, capfd):
+    import json
+
+    from cli_runner import run_cli
+
+    from dspark.checkpoint import load_draft, load_target
+    from dspark.train import read_examples
+    from dspark.train_eagle3 import draft_vocabulary
+
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt_ids": [1, 2, 3], "response_ids": [40 + i % 5, 60, 61, 62 + i]} for i in range(8)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "eagle3"
+    common = ["train-draft", "--target", tiny_dir / "target", "--data", data, "--out", out, "--method", "eagle3",
+              "--batch", "2", "--device", "cpu"]
+    code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "3", "--ttt-length", "3", "--draft-vocab-size", "12")
+    assert code == 0, err
+    target = load_target(tiny_dir / "target").model
+    draft = load_draft(out, target)
+    assert (draft.config.method, draft.config.format, draft.config.vocab_size) == ("eagle3", "eagle", 12)
+    assert draft.config.target_layer_ids == (0, 1)  # vLLM's (2, L//2, L-3) of a 4-layer target, as outputs
+    # the 12 most frequent answer tokens: 60 and 61 (8 each), 40 to 42 (2), then of those seen once the lowest ids
+    want = draft_vocabulary(read_examples(data), 12, target.config.backbone.vocab_size)
+    assert draft.model.target_ids().tolist() == (torch.arange(12) + want).tolist() == \
+        [40, 41, 42, 43, 44, 60, 61, 62, 63, 64, 65, 66]
+    for args, says in ((["--ttt-length", "0"], "--ttt-length 0"), (["--draft-vocab-size", "0"], "--draft-vocab-size 0"),
+                       (["--draft-vocab-size", "9999"], "--draft-vocab-size 9999"), (["--layers", "2"], "--layers 2"),
+                       (["--taps", "1,x"], "--taps must be"), (["--taps", "1,9"], "tapped target layer 9"),
+                       (["--method", "medusa"], "--method 'medusa'")):
+        code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "1", "--out", tmp_path / "bad", *args)
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, (args, err)
+    code, _, err = run_cli(monkeypatch, capfd, *common[:-4], "--method", "dspark", "--ttt-length", "3", "--steps", "1")
+    assert code == 2 and "--ttt-length is for --method eagle3" in err

@@ -165,13 +165,14 @@ def levels(text: str | None) -> list[int] | None:
     return number_list(text, "--max-concurrency", int, "whole numbers", "level", "1,4,16,32")
 
 
-def token_ids(text: str) -> list[int]:
+def token_ids(text: str, flag: str = "--prompt-ids") -> list[int]:
+    """Comma-separated integers given to `flag` (token ids, layer numbers)."""
     try:
         ids = [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
-        raise DSparkError(f"--prompt-ids must be comma-separated integers, got '{text}'") from None
+        raise DSparkError(f"{flag} must be comma-separated integers, got '{text}'") from None
     if not ids:
-        raise DSparkError("--prompt-ids is empty; give at least one token id")
+        raise DSparkError(f"{flag} is empty; give at least one number")
     return ids
 
 

@@ -1,4 +1,5 @@
-"""`dspark-bench train-draft`: a DSpark or DFlash-mode draft for a Qwen3 target, DeepSpec's objective."""
+"""`dspark-bench train-draft`: a DSpark or DFlash-mode draft (DeepSpec's block objective) or an EAGLE-3
+draft (training-time test) for a Qwen3 target."""
 
 from __future__ import annotations
 
@@ -11,21 +12,32 @@ from dspark.errors import DSparkError
 from harness.cli import options
 from harness.cli.render import err, out
 
+METHODS = ("dspark", "dflash", "eagle3")
+
 
 def train_draft(
     target: str = typer.Option(..., help="Target model: local folder or hub id (Qwen3)."),
     data: Path = typer.Option(..., help="JSONL: prompt_ids/response_ids rows, or chat rows with messages."),
-    out_dir: Path = typer.Option(..., "--out", help="Folder for checkpoints and the final draft (DeepSpec format)."),
-    mode: str = typer.Option("dspark", help="dspark (Markov head, confidence head) or dflash (cross-entropy only)."),
-    layers: int = typer.Option(1, min=1, help="Draft decoder layers."),
-    block_size: int = typer.Option(7, min=2, help="Tokens drafted per block (anchor-first)."),
+    out_dir: Path = typer.Option(..., "--out", help="Folder for checkpoints and the final draft (DeepSpec format; "
+                                 "EAGLE-3: the EAGLE authors' layout, the one vLLM loads)."),
+    method: str = typer.Option("dspark", "--method", "--mode", help="dspark (Markov head, confidence head), dflash "
+                               "(cross-entropy only) or eagle3 (one layer chained token by token, training-time test)."),
+    layers: int = typer.Option(1, min=1, help="Draft decoder layers (EAGLE-3: 1)."),
+    block_size: int = typer.Option(7, min=2, help="Tokens drafted per block (anchor-first); EAGLE-3: the chain "
+                                   "length its config suggests."),
     markov_rank: int = typer.Option(64, min=1, help="Rank of the Markov head (dspark mode)."),
-    taps: Optional[str] = typer.Option(None, help="Tapped target layers, e.g. 1,3,5 (default: 5 evenly spaced)."),
+    taps: Optional[str] = typer.Option(None, help="Tapped target layers, e.g. 1,3,5, counted from 0, each one's output "
+                                       "(default: 5 evenly spaced; EAGLE-3: vLLM's default, its (2, L//2, L-3) in "
+                                       "its count of layer inputs)."),
     mask_token_id: Optional[int] = typer.Option(None, help="Mask token (default: the first id the tokenizer leaves free)."),
+    ttt_length: Optional[int] = typer.Option(None, help="EAGLE-3: training-time-test steps per batch (default 7), "
+                                             "each weighted 0.8 times the one before."),
+    draft_vocab_size: Optional[int] = typer.Option(None, help="EAGLE-3: the draft's vocabulary, the target tokens the "
+                                                   "data scores most (default: the whole target vocabulary)."),
     steps: int = typer.Option(1000, min=1, help="Optimizer steps to train for (the total, resumed steps included)."),
     batch: int = typer.Option(8, min=1, help="Sequences per optimizer step."),
     lr: float = typer.Option(6e-4, min=0.0, help="Peak learning rate of AdamW (linear warm-up over 4 % of the steps, then cosine decay)."),
-    num_anchors: int = typer.Option(64, min=1, help="Blocks drawn per sequence."),
+    num_anchors: int = typer.Option(64, min=1, help="Blocks drawn per sequence (dspark, dflash)."),
     checkpoint_every: int = typer.Option(200, min=1, help="Save a resumable checkpoint every this many steps."),
     seed: int = typer.Option(0, help="Seeds the draft's initial weights and each step's batch and blocks."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
@@ -34,32 +46,53 @@ def train_draft(
         "continue with --resume). Ctrl-C or SIGTERM does the same."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
 ):
-    """Train a DSpark (or DFlash-mode) draft for a Qwen3 target with DeepSpec's objective."""
+    """Train a DSpark or DFlash-mode draft (DeepSpec's objective) or an EAGLE-3 draft for a Qwen3 target."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from dspark.checkpoint import load_target, save_draft
-    from dspark.presets import evenly_spaced_taps
-    from dspark.tiny import random_draft, tiny_draft_config
-    from dspark.train import LossConfig, TrainArgs, TrainingStopped, load_checkpoint, read_examples, stop_requested, train
+    from dspark.train import (
+        LossConfig,
+        TrainArgs,
+        TrainingStopped,
+        checkpoint_format,
+        load_checkpoint,
+        read_examples,
+        stop_requested,
+        train,
+    )
 
-    if mode not in ("dspark", "dflash"):
-        raise DSparkError(f"--mode '{mode}' is unknown; use dspark or dflash")
+    if method not in METHODS:
+        raise DSparkError(f"--method '{method}' is unknown; use {', '.join(METHODS)}")
+    eagle3 = method == "eagle3"
+    for flag, value in (("--ttt-length", ttt_length), ("--draft-vocab-size", draft_vocab_size)):
+        if value is not None and not eagle3:
+            raise DSparkError(f"{flag} is for --method eagle3; leave it out for {method}")
+    if eagle3 and layers != 1:
+        raise DSparkError(f"--layers {layers}: an EAGLE-3 draft has one layer (every published one does); leave it out")
+    if ttt_length is not None and ttt_length < 1:
+        raise DSparkError(f"--ttt-length {ttt_length}: give at least 1 step")
     dev = options.device(device)
     loaded = load_target(target, dev, "float32")
     tcfg = loaded.model.config
     tokenizer = options.load_tokenizer(loaded.path, needed=False)
     examples = read_examples(data, tokenizer)
-    n_layers = tcfg.backbone.num_layers
-    tap_ids = tuple(options.token_ids(taps)) if taps else evenly_spaced_taps(n_layers)
-    if mask_token_id is None:
-        mask_token_id = len(tokenizer) if tokenizer is not None else tcfg.backbone.vocab_size - 1
-    dcfg = tiny_draft_config(tcfg, layers=layers, block_size=block_size, taps=tap_ids,
-                             markov_rank=markov_rank if mode == "dspark" else 0, confidence=mode == "dspark",
-                             mask_token_id=mask_token_id)
+    tap_ids = tuple(options.token_ids(taps, "--taps")) if taps else None
+    if eagle3:
+        dcfg, loss = _eagle3_config(tcfg, tap_ids, block_size, ttt_length, draft_vocab_size)
+    else:
+        from dspark.presets import evenly_spaced_taps
+        from dspark.tiny import tiny_draft_config
+
+        if mask_token_id is None:
+            mask_token_id = len(tokenizer) if tokenizer is not None else tcfg.backbone.vocab_size - 1
+        dcfg = tiny_draft_config(tcfg, layers=layers, block_size=block_size,
+                                 taps=tap_ids or evenly_spaced_taps(tcfg.backbone.num_layers),
+                                 markov_rank=markov_rank if method == "dspark" else 0, confidence=method == "dspark",
+                                 mask_token_id=mask_token_id)
+        loss = LossConfig(num_anchors=num_anchors)
     dcfg.validate("train-draft")
     dcfg.check_target(tcfg, "train-draft")
-    args = TrainArgs(steps=steps, batch=batch, lr=lr, seed=seed, checkpoint_every=checkpoint_every,
-                     loss=LossConfig(num_anchors=num_anchors))
+    args = TrainArgs(steps=steps, batch=batch, lr=lr, seed=seed, checkpoint_every=checkpoint_every, loss=loss)
     start, opt_state = 0, None
     resumed = load_checkpoint(out_dir, loaded.model) if resume else None
     if resumed is not None:
@@ -67,7 +100,7 @@ def train_draft(
     else:
         if (out_dir / "checkpoint").exists() and not resume:
             raise DSparkError(f"{out_dir} already holds a checkpoint; pass --resume or choose another --out")
-        draft = random_draft(dcfg, loaded.model, seed)
+        draft = _random_draft(dcfg, loaded.model, examples, seed)
     columns = [TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[stats]}"), TimeRemainingColumn()]
     with stop_requested(time_limit) as stop, Progress(*columns, console=err) as progress:
@@ -89,5 +122,35 @@ def train_draft(
             err.print(f"stopped after step {exc.step} of {steps}; the checkpoint is in {out_dir}: continue with "
                       "--resume", highlight=False, soft_wrap=True)
             raise typer.Exit(3) from None
-    save_draft(draft, out_dir, "deepspec", tcfg)
-    out.print(f"draft saved to {out_dir} (DeepSpec format, {mode}, {steps} steps)", highlight=False, soft_wrap=True)
+    fmt = checkpoint_format(draft)
+    save_draft(draft, out_dir, fmt, tcfg)
+    out.print(f"draft saved to {out_dir} ({fmt} format, {method}, {steps} steps)", highlight=False, soft_wrap=True)
+
+
+def _eagle3_config(tcfg, taps: tuple[int, ...] | None, num_tokens: int, ttt_length: int | None,
+                   draft_vocab_size: int | None):
+    """The EAGLE-3 draft's config (one Llama-style layer of the target's shape, vLLM's default taps unless
+    given) and its objective."""
+    from dspark.presets import vllm_default_eagle3_taps
+    from dspark.tiny import tiny_eagle3_config
+    from dspark.train_eagle3 import TTTConfig
+
+    vocab = tcfg.backbone.vocab_size
+    if draft_vocab_size is not None and not 0 < draft_vocab_size <= vocab:
+        raise DSparkError(f"--draft-vocab-size {draft_vocab_size}: give 1 to the target's vocabulary, {vocab}")
+    dcfg = tiny_eagle3_config(tcfg, taps=taps or vllm_default_eagle3_taps(tcfg.backbone.num_layers),
+                              num_tokens=num_tokens, draft_vocab_size=None if draft_vocab_size == vocab else draft_vocab_size)
+    return dcfg, TTTConfig() if ttt_length is None else TTTConfig(ttt_length=ttt_length)
+
+
+def _random_draft(dcfg, target, examples, seed: int):
+    """A fresh draft of `dcfg` for `target`; an EAGLE-3 draft over a reduced vocabulary gets the target
+    tokens the data scores most (`draft_vocabulary`)."""
+    from dspark.config import Eagle3Config
+    from dspark.tiny import random_draft, random_eagle3
+    from dspark.train_eagle3 import draft_vocabulary
+
+    if not isinstance(dcfg, Eagle3Config):
+        return random_draft(dcfg, target, seed)
+    d2t = draft_vocabulary(examples, dcfg.vocab_size, dcfg.backbone.vocab_size) if dcfg.reduced_vocab else None
+    return random_eagle3(dcfg, target, seed, d2t=d2t)
