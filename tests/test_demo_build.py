@@ -47,13 +47,13 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path, capsys):
     assert build.main([*common, "--time-limit", "0"]) == 3
     distilled = json.loads((tmp_path / "distill.settings.json").read_text())
     assert distilled["batch"] == 5 and "distill_batch" not in distilled["recipe"]  # a speed setting only
-    assert (step("dspark"), step("dflash")) == (1, 0)
+    assert (step("dspark"), step("dflash"), step("eagle3")) == (1, 0, 0)
     script = ROOT / "experiments" / "demo" / "build.py"  # worker processes import the script by its path
     run = subprocess.run([sys.executable, str(script), *common, "--time-limit", "0", "--jobs", "2"],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 3 and "run the same command again" in run.stderr, run.stderr[-2000:]
-    assert (step("dspark"), step("dflash")) == (2, 1)
-    assert not (tmp_path / "dspark").exists() and not (tmp_path / "dflash").exists()
+    assert (step("dspark"), step("dflash"), step("eagle3")) == (2, 1, 1)  # eagle3 began when a worker was free
+    assert not any((tmp_path / name).exists() for name in ("dspark", "dflash", "eagle3"))
     for flag, value in (("--target-layers", "4"), ("--target-batch", "4"), ("--pretrain-steps", "11"),
                         ("--target-steps", "21")):
         with pytest.raises(SystemExit) as exc:  # the folder's target was made otherwise: refused, not ignored
@@ -77,9 +77,14 @@ def test_smoke_build_produces_loadable_models_and_figures(tmp_path, capsys):
         assert draft.config.mask_token_id == len(tok)
         assert draft.config.target_layer_ids == (0, 1)  # --draft-taps, not the default rule's
         assert json.loads((tmp_path / f"{name}.settings.json").read_text())["taps"] == [0, 1]
+    eagle3 = load_draft(tmp_path / "eagle3", target.model)
+    assert (eagle3.config.method, eagle3.config.format, eagle3.config.target_layer_ids) == ("eagle3", "eagle", (0, 1))
+    assert eagle3.config.vocab_size == 128 and eagle3.config.num_speculative_tokens == 7  # SMOKE's eagle3_vocab
+    assert json.loads((tmp_path / "eagle3.settings.json").read_text())["steps"] == 10
     figures = json.loads((tmp_path / "figures.json").read_text())
     for key in ("dspark_T0_acceptance_length", "dflash_T0_acceptance_length", "ngram_T0_acceptance_length",
-                "dspark_T1_acceptance_length", "target_T0_distinct_4gram"):
+                "eagle3_T0_acceptance_length", "eagle3_T1_acceptance_length", "dspark_T1_acceptance_length",
+                "target_T0_distinct_4gram"):
         assert figures[key] >= 0
     assert figures["greedy_outputs_equal_plain"] is True
     assert figures["corpus_sha256"] == hashlib.sha256(json.dumps(corpus).encode()).hexdigest()

@@ -7,12 +7,12 @@
 Stages (each seeded): the pinned standard-library corpus (`corpus.py`); a byte-level BPE tokenizer
 trained on it; a small Qwen3 target pretrained on the library's source, then instruction-tuned on the
 chat-formatted pairs (loss on the answers); the target's own answers to the training instructions,
-greedy and sampled (self-distillation, as DeepSpec does); a DSpark draft and a DFlash-mode draft
-trained on those; acceptance on the held-out coding prompts.
-Writes target/, dspark/, dflash/ and figures.json under --out; a stage whose output is already
+greedy and sampled (self-distillation, as DeepSpec does); a DSpark draft, a DFlash-mode draft and an
+EAGLE-3 draft trained on those; acceptance on the held-out coding prompts.
+Writes target/, dspark/, dflash/, eagle3/ and figures.json under --out; a stage whose output is already
 there is reused (an interrupted build goes on where it stopped). The models are stored in bfloat16
 (what ships), and every later stage uses the stored weights, so the figures are those of the shipped
-pair. `--install` copies the three models into the package, and the figures and the target's
+models. `--install` copies the models into the package, and the figures and the target's
 distillation (reused by a rebuild from the same target, see `pack_distilled`) beside this script.
 
 The corpus is pinned to one Python version (corpus.py). On a machine with another version, write the
@@ -44,13 +44,23 @@ import corpus as corpus_mod  # noqa: E402
 from dspark import distill as distill_mod
 from dspark.checkpoint import DEMO_DIR, load_draft, load_target, save_draft, save_target  # noqa: E402
 from dspark.config import BackboneConfig, TargetConfig  # noqa: E402
-from dspark.drafters import BlockDrafter, NgramDrafter  # noqa: E402
+from dspark.drafters import NgramDrafter, drafter_for  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
-from dspark.presets import evenly_spaced_taps  # noqa: E402
+from dspark.presets import evenly_spaced_taps, vllm_default_eagle3_taps  # noqa: E402
 from dspark.target import Qwen3Target  # noqa: E402
-from dspark.tiny import random_draft, random_target, tiny_draft_config  # noqa: E402
+from dspark.tiny import random_draft, random_eagle3, random_target, tiny_draft_config, tiny_eagle3_config  # noqa: E402
 from dspark.tokenizer import SPECIALS, build_tokenizer, chat_prompt_ids, conversation, save_tokenizer  # noqa: E402
-from dspark.train import LossConfig, TrainArgs, TrainingStopped, load_checkpoint, stop_requested, train, train_target  # noqa: E402
+from dspark.train import (  # noqa: E402
+    LossConfig,
+    TrainArgs,
+    TrainingStopped,
+    checkpoint_format,
+    load_checkpoint,
+    stop_requested,
+    train,
+    train_target,
+)
+from dspark.train_eagle3 import TTTConfig, draft_vocabulary  # noqa: E402
 from harness.specs.datasets import file_sha256
 from harness.specs.datasets import load as load_suite
 
@@ -58,13 +68,22 @@ from harness.specs.datasets import load as load_suite
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
             pretrain_steps=3000, target_steps=1500, batch=16, max_answer=256, samples=12, continuations=5353,
             rephrasings=6, draft_layers=3, draft_intermediate=640, draft_steps=7500, draft_batch=64, anchors=128,
-            draft_source=True)
+            draft_source=True, eagle3_vocab=1024, eagle3_steps=400, eagle3_batch=8, eagle3_lr=1e-3,
+            eagle3_max_len=256)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
-              samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0, rephrasings=0)
+              samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0, rephrasings=0,
+              eagle3_vocab=512)
 SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, intermediate=64, window=64,
              pretrain_steps=10, target_steps=20, draft_steps=10, batch=2, max_answer=24, draft_layers=1, samples=1,
-             files=3, pairs=12, prompts=2, draft_source=True, anchors=8, continuations=4, rephrasings=1)
+             files=3, pairs=12, prompts=2, draft_source=True, anchors=8, continuations=4, rephrasings=1, eagle3_vocab=128)
+# The EAGLE-3 draft's own figures (one Llama-style layer, the target's width unless eagle3_intermediate;
+# a reduced vocabulary of eagle3_vocab ids); steps, batch and learning rate default to the block drafts'.
+# The shipped one trained on a 2-core CPU: the first eagle3_max_len tokens of each sequence (256 keep 89 %
+# of the distilled answers' tokens; TTT's attention grows with the square of the length).
+DRAFTS = ("dspark", "dflash", "eagle3")
+EAGLE3_OVERRIDES = {"draft_steps": "eagle3_steps", "draft_batch": "eagle3_batch", "draft_lr": "eagle3_lr",
+                    "draft_intermediate": "eagle3_intermediate"}  # the draft flags set the EAGLE-3 draft's too
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,6 +324,33 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
         return _build_draft(Path(out), name, rank, size, seed, device, stop)
 
 
+def _new_draft(name: str, rank: int, size: dict, target: Qwen3Target, examples: list, seed: int):
+    """A fresh draft of the kind `name` and its training settings: (draft, TrainArgs, what to record, how
+    to describe a step's figures). The EAGLE-3 draft: one Llama-style layer tapping vLLM's default states,
+    its vocabulary the `eagle3_vocab` target ids the training data scores most; the block drafts: DeepSpec's."""
+    tcfg = target.config
+    vocab = tcfg.backbone.vocab_size
+    if name == "eagle3":
+        taps = tuple(size.get("draft_taps") or vllm_default_eagle3_taps(tcfg.backbone.num_layers))
+        dcfg = tiny_eagle3_config(tcfg, taps=taps, num_tokens=7, draft_vocab_size=size["eagle3_vocab"],
+                                  intermediate_size=size.get("eagle3_intermediate"))
+        draft = random_eagle3(dcfg, target, seed + 1, d2t=draft_vocabulary(examples, size["eagle3_vocab"], vocab))
+        args = TrainArgs(steps=size["eagle3_steps"], batch=size["eagle3_batch"], lr=size["eagle3_lr"], seed=seed,
+                         checkpoint_every=100, max_len=size.get("eagle3_max_len", 1024), loss=TTTConfig())
+        settings = {"draft_vocab": dcfg.vocab_size, "ttt_length": args.loss.ttt_length,
+                    "num_speculative_tokens": dcfg.num_speculative_tokens, "max_len": args.max_len}
+        return draft, args, settings, lambda parts: (f"tau {parts[0].tau:.2f} acc "
+                                                     + " ".join(f"{a:.2f}" for a in parts[0].accuracy.tolist()))
+    taps = tuple(size.get("draft_taps") or evenly_spaced_taps(tcfg.backbone.num_layers))  # the stored target's
+    dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=taps,
+                             markov_rank=rank, confidence=rank > 0, mask_token_id=vocab - 1,
+                             intermediate_size=size.get("draft_intermediate"))
+    args = TrainArgs(steps=size["draft_steps"], batch=size["draft_batch"], lr=size.get("draft_lr", 1e-3), seed=seed,
+                     checkpoint_every=250, loss=LossConfig(num_anchors=size["anchors"]))
+    return (random_draft(dcfg, target, seed + 1), args, {"markov_rank": rank, "block_size": 7, "anchors": size["anchors"]},
+            lambda parts: f"tau {parts[0].tau:.2f} ce {parts[0].ce:.3f}")
+
+
 def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device: str, stop) -> str | None:
     if (out / name / "model.safetensors").is_file():
         return name
@@ -312,37 +358,29 @@ def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device:
     distilled = load_rows(out / "distilled.pt")
     source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] else []
     examples = distilled + source
-    tcfg = target.config
-    taps = tuple(size.get("draft_taps") or evenly_spaced_taps(tcfg.backbone.num_layers))  # the stored target's
-    dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=taps,
-                             markov_rank=rank, confidence=rank > 0, mask_token_id=tcfg.backbone.vocab_size - 1,
-                             intermediate_size=size.get("draft_intermediate"))
-    draft = random_draft(dcfg, target.cpu(), seed + 1).to(device)
+    draft, args, settings, describe = _new_draft(name, rank, size, target.cpu(), examples, seed)
+    draft = draft.to(device)
     target.to(device)
     ckpt, start, opt_state = out / f"{name}.train", 0, None
     if (resumed := load_checkpoint(ckpt, target)) is not None:  # an interrupted build goes on from here
         draft, start, opt_state = resumed
-    log = _progress(name, size["draft_steps"], lambda parts: f"tau {parts[0].tau:.2f} ce {parts[0].ce:.3f}")
-    batch, lr = size["draft_batch"], size.get("draft_lr", 1e-3)
+    log = _progress(name, args.steps, describe)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for the training matmuls (GPU only)
     try:
-        train(target, draft, examples, TrainArgs(steps=size["draft_steps"], batch=batch, lr=lr, seed=seed,
-                                                 checkpoint_every=250, loss=LossConfig(num_anchors=size["anchors"])),
-              out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log, stop=stop)
+        train(target, draft, examples, args, out_dir=ckpt, start_step=start, optimizer_state=opt_state, on_step=log,
+              stop=stop)
     except TrainingStopped as exc:
-        print(f"[{name}] stopped after step {exc.step} of {size['draft_steps']} (checkpointed)", flush=True)
+        print(f"[{name}] stopped after step {exc.step} of {args.steps} (checkpointed)", flush=True)
         return None
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     made = draft.config.backbone  # a resumed run's own shape, whatever this command asked for
-    _record(out, name, {"layers": made.num_layers, "intermediate": made.intermediate_size,
-                        "markov_rank": rank, "block_size": 7,
-                        "taps": list(draft.config.target_layer_ids), "steps": size["draft_steps"], "batch": batch,
-                        "anchors": size["anchors"], "lr": lr, "tf32_matmul": device.startswith("cuda"),
-                        "distilled_sequences": len(distilled), "source_windows": len(source), "seed": seed,
-                        "device": device})
-    save_draft(draft.to(torch.bfloat16), out / name, "deepspec", tcfg, with_embeddings=False)
+    _record(out, name, {"layers": made.num_layers, "intermediate": made.intermediate_size} | settings
+            | {"taps": list(draft.config.target_layer_ids), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+               "tf32_matmul": device.startswith("cuda"), "distilled_sequences": len(distilled),
+               "source_windows": len(source), "seed": seed, "device": device})
+    save_draft(draft.to(torch.bfloat16), out / name, checkpoint_format(draft), target.config, with_embeddings=False)
     shutil.rmtree(ckpt, ignore_errors=True)
     return name
 
@@ -354,7 +392,7 @@ def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool, drafts:
     eos = target.config.eos_token_ids
     rows = [r for r in load_suite("qualitative", source="demo").rows if r.category == "coding"][: size.get("prompts")]
     prompts = [chat_example(tokenizer, r.turns[0], [])[0].tolist() for r in rows]
-    systems = {"plain": None} | {name: BlockDrafter(load_draft(out / name, target).model) for name in drafts}
+    systems = {"plain": None} | {name: drafter_for(load_draft(out / name, target).model) for name in drafts}
     systems["ngram"] = NgramDrafter()
     figures = {"prompts": len(prompts)}
     for temperature in (0.0, 1.0):
@@ -377,9 +415,9 @@ def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool, drafts:
 
 
 def install(out: Path) -> None:
-    """The three models into the package; the figures and the target's distillation beside this script."""
+    """The models into the package; the figures and the target's distillation beside this script."""
     pack_distilled(out)  # first: it refuses a folder without a recorded distillation, before anything is replaced
-    for name in ("target", "dspark", "dflash"):
+    for name in ("target", *DRAFTS):
         shutil.rmtree(DEMO_DIR / name, ignore_errors=True)
         shutil.copytree(out / name, DEMO_DIR / name)
     shutil.copy(out / "figures.json", Path(__file__).with_name("figures.json"))
@@ -399,20 +437,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-intermediate", type=int, help="override the size's target MLP width")
     ap.add_argument("--target-batch", type=int, help="override the sequences per target pretraining and tuning step")
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
-    ap.add_argument("--draft-layers", type=int, help="override the size's draft layers")
+    ap.add_argument("--draft-layers", type=int, help="override the size's block-draft layers (EAGLE-3 has one)")
     ap.add_argument("--draft-intermediate", type=int, help="override the drafts' MLP width (default: the target's)")
     ap.add_argument("--draft-batch", type=int, help="override the sequences per draft training step")
     ap.add_argument("--draft-lr", type=float, help="override the drafts' peak learning rate")
     ap.add_argument("--draft-taps", help="the target layers the drafts tap, comma-separated, from 0 (default: "
                     "DeepSpec's evenly spaced rule, 1,2,3,4,5 for 8 layers)")
-    ap.add_argument("--drafts", default="dspark,dflash", help="which drafts to build and evaluate (comma-separated)")
+    ap.add_argument("--drafts", default=",".join(DRAFTS), help="which drafts to build and evaluate (comma-separated, "
+                    f"of {','.join(DRAFTS)})")
     ap.add_argument("--anchors", type=int, help="override the anchors (blocks) drawn per training sequence")
     ap.add_argument("--samples", type=int, help="override the temperature-1 answers distilled per instruction")
     ap.add_argument("--continuations", type=int, help="override the source windows the target continues (T = 1)")
     ap.add_argument("--rephrasings", type=int, help="override the reworded copies of each instruction distilled")
     ap.add_argument("--distill-batch", type=int, help="prompts the distillation decodes together (default 256)")
     ap.add_argument("--corpus", type=Path, help="the corpus written by corpus.py on the pinned Python (default: build it)")
-    ap.add_argument("--jobs", type=int, default=1, help="train the two drafts in this many processes "
+    ap.add_argument("--jobs", type=int, default=1, help="train the drafts in this many processes "
                     "(on one H200 two at once take 0.155 s a step each, one alone 0.072: no faster)")
     ap.add_argument("--time-limit", type=float, help="stop the drafts' training this many seconds after it starts, "
                     "on checkpointed steps (exit code 3; the same command resumes)")
@@ -422,11 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.size = "smoke"
-    drafts = [name for name in ("dspark", "dflash") if name in args.drafts.split(",")]
+    drafts = [name for name in DRAFTS if name in args.drafts.split(",")]
     if not drafts or set(args.drafts.split(",")) - set(drafts):
-        ap.error(f"--drafts {args.drafts!r}: give dspark, dflash or dspark,dflash")
-    if args.install and len(drafts) < 2:
-        ap.error("--install ships both drafts: leave --drafts at its default")
+        ap.error(f"--drafts {args.drafts!r}: give some of {','.join(DRAFTS)}, comma-separated")
+    if args.install and len(drafts) < len(DRAFTS):
+        ap.error("--install ships every draft: leave --drafts at its default")
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
     if args.rephrasings is not None and args.rephrasings > len(FUNCTION_REPHRASINGS):
         ap.error(f"--rephrasings {args.rephrasings}: there are {len(FUNCTION_REPHRASINGS)} rewording templates for "
@@ -440,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.target_batch is not None and args.target_batch < 1:
         ap.error(f"--target-batch {args.target_batch}: give at least 1 sequence per step")
     size.setdefault("draft_batch", size["batch"])  # the drafts keep the size's batch
+    for key, block in (("eagle3_steps", "draft_steps"), ("eagle3_batch", "draft_batch"), ("eagle3_lr", "draft_lr")):
+        size.setdefault(key, size.get(block, 1e-3))
     size["batch"] = args.target_batch or size["batch"]
     stored = args.out / "target" / "config.json"
     if stored.is_file() and (args.out / "target" / "model.safetensors").is_file():  # a build that goes on
@@ -468,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
                 "draft_lr", "draft_taps", "anchors", "samples", "continuations", "rephrasings", "distill_batch"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
+            if key in EAGLE3_OVERRIDES:  # the draft flags set the EAGLE-3 draft's own figures too
+                size[EAGLE3_OVERRIDES[key]] = size[key]
     out, device, t0 = args.out, args.device, time.perf_counter()
     if args.corpus:  # corpus.json, or corpus.json.gz (a quarter of the size, to carry to a GPU machine)
         corpus, text = corpus_mod.load_or_refuse(ap, args.corpus)
@@ -492,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.until == "distill":
         return 0
     del target
-    ranks = {"dspark": 8 if args.size == "smoke" else 64, "dflash": 0}
+    ranks = {"dspark": 8 if args.size == "smoke" else 64, "dflash": 0, "eagle3": 0}
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     jobs = [(str(out), name, ranks[name], size, args.seed, device, deadline) for name in drafts]
     if args.jobs > 1:
