@@ -111,8 +111,10 @@ def train_draft(
                 progress.update(task, completed=step + 1)
                 return
             n = len(stats)
-            progress.update(task, completed=step + 1, stats=(
-                f"loss {sum(float(s.loss.detach()) for s in stats) / n:.3f}  tau~{sum(float(s.tau) for s in stats) / n:.2f}"))
+            shown = f"loss {sum(float(s.loss.detach()) for s in stats) / n:.3f}  tau~{sum(float(s.tau) for s in stats) / n:.2f}"
+            if eagle3:  # each TTT step's accuracy (draft arg-max = target arg-max), step 0 first
+                shown += "  acc " + " ".join(f"{float(a):.2f}" for a in sum(s.accuracy for s in stats) / n)
+            progress.update(task, completed=step + 1, stats=shown)
 
         try:
             draft = train(loaded.model, draft, examples, args, out_dir=out_dir, start_step=start,
