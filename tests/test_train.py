@@ -317,3 +317,5 @@ def test_train_draft_command_trains_an_eagle3_draft_over_the_datas_vocabulary(ti
         assert code == 2 and says in err and len(err.strip().splitlines()) == 1, (args, err)
     code, _, err = run_cli(monkeypatch, capfd, *common[:-4], "--method", "dspark", "--ttt-length", "3", "--steps", "1")
     assert code == 2 and "--ttt-length is for --method eagle3" in err
+    code, _, err = run_cli(monkeypatch, capfd, *common[:-4], "--method", "dspark", "--steps", "4", "--resume")
+    assert code == 2 and "is of method eagle3; resume it with --method eagle3" in err

@@ -97,6 +97,9 @@ def train_draft(
     resumed = load_checkpoint(out_dir, loaded.model) if resume else None
     if resumed is not None:
         draft, start, opt_state = resumed
+        if draft.config.method != method:
+            raise DSparkError(f"--method {method}: the checkpoint in {out_dir} is of method {draft.config.method}; "
+                              f"resume it with --method {draft.config.method}")
     else:
         if (out_dir / "checkpoint").exists() and not resume:
             raise DSparkError(f"{out_dir} already holds a checkpoint; pass --resume or choose another --out")
