@@ -121,6 +121,8 @@ def test_nsys_flags_follow_what_this_nsys_supports(tmp_path):
     assert any("--stats" in d for d in plan.dropped) and any("perf_event_paranoid = 4" in d for d in plan.dropped)
     lean = plan_flags(Path("/x/nsys"), "lean", [], help_text=HELP, version="v", paranoid=4)
     assert lean.flags == PRESETS["lean"]  # lean already samples nothing
+    whole = plan_flags(Path("/x/nsys"), "lean", ["--cuda-graph-trace=graph"], help_text=HELP, version="v", paranoid=1)
+    assert [f for f in whole.flags if f.startswith("--cuda-graph-trace")] == ["--cuda-graph-trace=graph"]  # replaced
     with pytest.raises(DSparkError, match="unknown --preset"):
         plan_flags(Path("/x/nsys"), "fat", [], help_text=HELP, version="v", paranoid=1)
 

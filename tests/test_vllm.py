@@ -40,6 +40,7 @@ needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").
 COMMON = ["--category", "coding", "--output-len", "24", "--temperature", "0", "--disable-shuffle"]
 CODING = 18  # the demo suite's coding prompts (the demo experiment runs 8 unless told)
 DSPARK_PROMPTS = 3  # DSpark on vLLM's V2 runner runs its Triton kernels interpreted: about 1 s a round here
+EAGLE3_PROMPTS = 6  # EAGLE-3 runs on vLLM's V1 runner, no Triton
 SHIM = Path(__file__).parent / "vllm_shim"
 # the environment before any test ran: vLLM imported in this process by another module's test sets variables of
 # its own (VLLM_WORKER_MULTIPROC_METHOD ...) that a user's fresh shell would not pass to the runs
@@ -120,7 +121,7 @@ def runs(tmp_path_factory):
     """The native run (plain, n-gram, DSpark on every coding prompt), the vLLM run of plain and n-gram
     (killed once, resumed), and vLLM's DSpark on the first coding prompts."""
     root = tmp_path_factory.mktemp("vllm")
-    native = _cli(["run", *COMMON, "--num-prompts", CODING, "--systems", "plain,ngram,dspark", "--backend", "native",
+    native = _cli(["run", *COMMON, "--num-prompts", CODING, "--systems", "plain,ngram,dspark,eagle3", "--backend", "native",
                    "--record-margins", "--out", root / "native", "--json"], root, vllm=False)
     assert native.returncode == 0, native.stderr[-3000:]
     out = {"native": root / "native", "killed": _killed_then_resumed(root)}
@@ -131,6 +132,12 @@ def runs(tmp_path_factory):
                   extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     assert dspark.returncode == 0, dspark.stderr[-3000:]
     out["vllm-dspark"] = root / "vllm-dspark"
+    # (in its own EngineCore process: vLLM's V1 CPU attention in this process would find the run's one
+    # intra-op thread where it planned for the machine's cores)
+    eagle3 = _cli(["run", *COMMON, "--systems", "eagle3", "--num-prompts", EAGLE3_PROMPTS, "--backend", "vllm",
+                   "--out", root / "vllm-eagle3", "--json"], root)
+    assert eagle3.returncode == 0, eagle3.stderr[-3000:]
+    out["vllm-eagle3"] = root / "vllm-eagle3"
     return out
 
 
@@ -178,6 +185,28 @@ def test_vllm_ngram_and_dspark_give_their_plain_outputs_and_report_rounds(runs):
     engine = json.loads((runs["vllm-dspark"] / "manifest.json").read_text())["backend"]["engines"]["dspark"]
     assert engine["model_runner"] == "V2" and engine["speculative_config"]["method"] == "dspark"
     assert engine["speculative_config"]["draft_sample_method"] == "greedy"  # (probabilistic crashes on the CPU)
+
+
+@needs_vllm
+@needs_demo
+def test_vllm_eagle3_equals_our_eagle3_round_by_round_on_the_demo_draft(runs):
+    """The demo EAGLE-3 draft (the authors' layout, a reduced vocabulary) through vLLM's eagle3 method
+    (its V1 runner) and our engine: plain decoding's outputs, and per prompt the same steps, accepted
+    drafts and drafts accepted per position; any difference would be named by `parity`."""
+    plain, ours = _by_prompt(runs["vllm"], "plain"), _by_prompt(runs["native"], "eagle3")
+    theirs = _by_prompt(runs["vllm-eagle3"], "eagle3")
+    assert len(theirs) == EAGLE3_PROMPTS and all(theirs[q]["output_ids"] == plain[q]["output_ids"] for q in theirs)
+    for qid, r in theirs.items():
+        assert r["acceptance_source"] == "vllm per-step" and set(r["proposal_lengths"]) == {7}
+        assert r["accepted_counts"] == ours[qid]["accepted_counts"], qid  # round by round
+    assert sum(sum(r["accepted_counts"]) for r in theirs.values()) > 0  # a trained draft: drafts were accepted
+    (group,) = parity(runs["native"], runs["vllm-eagle3"])["groups"]
+    assert (group["system"], group["prompts"], group["prompt_ids_equal"], group["outputs_equal"]) == \
+        ("eagle3", EAGLE3_PROMPTS, EAGLE3_PROMPTS, EAGLE3_PROMPTS)
+    assert group["divergences"] == [] and group["pooled"][0]["rounds"] == group["pooled"][1]["rounds"]
+    engine = json.loads((runs["vllm-eagle3"] / "manifest.json").read_text())["backend"]["engines"]["eagle3"]
+    assert engine["model_runner"] == "V1" and engine["speculative_config"]["method"] == "eagle3"
+    assert engine["draft_config"] == "as given"  # the authors' layout, read by vLLM as saved
 
 
 @needs_vllm
@@ -282,7 +311,7 @@ def test_each_system_maps_onto_vllms_speculative_config_and_a_draft_it_cannot_ru
 
     exp = load_experiment("demo")
     configs = {}
-    for name in ("plain", "ngram", "dspark", "dflash"):
+    for name in ("plain", "ngram", "dspark", "dflash", "eagle3"):
         system = exp.system(name)
         path, cfg = load_draft_config(system.draft) if system.draft else (None, None)
         for on_cpu in (True, False):
@@ -299,6 +328,8 @@ def test_each_system_maps_onto_vllms_speculative_config_and_a_draft_it_cannot_ru
     assert configs["dflash", True].startswith("system 'dflash': vLLM cannot run a deepspec-format DFlash draft "
                                               "(Markov rank 0) on the CPU")
     assert configs["dflash", False]["method"] == "dspark"  # DeepSpec's DFlash loads through vLLM's dspark path
+    assert {k: configs["eagle3", True][k] for k in ("method", "num_speculative_tokens", "draft_sample_method")} == \
+        {"method": "eagle3", "num_speculative_tokens": 7, "draft_sample_method": "greedy"}
 
 
 @needs_demo

@@ -4,7 +4,8 @@
 #   bash benchmarks/vllm026_h200/device.sh REVISION STAGE...
 # Stages: install, demo (the demo pair through vLLM against our engine, float32, parity), demo-bf16 (the
 # same at vLLM's defaults), bench (engine-bench --against vllm with batch sizes), serve (the vllm-server
-# sweep), profile (nsys of both engines, compared). Results go to /tmp/r (kept while the machine stays
+# sweep), profile (nsys of both engines, compared), profile-dspark-graphs (vLLM's DSpark under nsys with whole
+# graphs traced), cuda-tests (the CUDA-marked tests). Results go to /tmp/r (kept while the machine stays
 # warm) and, packed, to $OUT. Each stage runs under its own time limit (PROFILE_NATIVE_S, PROFILE_VLLM_S, SERVE_S
 # override three); a failed one does not stop the next.
 set -u
@@ -51,6 +52,10 @@ for s in "$@"; do
         --out "$R/profile-vllm"
       "${CLI[@]}" trace compare "$R/profile-native" "$R/profile-vllm" >"$R/profile-compare.txt" 2>&1
       "${CLI[@]}" trace compare "$R/profile-native" "$R/profile-vllm" --json >"$R/profile-compare.json" 2>/dev/null ;;
+    cuda-tests) stage cuda-tests 300 python3 -m pytest -q -m cuda tests/test_cuda.py tests/test_kernels.py ;;
+    profile-dspark-graphs)  # vLLM's DSpark hung under nsys with graph nodes traced: the same with whole graphs
+      stage profile-vllm-dspark-graphs "${PROFILE_VLLM_S:-280}" "${CLI[@]}" profile --nsys --preset lean --backend vllm \
+        --device cuda --systems dspark --nsys-arg=--cuda-graph-trace=graph --out "$R/profile-vllm-dspark-graphs" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

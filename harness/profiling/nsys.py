@@ -75,7 +75,10 @@ def plan_flags(nsys: Path, preset: str, extra: list[str], help_text: str | None 
         except (OSError, ValueError):
             paranoid = None
     flags, dropped = [], []
-    args = PRESETS[preset] + [a.replace("--trace-fork=", "--trace-fork-before-exec=") for a in extra]
+    extra = [a.replace("--trace-fork=", "--trace-fork-before-exec=") for a in extra]
+    given = {a.split("=")[0] for a in extra if a.startswith("--") and "=" in a}
+    # a flag given again replaces the preset's (nsys would see both)
+    args = [a for a in PRESETS[preset] if not (a.startswith("--") and a.split("=")[0] in given)] + extra
     i = 0
     while i < len(args):
         arg = args[i]
