@@ -771,3 +771,4 @@ def test_demo_short_names_resolve_to_package_data(tiny_dir, monkeypatch, tmp_pat
     target = load_target("demo").model
     assert load_draft("demo-dspark", target).config.method == "dspark"
     assert load_draft("demo-dflash", target).config.method == "dflash"
+    assert load_draft("demo-eagle3", target).config.method == "eagle3"

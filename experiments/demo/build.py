@@ -68,7 +68,7 @@ from harness.specs.datasets import load as load_suite
 FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, window=512,
             pretrain_steps=3000, target_steps=1500, batch=16, max_answer=256, samples=12, continuations=5353,
             rephrasings=6, draft_layers=3, draft_intermediate=640, draft_steps=7500, draft_batch=64, anchors=128,
-            draft_source=True, eagle3_vocab=1024, eagle3_steps=400, eagle3_batch=8, eagle3_lr=1e-3,
+            draft_source=True, eagle3_vocab=1024, eagle3_steps=900, eagle3_batch=8, eagle3_lr=1e-3,
             eagle3_max_len=256)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
