@@ -3,7 +3,8 @@
 # copied to /tmp/vp, one a call). Usage, from the project root on the GPU machine:
 #   bash benchmarks/vllm026_h200/device.sh REVISION STAGE...
 # Stages: install, demo (the demo pair through vLLM against our engine, float32, parity), demo-bf16 (the
-# same at vLLM's defaults), bench (engine-bench --against vllm with batch sizes), serve (the vllm-server
+# same at vLLM's defaults), bench (engine-bench --against vllm with batch sizes), engine (engine-bench alone: its
+# default EAGLE-3 draft timed beside the block draft), serve (the vllm-server
 # sweep), profile (nsys of both engines, compared), profile-dspark-graphs (vLLM's DSpark under nsys with whole
 # graphs traced), cuda-tests (the CUDA-marked tests). Results go to /tmp/r (kept while the machine stays
 # warm) and, packed, to $OUT. Each stage runs under its own time limit (PROFILE_NATIVE_S, PROFILE_VLLM_S, SERVE_S
@@ -42,6 +43,7 @@ for s in "$@"; do
     demo-bf16) demo bfloat16 -bf16 ;;
     bench) stage bench 560 sh -c "python3 -m harness.cli engine-bench --skip-hf --repeats 20 --against vllm \
              --concurrency 1,4,16,32 --json > $R/engine_bench_vs_vllm.json" ;;
+    engine) stage engine 300 sh -c "python3 -m harness.cli engine-bench --skip-hf --repeats 20 --json > $R/engine_bench.json" ;;
     serve) stage serve "${SERVE_S:-300}" "${CLI[@]}" run --experiment demo --backend vllm-server --device cuda --systems plain,ngram,dspark \
              --split qualitative --num-prompts 32 --max-concurrency 1,4,16,32 --temperature 0 --output-len 128 \
              --ignore-eos --out "$R/serve" ;;
