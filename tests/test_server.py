@@ -277,3 +277,52 @@ def test_requests_at_a_rate_are_sent_on_the_gamma_schedule(external):
     sent = sorted(r["start_utc"] for r in records)
     assert [round(t - sent[0], 1) for t in sent] == pytest.approx([round(t, 1) for t in planned], abs=0.11)
     assert sent[-1] - sent[0] > 0.1  # spread over time, not all at once
+
+
+def _servers_of(pid: int) -> list[int]:
+    """Process ids of the vLLM API servers whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"vllm.entrypoints.openai.api_server" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not reaped
+
+
+@needs_server
+@needs_demo
+@pytest.mark.parametrize("when", ["starting", "serving"])
+def test_sigterm_stops_the_server_and_keeps_what_finished(tmp_path, when):
+    """`timeout` or a scheduler ends the run with SIGTERM: Ctrl-C's path (exit 130, the finished requests
+    kept), and the vLLM server it started stopped with it, whether it was still starting or serving."""
+    folder = tmp_path / "run"
+    args = [_script(), *ARGS, "--systems", "plain", "--backend", "vllm-server", "--out", folder]
+    proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=_env())
+    deadline, servers = time.time() + 600, []
+    while time.time() < deadline and proc.poll() is None:
+        servers = servers or _servers_of(proc.pid)
+        if servers and (when == "starting" or read_requests(folder)):
+            break
+        time.sleep(0.05)
+    assert servers and proc.poll() is None, proc.communicate()[1][-2000:]
+    kept = len(read_requests(folder))
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert all(_gone(pid) for pid in servers), servers
+    assert len(read_requests(folder)) >= kept >= (when == "serving")
+    if when == "serving":
+        assert f"dspark-bench run --resume {folder}" in " ".join(err.split())

@@ -72,13 +72,17 @@ def start(model: Path, engine_args: dict, log: Path, ready_s: float, env: dict |
                                 start_new_session=True)  # its own process group: stopped whole
     server = Server(proc, port, log, command)
     deadline = time.monotonic() + ready_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DSparkError(f"vllm serve exited ({proc.returncode}) before it was ready: {server.tail()} "
-                              f"(log: {log})")
-        if models(server.base_url) is not None:
-            return server
-        time.sleep(1.0)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise DSparkError(f"vllm serve exited ({proc.returncode}) before it was ready: {server.tail()} "
+                                  f"(log: {log})")
+            if models(server.base_url) is not None:
+                return server
+            time.sleep(1.0)
+    except BaseException:  # Ctrl-C or SIGTERM while it starts: no one else knows of it yet
+        stop(server)
+        raise
     stop(server)
     raise DSparkError(f"vllm serve was not ready after {ready_s:.0f} s: {server.tail()} (log: {log})")
 

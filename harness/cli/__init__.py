@@ -4,6 +4,7 @@ go to stdout, progress and notices to stderr."""
 from __future__ import annotations
 
 import re
+import signal
 import sys
 
 import typer
@@ -40,9 +41,17 @@ app.command("parity")(parity_command)
 app.add_typer(trace_app, name="trace")
 
 
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Every refusal is one line on stderr and exit code 2: our own (DSparkError) and click's usage errors
-    (a bad value, an unknown option), which click would print as three."""
+    (a bad value, an unknown option), which click would print as three. SIGTERM (`timeout`, a batch
+    scheduler) takes Ctrl-C's path: finished results kept, the vLLM servers and profilers this process
+    started stopped (left to run, a server holds its GPU memory after we are gone)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         code = app(standalone_mode=False, prog_name="dspark-bench")
         if code == 130:  # typer's own word for a Ctrl-C it caught

@@ -375,7 +375,7 @@ def write_summaries(folder: RunFolder) -> dict:
     if summary["rows"]:
         plot(summary, folder.path / "summary.png", caption)
         written.append("summary.png")
-    if summary["max_concurrency"] != [1]:
+    if summary["rows"] and summary["max_concurrency"] != [1]:
         plot_sweep(summary, folder.path / "concurrency.png", caption)
         written.append("concurrency.png")
     if (folder.path / WAVES).is_file():
