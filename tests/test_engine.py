@@ -75,6 +75,25 @@ def test_confidence_threshold_truncates_proposals():
     assert none.tokens == full.tokens[:30]
 
 
+def test_recorded_confidences_are_the_ones_the_threshold_cut_by():
+    """Each round records every slot's confidence (a probability); with a threshold, the round verified
+    exactly the slots before the first recorded confidence under it. Off, nothing is recorded."""
+    target, draft = random_pair()
+    prompt, n = _prompt(), draft.config.num_drafts
+    cut = Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(
+        max_new_tokens=60, temperature=0.0, confidence_threshold=0.5))
+    assert len(cut.draft_confidences) == cut.num_rounds and all(len(row) == n for row in cut.draft_confidences)
+    assert all(0.0 < c < 1.0 for row in cut.draft_confidences for c in row)
+    for row, proposed in zip(cut.draft_confidences, cut.proposal_lengths):
+        assert proposed == next((k for k, c in enumerate(row) if c < 0.5), n)
+    assert min(cut.proposal_lengths) < max(cut.proposal_lengths)  # the threshold really cut, by round
+    off = Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(
+        max_new_tokens=60, temperature=0.0, confidence_threshold=0.5, record_confidences=False))
+    assert off.draft_confidences == [] and off.tokens == cut.tokens and off.proposal_lengths == cut.proposal_lengths
+    dflash = random_pair(markov_rank=0, confidence=False)[1]
+    assert Engine(target, BlockDrafter(dflash)).generate(prompt, GenerationConfig(max_new_tokens=20)).draft_confidences == []
+
+
 def test_confidence_threshold_needs_a_confidence_head():
     target, draft = random_pair(markov_rank=0, confidence=False)
     with pytest.raises(DSparkError, match="confidence head"):

@@ -70,6 +70,10 @@ def test_readme_main_command(tmp_path):
     assert len(records) == 5 * 2 * 8  # systems x temperatures x prompts
     assert {r["category"] for r in records} == {"coding"}
     assert all(len(r["load_avg"]) == 2 for r in records)
+    for r in records:  # each DSpark round's slot confidences, recorded; no other system has a confidence head
+        confidences = r.get("draft_confidences")
+        assert (len(confidences) == r["num_rounds"] and {len(c) for c in confidences} == {7}) \
+            if r["system"] == "dspark" else confidences is None
     greedy = [r for r in records if r["temperature"] == 0 and r["system"] != "plain"]
     assert greedy and all(r["matches_baseline"] is True for r in greedy)  # every lossless system equals plain
     summary = json.loads((run_dir / "summary.json").read_text())

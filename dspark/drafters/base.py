@@ -16,6 +16,7 @@ class Drafter(Protocol):
     block_size: int  # proposal slots per round
     graphable: bool  # propose() is device work only, with no host decision
     margins: bool  # at T = 0, writes each slot's top-2 logit margin to `state.draft_margin` (for `parity`)
+    confidences: bool  # writes each slot's confidence head output to `state.confidence` (else 1s)
 
     def allocate(self, max_len: int) -> None: ...
 

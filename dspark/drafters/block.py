@@ -25,6 +25,7 @@ class BlockDrafter:
         self.method = cfg.method
         self.taps = cfg.target_layer_ids
         self.block_size = cfg.num_drafts
+        self.confidences = model.confidence_head is not None
         self.cache: KVCache | None = None
         device = model.fc.weight.device
         self._masks = torch.full((cfg.block_size - 1,), cfg.mask_token_id, dtype=torch.long, device=device)

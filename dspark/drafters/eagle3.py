@@ -31,6 +31,7 @@ from dspark.steps import DecodeState, scratch_positions, visible_len
 class Eagle3Drafter:
     method = "eagle3"
     graphable = True
+    confidences = False  # EAGLE-3 has no confidence head
 
     def __init__(self, model: Eagle3Draft, num_tokens: int | None = None, margins: bool = False):
         self.model = model

@@ -20,6 +20,7 @@ class NgramDrafter:
     taps: tuple[int, ...] = ()
     graphable = False
     margins = False  # its proposals are lookups, not arg-maxes
+    confidences = False
 
     def __init__(self, num_tokens: int = 7, min_ngram: int = 2, max_ngram: int = 4):
         self.block_size = num_tokens

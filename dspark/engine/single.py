@@ -33,6 +33,7 @@ class GenerationConfig:
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
     confidence_threshold: float = 0.0  # > 0: cut a proposal at the first slot whose confidence is below
+    record_confidences: bool = True  # keep each round's slot confidences (drafters with a confidence head)
 
 
 @dataclass
@@ -45,6 +46,9 @@ class GenerationResult:
     # with a drafter that records margins, at T = 0: per round, the top-2 logit margin of each slot up to
     # the first rejected one (the slots where another engine's proposal can first differ)
     draft_margins: list[list[float]] = field(default_factory=list)
+    # with a drafter that has a confidence head: per round, each slot's sigmoid(c_k), the head's estimate of
+    # P(slot k accepted | slots before it accepted), all slots (also those a threshold cut off)
+    draft_confidences: list[list[float]] = field(default_factory=list)
     stop_reason: str = "max_new_tokens"  # or "stop_token"
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -69,6 +73,7 @@ class GenerationResult:
             "proposal_lengths": self.proposal_lengths,
             "accepted_counts": self.accepted_counts,
             "draft_margins": self.draft_margins,
+            "draft_confidences": self.draft_confidences,
             "num_rounds": self.num_rounds,
             "acceptance_length": self.acceptance_length,
             "stop_reason": self.stop_reason,
@@ -238,6 +243,9 @@ class Engine:
         margins = self.drafter is not None and self.drafter.margins and cfg.temperature <= GREEDY_TEMPERATURE
         # kept on the device, one row per round, and read back once after the loop (no second sync per round)
         margin_log = torch.empty(cfg.max_new_tokens, self.drafter.block_size, device=self.device) if margins else None
+        confidences = self.drafter is not None and self.drafter.confidences and cfg.record_confidences
+        confidence_log = (torch.empty(cfg.max_new_tokens, self.drafter.block_size, device=self.device)
+                          if confidences else None)
         self._history[:] = prompt_ids + result.tokens
         timer = self._timer = StepTimer(self.device) if self.timing else None
         while len(result.tokens) < cfg.max_new_tokens and result.tokens[-1] not in stop:
@@ -260,6 +268,8 @@ class Engine:
             result.proposal_lengths.append(proposed)
             if margins:
                 margin_log[len(result.accepted_counts) - 1].copy_(state.draft_margin)
+            if confidences:
+                confidence_log[len(result.accepted_counts) - 1].copy_(state.confidence[0])
             result.acceptance_lengths.append(len(emitted))
             result.tokens.extend(emitted)
             self._history.extend(emitted)
@@ -267,6 +277,8 @@ class Engine:
             rows = margin_log[: result.num_rounds].tolist()
             result.draft_margins = [row[: min(a + 1, d)] for row, a, d in
                                     zip(rows, result.accepted_counts, result.proposal_lengths)]
+        if confidences:
+            result.draft_confidences = confidence_log[: result.num_rounds].tolist()
         if timer is not None:
             timer.next_round()
         synchronize(self.device)

@@ -5,8 +5,9 @@ never meets a missing column.
 
 - `load_runs(paths)`: `requests` (one row per request, failed ones flagged; drafted rounds and accepted
   drafts from the rounds or from the backend's totals), `rounds` (one row per verify round: drafts
-  proposed and accepted), `counts` (per request, or per served wave where only the server counted,
-  and draft position: rounds that proposed, reached and accepted it), `summary` (the summary rows),
+  proposed and accepted, each slot's confidence where the draft has a confidence head), `counts` (per
+  request, or per served wave where only the server counted, and draft position: rounds that proposed,
+  reached and accepted it), `summary` (the summary rows),
   `meta` (what produced each run: backend, device, target, split, categories, date, git revision) and
   `warnings` (each run's summary warnings: incomplete, failed requests, contention);
 - `positions(counts)`: per system, the joint and conditional acceptance of each draft position, with
@@ -37,7 +38,7 @@ KEY = ("run", *RUN_COLUMNS, "max_concurrency", "failed")
 REQUEST_COLUMNS = (*KEY, "prompt_tokens", "output_tokens", "ttft_ms", "tpot_ms", "e2el_ms", "num_rounds",
                    "matches_baseline", "spec_rounds", "spec_accepted", "acceptance_length", "acceptance_from",
                    "target_confidence")
-ROUND_COLUMNS = (*KEY, "round", "proposed", "accepted")
+ROUND_COLUMNS = (*KEY, "round", "proposed", "accepted", "confidences")
 COUNT_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", "position", "proposed", "reached",
                  "accepted")
 META_COLUMNS = ("run", "path", "backend", "device", "cpu", "cores", "target", "split", "categories", "systems",
@@ -147,8 +148,10 @@ def load_runs(paths: list[Path | str], progress=None) -> Runs:
             requests.append(base | {k: r.get(k) for k in REQUEST_COLUMNS if k not in base and k in r}
                             | {"spec_rounds": spec[0], "spec_accepted": spec[1], "acceptance_from": spec[2],
                                "acceptance_length": 1 + spec[1] / spec[0] if spec[0] else None})
+            confidences = r.get("draft_confidences") or []
             for i, (d, a) in enumerate(zip(proposed, accepted)):
-                rounds.append(base | {"round": i, "proposed": d, "accepted": a})
+                rounds.append(base | {"round": i, "proposed": d, "accepted": a,
+                                      "confidences": confidences[i] if i < len(confidences) else None})
         methods = {m["system"]: m["method"] for m in requests if m["run"] == label}
         for w in read_waves(path):  # a server's counters: per wave, not per request
             if w.get("wave") in counted_waves and w.get("spec_counters"):

@@ -60,6 +60,9 @@ class RequestResult:
     # at T = 0, where the backend knows them: per round, each slot's top-2 draft logit margin up to the first
     # rejected slot (how close a greedy draft was to another choice; `parity` tells numerics by it)
     draft_margins: list[list[float]] = field(default_factory=list)
+    # where the backend knows them: per round, each proposal slot's confidence (the draft's confidence head,
+    # sigmoid of its logit: P(slot accepted | the slots before it accepted)), all slots of the block
+    draft_confidences: list[list[float]] = field(default_factory=list)
     # where the round lists come from: "rounds" (the engine's own, every verify), "vllm per-step" (vLLM's
     # per-request lists, steps that proposed drafts), "vllm totals" (only its totals: `acceptance_totals`)
     acceptance_source: str | None = "rounds"

@@ -81,7 +81,8 @@ class NativeBackend:
         r = prepared.handle.generate(prompt, _config(spec))
         return RequestResult(tokens=r.tokens, prefill_s=r.prefill_s, decode_s=r.decode_s, stop_reason=r.stop_reason,
                              acceptance_lengths=r.acceptance_lengths, accepted_counts=r.accepted_counts,
-                             proposal_lengths=r.proposal_lengths, round_ms=r.round_ms, draft_margins=r.draft_margins)
+                             proposal_lengths=r.proposal_lengths, round_ms=r.round_ms, draft_margins=r.draft_margins,
+                             draft_confidences=r.draft_confidences)
 
     def generate_many(self, prepared: Prepared, prompts: list[list[int]], specs: list[RequestSpec],
                       schedule: Schedule, on_result: OnResult) -> dict:

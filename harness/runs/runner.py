@@ -357,6 +357,8 @@ def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float,
         "tpot_ms": (e2el - ttft) / (n - 1) if n > 1 and ttft is not None else None, "e2el_ms": e2el,
         "round_ms": result.round_ms,
         "draft_margins": [[float(f"{m:.4g}") for m in r] for r in result.draft_margins] or None,
+        # 7 digits: the logits behind them (what Sequential Temperature Scaling rescales) stay recoverable
+        "draft_confidences": [[float(f"{c:.7g}") for c in r] for r in result.draft_confidences] or None,
         "acceptance_source": result.acceptance_source if method != "plain" else None,
         "acceptance_totals": result.acceptance_totals, **result.extra,
         "matches_baseline": None, "time_utc": time.time(),
