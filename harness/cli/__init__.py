@@ -10,6 +10,7 @@ import sys
 import typer
 
 from dspark.errors import DSparkError
+from harness.cli.calibrate import calibrate as calibrate_command
 from harness.cli.engine_bench import engine_bench as engine_bench_command
 from harness.cli.generate import generate as generate_command
 from harness.cli.inspect import inspect as inspect_command
@@ -38,6 +39,7 @@ app.command("run")(run_command)
 app.command("report")(report_command)
 app.command("profile")(profile_command)
 app.command("parity")(parity_command)
+app.command("calibrate")(calibrate_command)
 app.add_typer(trace_app, name="trace")
 
 
