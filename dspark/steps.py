@@ -76,15 +76,17 @@ class TargetSteps:
         s.anchor.copy_(token)
         s.position.add_(1)
 
-    def verify(self, temperature: float) -> None:
-        """Target forward over [anchor, proposal] (all N+1 rows; rows past num_proposed are ignored later)."""
+    def verify(self, temperature: float, rows: int | None = None) -> None:
+        """Target forward over [anchor, proposal]: all N+1 rows, or the first `rows` when a policy cut the
+        proposal to rows - 1 slots (either way, rows past num_proposed are never read)."""
         s = self.state
-        ids = torch.cat((s.anchor, s.draft_tokens[0]))[None]
-        positions = (s.position + torch.arange(ids.shape[1], device=ids.device))[None]
+        ids = torch.cat((s.anchor, s.draft_tokens[0]))[None, :rows]
+        n = ids.shape[1]
+        positions = (s.position + torch.arange(n, device=ids.device))[None]
         hidden, feats = self.target(ids, positions, self.cache, visible_len(self.cache), self.taps)
-        s.target_probs.copy_(probs(self.target.logits(hidden), temperature))
+        s.target_probs[:, :n].copy_(probs(self.target.logits(hidden), temperature))
         if feats is not None:
-            s.verify_feats.copy_(feats)
+            s.verify_feats[:, :n].copy_(feats)
 
     def accept(self) -> None:
         """Acceptance, residual or bonus sampling, and the move to the next anchor."""

@@ -56,15 +56,19 @@ def _cuda_cases():
     }
 
 
-@pytest.mark.parametrize("case,threshold", [(c, 0.0) for c in ("dspark", "dspark-random", "dflash-fill-in", "eagle3",
-                                                                   "eagle3-qwen3-reduced", "ngram", "plain")]
-                         + [("dspark", 0.5), ("dspark-random", 0.5)])
-def test_graph_path_equals_eager_path(case, threshold):
+SCHEDULE = {"confidence_schedule": (1.0, 1.3, 1.6, 1.9, 2.2, 2.5)}  # the pairs' 5 slots: cuts some rounds
+
+
+@pytest.mark.parametrize("case,policy", [(c, {}) for c in ("dspark", "dspark-random", "dflash-fill-in", "eagle3",
+                                                            "eagle3-qwen3-reduced", "ngram", "plain")]
+                         + [("dspark", {"confidence_threshold": 0.5}), ("dspark-random", {"confidence_threshold": 0.5}),
+                            ("dspark-random", SCHEDULE)])
+def test_graph_path_equals_eager_path(case, policy):
     target, draft = _cuda_cases().get(case, lambda: bigram_pair(dtype=torch.bfloat16))()
     target, draft = target.cuda(), draft.cuda()
     vocab = target.config.backbone.vocab_size  # 64, or 16 for the EAGLE-3 pair
     prompt = (torch.randint(0, vocab - 1, (12,), generator=torch.Generator().manual_seed(0)).tolist() * 3)[:40]
-    cfg = GenerationConfig(max_new_tokens=96, temperature=0.0, confidence_threshold=threshold)
+    cfg = GenerationConfig(max_new_tokens=96, temperature=0.0, **policy)
     runs = []
     for graphs in (False, True):
         drafter = NgramDrafter() if case == "ngram" else None if case == "plain" else drafter_for(draft, margins=True)
@@ -77,6 +81,9 @@ def test_graph_path_equals_eager_path(case, threshold):
     assert graphed.acceptance_lengths == eager.acceptance_lengths
     assert graphed.proposal_lengths == eager.proposal_lengths
     assert graphed.draft_margins == eager.draft_margins  # (recorded inside the draft's graph)
+    assert graphed.draft_confidences == eager.draft_confidences
+    if "confidence_schedule" in policy:  # the scheduler really cut: verify ran over fewer rows, from their graphs
+        assert len(set(eager.proposal_lengths)) > 1
 
 
 def test_graph_path_is_lossless():

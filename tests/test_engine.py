@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from pairs import bigram_pair, random_pair
@@ -92,6 +94,46 @@ def test_recorded_confidences_are_the_ones_the_threshold_cut_by():
     assert off.draft_confidences == [] and off.tokens == cut.tokens and off.proposal_lengths == cut.proposal_lengths
     dflash = random_pair(markov_rank=0, confidence=False)[1]
     assert Engine(target, BlockDrafter(dflash)).generate(prompt, GenerationConfig(max_new_tokens=20)).draft_confidences == []
+
+
+def test_the_scheduler_picks_the_prefix_with_the_most_tokens_per_cost():
+    from dspark.schedule import ProposalCut, scheduled_length
+
+    logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+    logits = torch.tensor([logit(0.9), logit(0.5), logit(0.2)])
+    # survivals 0.9, 0.45, 0.09: expected tokens 1, 1.9, 2.35, 2.44 for l = 0..3
+    assert scheduled_length(logits, None, torch.tensor([1.0, 1.0, 1.0, 1.0])).item() == 3  # flat cost: all
+    assert scheduled_length(logits, None, torch.tensor([1.0, 1.1, 1.3, 1.5])).item() == 2  # 1.73, 1.81, 1.63
+    assert scheduled_length(logits, None, torch.tensor([1.0, 2.0, 3.0, 4.0])).item() == 0  # 1, 0.95, ...
+    # T = 2 on slot 1 lowers its confidence to sigmoid(logit(0.9) / 2) = 0.75: survivals 0.75, 0.375, 0.075,
+    # expected 1, 1.75, 2.125, 2.2; against costs 1, 1.8, 2.3, 2.3 that is 1, 0.97, 0.92, 0.96 (unscaled: 1.06 at 3)
+    costs = torch.tensor([1.0, 1.8, 2.3, 2.3])
+    assert scheduled_length(logits, None, costs).item() == 3
+    assert scheduled_length(logits, torch.tensor([2.0, 1.0, 1.0]), costs).item() == 0
+    assert ProposalCut(costs=torch.ones(4)).cuts and ProposalCut(threshold=0.3).cuts and not ProposalCut().cuts
+    assert ProposalCut(threshold=0.6).length(logits).item() == 1 and ProposalCut().length(logits).item() == 3
+
+
+def test_scheduled_proposals_keep_greedy_output_and_verify_fewer_rows():
+    target, draft = random_pair()
+    prompt, n = _prompt(), draft.config.num_drafts
+    costs = tuple(1.0 + 0.35 * k for k in range(n + 1))  # each verified draft costs a third of a round more
+    full = Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(max_new_tokens=60))
+    engine = Engine(target, BlockDrafter(draft))
+    cut = engine.generate(prompt, GenerationConfig(max_new_tokens=60, confidence_schedule=costs))
+    assert cut.tokens == full.tokens and len(set(cut.proposal_lengths)) > 1
+    for row, proposed in zip(cut.draft_confidences, cut.proposal_lengths):  # the choice the scheduler had to make
+        survival, expected = 1.0, [1.0]
+        for c in row:
+            survival *= c
+            expected.append(expected[-1] + survival)
+        rates = [e / c for e, c in zip(expected, costs)]
+        assert rates[proposed] == pytest.approx(max(rates), rel=1e-5)
+    with pytest.raises(DSparkError, match="give 6 positive costs"):
+        engine.generate(prompt, GenerationConfig(max_new_tokens=8, confidence_schedule=(1.0, 2.0)))
+    with pytest.raises(DSparkError, match="STS temperatures"):
+        engine.generate(prompt, GenerationConfig(max_new_tokens=8, confidence_schedule=costs,
+                                                 confidence_temperatures=(1.0,)))
 
 
 def test_confidence_threshold_needs_a_confidence_head():

@@ -89,13 +89,14 @@ def exact_joint(target, prompt: list[int], temperature: float) -> torch.Tensor:
     return joint.view(VOCAB, VOCAB, VOCAB, VOCAB).sum(0)
 
 
-def sampled_joint(engine: Engine, temperature: float, threshold: float, n_samples: int):
-    """Counts of (x1, x2, x3) over seeds 0..n-1, with every round's acceptance and proposal length."""
+def sampled_joint(engine: Engine, temperature: float, threshold: float, n_samples: int, schedule: tuple = ()):
+    """Counts of (x1, x2, x3) over seeds 0..n-1, with every round's acceptance and proposal length (a
+    threshold or a scheduler's cost table cutting the proposals)."""
     counts = torch.zeros(VOCAB**3, dtype=torch.long)
     lengths, proposed = [], []
     for seed in range(n_samples):
         r = engine.generate(PROMPT, GenerationConfig(max_new_tokens=4, temperature=temperature, seed=seed,
-                                                     confidence_threshold=threshold))
+                                                     confidence_threshold=threshold, confidence_schedule=schedule))
         x1, x2, x3 = r.tokens[1:4]
         counts[(x1 * VOCAB + x2) * VOCAB + x3] += 1
         lengths += r.acceptance_lengths
@@ -129,15 +130,19 @@ def median_confidence(target, draft, temperature: float) -> float:
     return float(torch.tensor(drafter.confidences).median())
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("kind", ["close", "far"])
-@pytest.mark.parametrize("truncate", [False, True])
+@pytest.mark.parametrize("truncate,temperature", [(None, 1.0), (None, 0.7), ("threshold", 1.0), ("threshold", 0.7),
+                                                  ("schedule", 1.0)])
 def test_engine_samples_the_target_distribution(temperature, kind, truncate):
+    """With every proposal length policy: all slots, DeepSpec's threshold, the prefix scheduler (costs 1,
+    1 + m, 1 + m + m^2 for m the median confidence: each length wins when the survivals sit above or below m)."""
     target, draft = _pair(kind)
-    threshold = median_confidence(target, draft, temperature) if truncate else 0.0
+    median = median_confidence(target, draft, temperature) if truncate else 0.0
+    threshold = median if truncate == "threshold" else 0.0
+    schedule = (1.0, 1.0 + median, 1.0 + median + median**2) if truncate == "schedule" else ()
     drafter = RecordingDrafter(draft)
     engine = Engine(target, drafter)
-    counts, lengths, proposed = sampled_joint(engine, temperature, threshold, N_SAMPLES)
+    counts, lengths, proposed = sampled_joint(engine, temperature, threshold, N_SAMPLES, schedule)
     expected = exact_joint(target, PROMPT, temperature)
     assert chi_square_p(counts, expected) > PASS_P
     mean_len = sum(lengths) / len(lengths)

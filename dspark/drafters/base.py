@@ -7,6 +7,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from dspark.schedule import ProposalCut
 from dspark.steps import DecodeState
 
 
@@ -16,12 +17,13 @@ class Drafter(Protocol):
     block_size: int  # proposal slots per round
     graphable: bool  # propose() is device work only, with no host decision
     margins: bool  # at T = 0, writes each slot's top-2 logit margin to `state.draft_margin` (for `parity`)
-    confidences: bool  # writes each slot's confidence head output to `state.confidence` (else 1s)
+    has_confidence: bool  # writes each slot's confidence head output to `state.confidence` (else 1s)
 
     def allocate(self, max_len: int) -> None: ...
 
     def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None: ...
 
-    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
+    def propose(self, state: DecodeState, temperature: float, cut: ProposalCut, generator: torch.Generator,
                 history: list[int]) -> None:
-        """Write the proposal following `state.anchor` (`history`: all committed ids, the anchor last)."""
+        """Write the proposal following `state.anchor` (`history`: all committed ids, the anchor last) and how
+        many of its slots to verify (`cut`: drafters with a confidence head cut by it, others verify all)."""

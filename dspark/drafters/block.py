@@ -10,6 +10,7 @@ from dspark import kernels
 from dspark.draft import DraftModel
 from dspark.layers import KVCache
 from dspark.sampling import GREEDY_TEMPERATURE, draw, race_noise, top2_margin
+from dspark.schedule import ProposalCut
 from dspark.steps import DecodeState, scratch_positions, visible_len
 
 
@@ -25,7 +26,7 @@ class BlockDrafter:
         self.method = cfg.method
         self.taps = cfg.target_layer_ids
         self.block_size = cfg.num_drafts
-        self.confidences = model.confidence_head is not None
+        self.has_confidence = model.confidence_head is not None
         self.cache: KVCache | None = None
         device = model.fc.weight.device
         self._masks = torch.full((cfg.block_size - 1,), cfg.mask_token_id, dtype=torch.long, device=device)
@@ -40,7 +41,7 @@ class BlockDrafter:
         self.model.add_context(prompt_feats, torch.arange(n, device=prompt_feats.device)[None], self.cache)
         state.pending_count.zero_()
 
-    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
+    def propose(self, state: DecodeState, temperature: float, cut: ProposalCut, generator: torch.Generator,
                 history: list[int]) -> None:
         """The whole draft step: pending context rows in, block forward, slot sampling, proposal out."""
         model, cfg = self.model, self.model.config
@@ -54,7 +55,7 @@ class BlockDrafter:
         logits = model.base_logits(hidden)  # [n, Vd]
         if model.markov_head is None:
             draft_ids, q = draw(logits, temperature, generator, with_probs=True)
-            conf = torch.sigmoid(model.confidence_head(hidden, None)) if model.confidence_head else None
+            conf = model.confidence_head(hidden, None) if model.confidence_head else None
         else:
             q, draft_ids, conf, logits = self._markov_sample(hidden, logits, state.anchor, temperature, generator)
         if self.margins and temperature <= GREEDY_TEMPERATURE:  # the logits each greedy slot took its arg-max of
@@ -69,15 +70,13 @@ class BlockDrafter:
             state.confidence.fill_(1.0)
             state.num_proposed.fill_(n)
             return
-        state.confidence[0].copy_(conf)
-        below = conf < threshold  # cut at the first slot whose confidence is under the threshold
-        first = torch.where(below.any(), below.int().argmax(), n)
-        state.num_proposed.copy_(first.view(1))
+        state.confidence[0].copy_(torch.sigmoid(conf))
+        state.num_proposed.copy_(cut.length(conf))
 
     def _markov_sample(self, hidden: Tensor, logits: Tensor, anchor: Tensor, temperature: float,
                        generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         """Left to right: slot k's logits get the bias of the token sampled at slot k-1 (the anchor for k=0).
-        Returns (q, the drafts, their confidence, the corrected logits).
+        Returns (q, the drafts, their confidence logits, the corrected logits).
 
         Only the sampling is sequential (the race on the corrected logits, noise drawn for all slots at
         once); the distributions q are formed afterwards for all slots at once. The vanilla head runs
@@ -103,5 +102,5 @@ class BlockDrafter:
         conf = None
         if self.model.confidence_head is not None:  # slot k sees h_k and x_{k-1}, never x_k: batched after the loop
             e = head.markov_w1(prevs) if self.model.config.confidence_head_with_markov else None
-            conf = torch.sigmoid(self.model.confidence_head(hidden, e))
+            conf = self.model.confidence_head(hidden, e)
         return q, ids, conf, corrected

@@ -25,13 +25,14 @@ from torch import Tensor
 from dspark.eagle3 import Eagle3Draft
 from dspark.layers import KVCache
 from dspark.sampling import GREEDY_TEMPERATURE, draw, top2_margin
+from dspark.schedule import ProposalCut
 from dspark.steps import DecodeState, scratch_positions, visible_len
 
 
 class Eagle3Drafter:
     method = "eagle3"
     graphable = True
-    confidences = False  # EAGLE-3 has no confidence head
+    has_confidence = False  # EAGLE-3 has no confidence head
 
     def __init__(self, model: Eagle3Draft, num_tokens: int | None = None, margins: bool = False):
         self.model = model
@@ -59,7 +60,7 @@ class Eagle3Drafter:
         state.pending_start.fill_(n - 1)
         state.pending_count.fill_(1)
 
-    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
+    def propose(self, state: DecodeState, temperature: float, cut: ProposalCut, generator: torch.Generator,
                 history: list[int]) -> None:
         """The committed rows through the layer, then the chain: `block_size` drafts and their distributions."""
         model, w = self.model, self._width

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dspark.schedule import ProposalCut
 from dspark.steps import DecodeState
 
 
@@ -20,7 +21,7 @@ class NgramDrafter:
     taps: tuple[int, ...] = ()
     graphable = False
     margins = False  # its proposals are lookups, not arg-maxes
-    confidences = False
+    has_confidence = False
 
     def __init__(self, num_tokens: int = 7, min_ngram: int = 2, max_ngram: int = 4):
         self.block_size = num_tokens
@@ -40,7 +41,7 @@ class NgramDrafter:
                     return history[i + n : i + n + self.block_size]
         return []
 
-    def propose(self, state: DecodeState, temperature: float, threshold: float, generator: torch.Generator,
+    def propose(self, state: DecodeState, temperature: float, cut: ProposalCut, generator: torch.Generator,
                 history: list[int]) -> None:
         found = self.lookup(history)
         tokens = torch.zeros(1, self.block_size, dtype=torch.long)

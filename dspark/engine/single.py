@@ -22,6 +22,7 @@ from dspark.engine.timing import StepTimer, synchronize
 from dspark.errors import DSparkError
 from dspark.profiling import Ranges
 from dspark.sampling import GREEDY_TEMPERATURE, Streams, draw
+from dspark.schedule import ProposalCut
 from dspark.steps import DecodeState, TargetSteps
 from dspark.target import Qwen3Target
 
@@ -34,6 +35,10 @@ class GenerationConfig:
     stop_token_ids: tuple[int, ...] = ()
     confidence_threshold: float = 0.0  # > 0: cut a proposal at the first slot whose confidence is below
     record_confidences: bool = True  # keep each round's slot confidences (drafters with a confidence head)
+    # the prefix scheduler (`dspark.schedule`): the cost of a round verifying l = 0..N drafts (any unit), and the
+    # confidence logits' STS temperatures (N; empty: 1); a non-empty cost table turns it on
+    confidence_schedule: tuple[float, ...] = ()
+    confidence_temperatures: tuple[float, ...] = ()
 
 
 @dataclass
@@ -111,6 +116,7 @@ class Engine:
         self._timer: StepTimer | None = None
         self._history: list[int] = [0]  # the request's committed ids, the anchor last (the n-gram drafter reads it)
         self._bound_cfg: GenerationConfig | None = None
+        self._bound_cut = ProposalCut()
         self._bound: dict[Step, tuple[tuple, Callable[[], None], bool]] = {}
         self.max_len = 0
         self.cache = self.state = self._target_steps = None
@@ -159,16 +165,28 @@ class Engine:
         """Step -> (graph key, its work under `cfg`, graphable); kept until another config comes.
         The work reads the engine's buffers when it runs, so it outlives a reallocation."""
         if cfg is not self._bound_cfg:
-            t, c = cfg.temperature, cfg.confidence_threshold
+            t, cut = cfg.temperature, self._cut(cfg)
             work = {DECODE: (lambda: self._target_steps.ar_decode(t), True),
                     VERIFY: (lambda: self._target_steps.verify(t), True),
                     ACCEPT: (lambda: self._target_steps.accept(), True)}
             if self.drafter is not None:
-                work[self._propose] = (lambda: self.drafter.propose(self.state, t, c, self.streams.draft,
+                work[self._propose] = (lambda: self.drafter.propose(self.state, t, cut, self.streams.draft,
                                                                     self._history), self.drafter.graphable)
-            self._bound = {step: (step.graph_key(cfg), *work[step]) for step in self.steps}
-            self._bound_cfg = cfg
+            steps = list(self.steps)
+            if self.drafter is not None and cut.cuts:  # verify over 1..N rows too, each its own graph
+                for rows in range(1, self.drafter.block_size + 1):
+                    steps.append(VERIFY.over(rows))
+                    work[steps[-1]] = ((lambda r: lambda: self._target_steps.verify(t, r))(rows), True)
+            self._bound = {step: (step.graph_key(cfg), *work[step]) for step in steps}
+            self._bound_cfg, self._bound_cut = cfg, cut
         return self._bound
+
+    def _cut(self, cfg: GenerationConfig) -> ProposalCut:
+        """The config's proposal-length policy, its tables on the device (kept while the config is bound)."""
+        def table(values: tuple[float, ...]) -> torch.Tensor | None:
+            return torch.tensor(values, dtype=torch.float32, device=self.device) if values else None
+
+        return ProposalCut(cfg.confidence_threshold, table(cfg.confidence_schedule), table(cfg.confidence_temperatures))
 
     @torch.inference_mode()
     def warmup(self, max_len: int, cfg: GenerationConfig) -> None:
@@ -186,7 +204,8 @@ class Engine:
                 self._runner.capture(key, fn)
 
     def run_step(self, step: Step, cfg: GenerationConfig) -> None:
-        """Run one of `steps` under `cfg` inside its NVTX range: its graph's replay when one was captured,
+        """Run one of `steps` (or, under a policy that cuts proposals, `VERIFY.over(rows)`) under `cfg` inside
+        its NVTX range: its graph's replay when one was captured,
         else the step itself (timed while `generate` times). Call `warmup` (or `generate`) first; the
         step moves `state` on, so a benchmark resets what it needs between runs."""
         try:
@@ -207,10 +226,18 @@ class Engine:
             raise DSparkError("the prompt is empty; give at least one token")
         if cfg.max_new_tokens < 1:
             raise DSparkError(f"max_new_tokens is {cfg.max_new_tokens}; it must be at least 1")
-        if (cfg.confidence_threshold > 0 and self.drafter is not None
-                and getattr(getattr(self.drafter, "model", None), "confidence_head", None) is None):
-            raise DSparkError(f"--confidence-threshold needs a draft with a confidence head; "
+        policy = cfg.confidence_threshold > 0 or cfg.confidence_schedule
+        if policy and self.drafter is not None and not self.drafter.has_confidence:
+            raise DSparkError(f"a confidence policy (threshold or schedule) needs a draft with a confidence head; "
                               f"the {self.method} drafter has none")
+        n = self.drafter.block_size if self.drafter is not None else 0
+        if cfg.confidence_schedule and (len(cfg.confidence_schedule) != n + 1 or min(cfg.confidence_schedule) <= 0):
+            raise DSparkError(f"the schedule's cost table has {len(cfg.confidence_schedule)} entries; give {n + 1} "
+                              f"positive costs, one per number of drafts verified (0 to {n})")
+        if cfg.confidence_temperatures and (len(cfg.confidence_temperatures) != n
+                                            or min(cfg.confidence_temperatures) <= 0):
+            raise DSparkError(f"{len(cfg.confidence_temperatures)} STS temperatures for {n} draft slots; give {n} "
+                              "positive ones (dspark-bench calibrate --fit-sts writes them)")
         n, limit = len(prompt_ids), self.target.config.max_position_embeddings
         if n + cfg.max_new_tokens > limit:
             raise DSparkError(f"prompt ({n}) + max_new_tokens ({cfg.max_new_tokens}) exceeds the target's "
@@ -243,7 +270,7 @@ class Engine:
         margins = self.drafter is not None and self.drafter.margins and cfg.temperature <= GREEDY_TEMPERATURE
         # kept on the device, one row per round, and read back once after the loop (no second sync per round)
         margin_log = torch.empty(cfg.max_new_tokens, self.drafter.block_size, device=self.device) if margins else None
-        confidences = self.drafter is not None and self.drafter.confidences and cfg.record_confidences
+        confidences = self.drafter is not None and self.drafter.has_confidence and cfg.record_confidences
         confidence_log = (torch.empty(cfg.max_new_tokens, self.drafter.block_size, device=self.device)
                           if confidences else None)
         self._history[:] = prompt_ids + result.tokens
@@ -256,7 +283,11 @@ class Engine:
                 result.tokens.append(int(state.anchor))
                 continue
             self.run_step(self._propose, cfg)
-            self.run_step(VERIFY, cfg)
+            verify = VERIFY
+            if self._bound_cut.cuts:  # verify only the slots that count: the host reads how many (a second sync)
+                proposed = int(state.num_proposed)
+                verify = VERIFY.over(proposed + 1) if proposed < self.drafter.block_size else VERIFY
+            self.run_step(verify, cfg)
             self.run_step(ACCEPT, cfg)
             out = state.round_out.tolist()  # the round's one host-device synchronisation
             accepted, proposed, emitted = out[0], out[1], out[2 : 3 + out[0]]  # the accepted drafts, the next token

@@ -213,6 +213,15 @@ def _where(diff: int | str) -> str:
     return f"from token {diff}" if diff != "text" else "in their text (a server returned no token ids)"
 
 
+def _policy(manifest: dict, system: str) -> str:
+    """The system's proposal-length policy as the run recorded it ("off" for runs from before policies)."""
+    found = next((s for s in (manifest.get("experiment") or {}).get("systems") or [] if s.get("name") == system), {})
+    policy = found.get("confidence") or ("threshold:%g" % found["confidence_threshold"]
+                                         if found.get("confidence_threshold") else "off")
+    extra = [f"{k}={found[k]}" for k in ("confidence_costs", "confidence_temperatures") if found.get(k)]
+    return policy + (f" ({', '.join(extra)})" if extra else "")
+
+
 def parity(dir_a: Path, dir_b: Path) -> dict:
     """The comparison of two run folders, A and B, as data (see the module's docstring)."""
     (ma, ra), (mb, rb) = load_run(dir_a), load_run(dir_b)
@@ -226,6 +235,11 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
     same_engine = (runs[0]["backend"], runs[0]["version"]) == (runs[1]["backend"], runs[1]["version"])
     out = {"runs": runs, "native": native, "float_error": tol, "groups": [], "same_engine": same_engine,
            "only_in": [sorted({k[:3] for k in index[i]} - set(groups)) for i in (0, 1)]}
+    for system in dict.fromkeys(g[0] for g in groups):
+        policies = [_policy(m, system) for m in (ma, mb)]
+        if policies[0] != policies[1]:
+            raise DSparkError(f"system '{system}' ran with confidence {policies[0]} in {dir_a} and {policies[1]} in "
+                              f"{dir_b}; parity compares runs of the same proposal-length policy")
     for system, temp, conc in groups:
         keys = sorted(k for k in index[0] if k[:3] == (system, temp, conc) and k in index[1])
         if not keys:  # the same system and temperature, but no prompt in common

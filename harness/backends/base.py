@@ -41,6 +41,8 @@ class RequestSpec:
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
     confidence_threshold: float = 0.0
+    confidence_schedule: tuple[float, ...] = ()  # the prefix scheduler's cost table (empty: off, or measured)
+    confidence_temperatures: tuple[float, ...] = ()
     messages: tuple[dict, ...] = ()  # the conversation the prompt ids were made of (what a chat server is sent)
 
 

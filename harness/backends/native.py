@@ -23,7 +23,9 @@ from harness.specs.experiments import System
 
 def _config(spec: RequestSpec) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
-                            stop_token_ids=spec.stop_token_ids, confidence_threshold=spec.confidence_threshold)
+                            stop_token_ids=spec.stop_token_ids, confidence_threshold=spec.confidence_threshold,
+                            confidence_schedule=spec.confidence_schedule,
+                            confidence_temperatures=spec.confidence_temperatures)
 
 
 class NativeBackend:
@@ -39,6 +41,7 @@ class NativeBackend:
         self.loaded: LoadedTarget = load_target(target, device, dtype, revision)
         self.device = device
         self.margins = margins  # greedy drafts' top-2 margins recorded per round (`parity`), at a small cost
+        self.costs: dict[str, list[float]] = {}  # system -> the scheduler's cost table, measured at start
 
     @property
     def tokenizer_path(self) -> Path:
@@ -57,7 +60,7 @@ class NativeBackend:
 
     def record(self) -> dict:
         return {"engine": "dspark (this package)", "cuda_graphs": self.device.startswith("cuda"),
-                "step_timing": True}
+                "step_timing": True} | ({"schedule_costs_ms": self.costs} if self.costs else {})
 
     def prepare(self, system: System) -> Prepared:
         drafter, method, cfg = make_drafter(system.method, system.draft, self.loaded.model,
@@ -69,16 +72,30 @@ class NativeBackend:
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
         """Caches for the longest request and graph capture, then one short request, all untimed."""
-        cfg = _config(spec)
+        cfg = self._config(prepared, spec)
         prepared.handle.warmup(max_len, cfg)
         prepared.handle.generate(prompt, replace(cfg, max_new_tokens=min(16, cfg.max_new_tokens)))
+        system = prepared.system
+        if system.confidence == "schedule" and not system.confidence_costs and system.name not in self.costs:
+            from harness.microbench.round_costs import round_costs
+
+            self.costs[system.name] = [float(f"{c:.4g}") for c in round_costs(prepared.handle, cfg)]
+            prepared.handle.warmup(max_len, self._config(prepared, spec))  # its graphs, under the measured table
+
+    def _config(self, prepared: Prepared, spec: RequestSpec) -> GenerationConfig:
+        """The request's settings; a schedule without a cost table takes the one measured at start."""
+        cfg = _config(spec)
+        costs = self.costs.get(prepared.system.name)
+        if prepared.system.confidence == "schedule" and not cfg.confidence_schedule:
+            cfg = replace(cfg, confidence_schedule=tuple(costs) if costs else ())
+        return cfg
 
     def capture(self, kind: str | None, run_dir: Path):
         """The capture window around a profiled run's timed requests, in this process."""
         return capture_window(kind, run_dir, self.device)
 
     def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult:
-        r = prepared.handle.generate(prompt, _config(spec))
+        r = prepared.handle.generate(prompt, self._config(prepared, spec))
         return RequestResult(tokens=r.tokens, prefill_s=r.prefill_s, decode_s=r.decode_s, stop_reason=r.stop_reason,
                              acceptance_lengths=r.acceptance_lengths, accepted_counts=r.accepted_counts,
                              proposal_lengths=r.proposal_lengths, round_ms=r.round_ms, draft_margins=r.draft_margins,

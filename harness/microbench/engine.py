@@ -161,7 +161,12 @@ def run_engine_bench(args: BenchArgs) -> dict:
     for rows in (8, 16):
         out[f"verify{rows}_ms"] = measure_verify(target, dcfg.target_layer_ids, prompt, rows, reps)
     out["verify8_over_decode"] = out["verify8_ms"] / out["decode_ms"]
-    out |= measure_speculative(target, draft, prompt, reps)
+    timer = SpeculativeTimer(target, draft, prompt)
+    out |= timer.measure(reps)
+    if getattr(draft, "confidence_head", None) is not None:  # the prefix scheduler's cost table at these shapes
+        from harness.microbench.round_costs import round_costs
+
+        out["round_by_verified_ms"] = round_costs(timer.engine, timer.cfg, reps)
     out["draft_over_decode"] = out["draft_ms"] / out["decode_ms"]
     out["round_over_decode"] = out["round_ms"] / out["decode_ms"]
     out["draft_step_bytes"] = draft_step_bytes(target, draft)

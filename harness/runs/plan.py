@@ -153,6 +153,11 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
             raise DSparkError(f"--record-margins records our engine's draft margins; the {backend} backend has none "
                               "to give (record them on the native run you compare against)")
         settings["record_margins"] = True
+    policies = [s for s in systems if exp.system(s).confidence != "off"]
+    if policies and backend != "native":
+        raise DSparkError(f"system '{policies[0]}' sets confidence = \"{exp.system(policies[0]).confidence}\", which our "
+                          f"engine runs; the {backend} backend verifies every draft (drop the system with --systems, "
+                          "or run it on --backend native)")
     return settings
 
 

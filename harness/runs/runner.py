@@ -223,6 +223,8 @@ class Session:
         return RequestSpec(max_new_tokens=self.settings["output_len"], temperature=temp, seed=seed,
                            stop_token_ids=() if self.settings["ignore_eos"] else self.backend.stop_token_ids,
                            confidence_threshold=self.prepared[name].system.confidence_threshold,
+                           confidence_schedule=self.prepared[name].system.confidence_costs,
+                           confidence_temperatures=self.prepared[name].system.confidence_temperatures,
                            messages=tuple(messages))
 
     def warm(self, name: str, temp: float) -> None:

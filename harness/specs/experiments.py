@@ -8,6 +8,7 @@ TOML file is given by path. See `experiments/demo.toml` for every key.
 from __future__ import annotations
 
 import hashlib
+import json
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -26,7 +27,52 @@ class System:
     method: str  # what the system is expected to run: plain decoding, a DSpark, DFlash or EAGLE-3 draft, n-gram lookup
     draft: str | None = None
     num_speculative_tokens: int | None = None
+    # how many drafts a round verifies (`confidence` in the TOML): all ("off"), DeepSpec's fixed threshold
+    # ("threshold:0.x"), or the prefix scheduler ("schedule", with `confidence_costs`, the cost of a round that
+    # verifies 0..N drafts, measured at start when absent, and `confidence_sts`, temperatures from calibrate)
+    confidence: str = "off"
     confidence_threshold: float = 0.0
+    confidence_costs: tuple[float, ...] = ()
+    confidence_temperatures: tuple[float, ...] = ()
+
+
+def _confidence(raw: dict, who: str, where: str) -> dict:
+    """The system's proposal-length policy from `confidence` (or the older `confidence_threshold`)."""
+    policy = str(raw.get("confidence", "off"))
+    threshold = raw.get("confidence_threshold")
+    if threshold is not None:
+        if "confidence" in raw:
+            raise DSparkError(f"{who}: give confidence = \"threshold:{threshold}\" or confidence_threshold, not both")
+        policy = f"threshold:{threshold}" if float(threshold) > 0 else "off"
+    out = {"confidence": policy}
+    if policy.startswith("threshold:"):
+        try:
+            out["confidence_threshold"] = float(policy.split(":", 1)[1])
+        except ValueError:
+            out["confidence_threshold"] = -1.0
+        if not 0 < out["confidence_threshold"] <= 1:
+            raise DSparkError(f"{who}: confidence '{policy}': the threshold must be a number in (0, 1], "
+                              "e.g. threshold:0.5")
+    elif policy == "schedule":
+        costs = raw.get("confidence_costs", [])
+        if not isinstance(costs, list) or not all(isinstance(c, (int, float)) and c > 0 for c in costs):
+            raise DSparkError(f"{who}: confidence_costs must be a list of positive numbers, the cost of a round that "
+                              "verifies 0, 1, ... N drafts (leave it out to measure them at start)")
+        out["confidence_costs"] = tuple(float(c) for c in costs)
+        sts = raw.get("confidence_sts")
+        if sts is not None:
+            path = Path(where).parent / sts if not Path(sts).is_absolute() and Path(where).is_file() else Path(sts)
+            try:
+                temps = json.loads(path.read_text())["temperatures"]
+            except (OSError, ValueError, KeyError, TypeError):
+                raise DSparkError(f"{who}: confidence_sts {sts}: not a file written by dspark-bench calibrate "
+                                  "--fit-sts") from None
+            out["confidence_temperatures"] = tuple(float(t) for t in temps)
+    elif policy != "off":
+        raise DSparkError(f"{who}: confidence '{policy}' must be off, threshold:0.x or schedule")
+    if policy != "schedule" and ("confidence_costs" in raw or "confidence_sts" in raw):
+        raise DSparkError(f"{who}: confidence_costs and confidence_sts belong to confidence = \"schedule\"")
+    return out
 
 
 @dataclass(frozen=True)
@@ -120,7 +166,7 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
         k = raw.get("num_speculative_tokens")
         if k is not None and (not isinstance(k, int) or k < 1):
             raise DSparkError(f"{where}: system '{sname}': num_speculative_tokens must be a positive integer")
-        systems.append(System(sname, method, draft, k, float(raw.get("confidence_threshold", 0.0))))
+        systems.append(System(sname, method, draft, k, **_confidence(raw, f"{where}: system '{sname}'", where)))
     if not systems:
         raise DSparkError(f"{where}: no [[systems]]; name at least one")
     num_prompts = sampling.get("num_prompts")

@@ -1,0 +1,73 @@
+"""Proposal-length policies as systems (`confidence = "off" | "threshold:0.x" | "schedule"`): parsed with
+one-line refusals, run end to end on the demo pair (the scheduler's round costs measured at start and
+recorded, greedy output equal to plain decoding), and `parity` refusing runs of different policies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_runner import run_cli
+
+from dspark.checkpoint import DEMO_DIR
+from dspark.errors import DSparkError
+from harness.specs.experiments import parse
+
+needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
+                                reason="the demo models are not built")
+
+
+def _experiment(**system) -> dict:
+    return {"name": "x", "target": "demo", "systems": [{"name": "d", "method": "dspark", "draft": "demo-dspark",
+                                                        **system}]}
+
+
+def test_policies_parse_and_bad_ones_are_refused(tmp_path):
+    assert parse(_experiment(), "x.toml").systems[0].confidence == "off"
+    s = parse(_experiment(confidence="threshold:0.3"), "x.toml").systems[0]
+    assert (s.confidence, s.confidence_threshold) == ("threshold:0.3", 0.3)
+    assert parse(_experiment(confidence_threshold=0.4), "x.toml").systems[0].confidence == "threshold:0.4"
+    sts = tmp_path / "sts.json"
+    sts.write_text(json.dumps({"temperatures": [1.5, 1, 1, 1, 1, 1, 2]}))
+    s = parse(_experiment(confidence="schedule", confidence_costs=[1, 2], confidence_sts=str(sts)), "x.toml").systems[0]
+    assert s.confidence_costs == (1.0, 2.0) and s.confidence_temperatures == (1.5, 1, 1, 1, 1, 1, 2)
+    for bad, match in [({"confidence": "threshold:x"}, "threshold must be a number in"),
+                       ({"confidence": "threshold:1.5"}, "threshold must be a number in"),
+                       ({"confidence": "adaptive"}, "must be off, threshold:0.x or schedule"),
+                       ({"confidence": "schedule", "confidence_costs": [1, -2]}, "positive numbers"),
+                       ({"confidence": "schedule", "confidence_sts": str(tmp_path / "none.json")}, "calibrate --fit-sts"),
+                       ({"confidence_costs": [1, 2]}, "belong to confidence"),
+                       ({"confidence": "off", "confidence_threshold": 0.3}, "not both")]:
+        with pytest.raises(DSparkError, match=match):
+            parse(_experiment(**bad), "x.toml")
+
+
+@needs_demo
+def test_policies_run_losslessly_and_parity_needs_the_same_policy(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    common = ["--temperature", "0", "--num-prompts", "2", "--output-len", "32"]
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", "confidence", *common, "--out", "a")
+    assert code == 0, err[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "a" / "requests.jsonl").read_text().splitlines()]
+    assert {r["system"] for r in records} == {"plain", "dspark", "dspark-threshold", "dspark-schedule"}
+    assert all(r["matches_baseline"] is True for r in records if r["system"] != "plain")
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    costs = manifest["backend"]["schedule_costs_ms"]["dspark-schedule"]
+    assert len(costs) == 8 and min(costs) > 0
+    policy = {s["name"]: s["confidence"] for s in manifest["experiment"]["systems"]}
+    assert policy == {"plain": "off", "dspark": "off", "dspark-threshold": "threshold:0.3", "dspark-schedule": "schedule"}
+    cut = [r for r in records if r["system"] == "dspark-threshold"]
+    assert any(min(r["proposal_lengths"]) < 7 for r in cut)  # the threshold cut some proposals
+    # the same system name under another policy: parity refuses in one line
+    other = tmp_path / "other.toml"
+    other.write_text('name = "other"\ntarget = "demo"\ndataset = "demo"\n[sampling]\nnum_prompts = 2\n'
+                     '[[systems]]\nname = "dspark"\nmethod = "dspark"\ndraft = "demo-dspark"\n'
+                     'confidence = "threshold:0.5"\n')
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", other, *common, "--out", "b")
+    assert code == 0, err[-2000:]
+    code, _, err = run_cli(monkeypatch, capfd, "parity", "a", "b")
+    assert code == 2 and err.count("\n") == 1 and "confidence off in a and threshold:0.5 in b" in err
+    # a policy on a backend that verifies every draft is refused before anything runs
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", "confidence", "--backend", "vllm", *common,
+                           "--out", "c")
+    assert code == 2 and "dspark-threshold" in err and "--backend native" in err
