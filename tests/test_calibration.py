@@ -105,3 +105,27 @@ def test_calibrate_on_a_demo_run_fits_and_saves_sts(tmp_path):
     # a system without confidences is refused in one line, naming those that have them
     proc = _cli("calibrate", run, "--system", "plain", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "dspark T=1" in proc.stderr
+
+
+def test_policy_replay_chooses_as_the_engine_does_and_counts_by_hand():
+    import torch
+
+    from dspark.schedule import ProposalCut, scheduled_length
+    from harness.analysis import policies
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0.5, 2.0, size=(200, 7))
+    costs = np.array([1.0, 1.1, 1.15, 1.2, 1.3, 1.5, 1.8, 2.0])
+    temps = np.array([1.5, 1.0, 0.8, 1.2, 1.0, 2.0, 1.0])
+    ours = policies.scheduled_lengths(logits, costs, temps)
+    engine = [scheduled_length(torch.tensor(row), torch.tensor(temps), torch.tensor(costs)).item() for row in logits]
+    assert ours.tolist() == engine and len(set(engine)) > 2
+    cut = policies.threshold_lengths(logits, 0.4)
+    assert cut.tolist() == [ProposalCut(threshold=0.4).length(torch.tensor(row)).item() for row in logits]
+    # three full rounds that accepted 0, 2 and 7 drafts, replayed at l = 1, 3, 3: tokens 1, 3, 4 at costs 1.1, 1.2, 1.2
+    r = Rounds(np.zeros((3, 7)), np.array([7, 7, 7]), np.array([0, 2, 7]), ["a", "b", "c"])
+    got = policies.replay(r, np.array([1, 3, 3]), costs)
+    assert (got["tokens"], got["verified_per_round"]) == (8, 7 / 3) and got["cost"] == pytest.approx(3.5)
+    table = policies.compare(r, list(costs), thresholds=(0.6,))
+    assert table[0]["policy"] == "all drafts" and table[0]["tokens"] == 1 + 3 + 8 and table[0]["vs_full"] == 1.0
+    assert table[1]["verified_per_round"] == 0  # sigmoid(0) = 0.5 < 0.6: every proposal cut to nothing

@@ -49,7 +49,7 @@ class Rounds:
     def survival(self, temperatures: list[float] | None = None) -> np.ndarray:
         """[rounds, N] a_j = prod_{i <= j} sigmoid(c_i / T_i)."""
         t = np.ones(self.logits.shape[1]) if temperatures is None else np.asarray(temperatures, dtype=float)
-        return np.cumprod(_sigmoid(self.logits / t), axis=1)
+        return np.cumprod(sigmoid(self.logits / t), axis=1)
 
     def outcomes(self) -> tuple[np.ndarray, np.ndarray]:
         """[rounds, N] whether slot j was verified (j < proposed), and whether the first j + 1 were accepted."""
@@ -57,7 +57,7 @@ class Rounds:
         return j < self.proposed[:, None], j < self.accepted[:, None]
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
@@ -134,10 +134,10 @@ def fit_sts(r: Rounds, grid: np.ndarray = GRID) -> list[float]:
         best = 1.0
         if m.any():
             y = accepted[m, j].astype(float)
-            scores = np.array([ece(before[m] * _sigmoid(r.logits[m, j] / t), y) for t in grid[order]])
+            scores = np.array([ece(before[m] * sigmoid(r.logits[m, j] / t), y) for t in grid[order]])
             best = float(grid[order][np.argmax(scores <= scores.min() + TOLERANCE)])
         temperatures.append(best)
-        before = before * _sigmoid(r.logits[:, j] / best)
+        before = before * sigmoid(r.logits[:, j] / best)
     return temperatures
 
 
