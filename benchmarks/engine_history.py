@@ -29,7 +29,7 @@ from pathlib import Path
 
 FIGURES = ("decode_ms", "verify8_ms", "draft_ms", "round_ms", "decode_fraction_of_limit", "draft_over_decode",
            "round_over_decode", "copy_tbps")
-CODE = ("dspark", "harness", "pyproject.toml")  # what engine-bench runs on (the demo weights stay behind)
+CODE = ("dspark", "harness", "experiments", "pyproject.toml")  # what engine-bench runs on (not the demo weights)
 
 
 def prepare(revisions: list[str], out: Path) -> None:

@@ -86,6 +86,21 @@ def test_graph_path_equals_eager_path(case, policy):
         assert len(set(eager.proposal_lengths)) > 1
 
 
+def test_a_schedule_replayed_under_an_equal_new_config_reads_its_own_tables():
+    """The scheduler's cost table lives on the device and its graph reads it where it was captured: a request
+    under an equal config given as a new object (as every run's requests are) replays that graph, so the
+    table must still be there, not freed and overwritten."""
+    target, draft = random_pair(dtype=torch.bfloat16)
+    target, draft = target.cuda(), draft.cuda()
+    prompt = (torch.randint(0, 63, (12,), generator=torch.Generator().manual_seed(1)).tolist() * 3)[:40]
+    graphed, eager = (Engine(target, drafter_for(draft), use_graphs=g) for g in (True, False))
+    graphed.generate(prompt, GenerationConfig(max_new_tokens=64, **SCHEDULE))
+    junk = [torch.full((64,), -1.0, device="cuda") for _ in range(512)]  # (the freed blocks reused)
+    got = graphed.generate(prompt, GenerationConfig(max_new_tokens=64, **SCHEDULE))
+    want = eager.generate(prompt, GenerationConfig(max_new_tokens=64, **SCHEDULE))
+    assert got.proposal_lengths == want.proposal_lengths and got.tokens == want.tokens and len(junk) == 512
+
+
 def test_graph_path_is_lossless():
     """The core's distribution test, rerun with every step replayed from a CUDA graph (DSpark close and
     far, EAGLE-3)."""

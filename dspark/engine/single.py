@@ -117,6 +117,7 @@ class Engine:
         self._history: list[int] = [0]  # the request's committed ids, the anchor last (the n-gram drafter reads it)
         self._bound_cfg: GenerationConfig | None = None
         self._bound_cut = ProposalCut()
+        self._cuts: dict[tuple, ProposalCut] = {}
         self._bound: dict[Step, tuple[tuple, Callable[[], None], bool]] = {}
         self.max_len = 0
         self.cache = self.state = self._target_steps = None
@@ -182,11 +183,16 @@ class Engine:
         return self._bound
 
     def _cut(self, cfg: GenerationConfig) -> ProposalCut:
-        """The config's proposal-length policy, its tables on the device (kept while the config is bound)."""
+        """The config's proposal-length policy, its tables on the device: made once per policy and kept for
+        the engine's life, since a captured graph reads them at the addresses it was captured with (an equal
+        config given as a new object replays that graph)."""
         def table(values: tuple[float, ...]) -> torch.Tensor | None:
             return torch.tensor(values, dtype=torch.float32, device=self.device) if values else None
 
-        return ProposalCut(cfg.confidence_threshold, table(cfg.confidence_schedule), table(cfg.confidence_temperatures))
+        key = (cfg.confidence_threshold, cfg.confidence_schedule, cfg.confidence_temperatures)
+        if key not in self._cuts:
+            self._cuts[key] = ProposalCut(key[0], table(key[1]), table(key[2]))
+        return self._cuts[key]
 
     @torch.inference_mode()
     def warmup(self, max_len: int, cfg: GenerationConfig) -> None:
