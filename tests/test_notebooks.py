@@ -34,7 +34,7 @@ needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").
                                 reason="the demo models are not built")
 # figures each notebook draws on these inputs (the confidence and sweep figures have nothing to show
 # for a native run without them, and say so)
-FIGURES = {"acceptance": 3, "speed": 3, "where_time_goes": 3, "engines": 1}
+FIGURES = {"acceptance": 4, "speed": 3, "where_time_goes": 3, "engines": 1}  # (acceptance: the DSpark runs record confidences)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,8 @@ def test_the_notebooks_are_stored_without_outputs():
 
 
 def test_the_analysis_layer_needs_neither_torch_nor_rich():
-    code = ("import sys; import harness.analysis.frames, harness.analysis.figures, harness.analysis.notebooks; "
+    code = ("import sys; import harness.analysis.frames, harness.analysis.figures, harness.analysis.notebooks, "
+            "harness.analysis.calibration, harness.analysis.policies; "
             "bad = [m for m in ('torch', 'rich') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -123,7 +124,8 @@ def test_a_folder_that_is_not_a_run_or_profile_is_one_line(tmp_path, monkeypatch
 # --- every kind of run folder, without a kernel: each section draws or says why in one line ---------------
 
 SECTIONS = ("acceptance_length", "position_curves", "accepted_histogram", "acceptance_vs_confidence",
-            "latency_distributions", "paired_speedup", "speedup_vs_acceptance")
+            "latency_distributions", "paired_speedup", "speedup_vs_acceptance", "reliability_diagrams")
+RECORDED_ONLY = ("acceptance_vs_confidence", "reliability_diagrams")  # drawn where a run recorded them
 FIG = "figure"
 # what each kind of folder must give (a section left out here must still draw or say why in one line)
 EXPECTED = {
@@ -133,8 +135,8 @@ EXPECTED = {
                  "paired_speedup": "no plain-decoding baseline in this run",
                  "speedup_vs_acceptance": "no plain-decoding baseline in this run"},
     "interrupted": {"paired_speedup": "plain decoding only", "latency_distributions": FIG},
-    "empty": {section: "no finished request" for section in SECTIONS if section != "acceptance_vs_confidence"},
-    "mixed": {section: FIG for section in SECTIONS if section != "acceptance_vs_confidence"},
+    "empty": {section: "no finished request" for section in SECTIONS if section not in RECORDED_ONLY},
+    "mixed": {section: FIG for section in SECTIONS if section not in RECORDED_ONLY},
     "vllm": {"acceptance_length": FIG, "position_curves": FIG, "accepted_histogram": "totals, not rounds",
              "paired_speedup": "no request has a TPOT"},
     "sweep": {"acceptance_length": "counters count whole waves", "position_curves": FIG, "paired_speedup": FIG},
