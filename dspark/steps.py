@@ -33,9 +33,12 @@ class DecodeState:
     pending_count: Tensor  # [1] how many rows of verify_feats wait for the draft's cache
     round_out: Tensor  # [N+3]: accepted, proposed, then the emitted tokens (accepted drafts, next token)
     draft_margin: Tensor  # [N] greedy drafts: the top-2 logit margin per slot (written by drafters that record it)
+    round_index: Tensor  # [1] rounds done in this request (the accept step counts them)
+    confidence_log: Tensor  # [R, N] each round's `confidence`, written by the accept step (read once per request)
 
     @classmethod
-    def allocate(cls, num_drafts: int, vocab: int, feat_dim: int, dtype: torch.dtype, device) -> "DecodeState":
+    def allocate(cls, num_drafts: int, vocab: int, feat_dim: int, dtype: torch.dtype, device,
+                 max_rounds: int = 1) -> "DecodeState":
         n = num_drafts
 
         def zeros(*shape, dt=torch.long):
@@ -46,7 +49,8 @@ class DecodeState:
             num_proposed=zeros(1), confidence=zeros(1, n, dt=torch.float32),
             target_probs=zeros(1, n + 1, vocab, dt=torch.float32), verify_feats=zeros(1, n + 1, feat_dim, dt=dtype),
             pending_start=zeros(1), pending_count=zeros(1), round_out=zeros(n + 3),
-            draft_margin=zeros(n, dt=torch.float32),
+            draft_margin=zeros(n, dt=torch.float32), round_index=zeros(1),
+            confidence_log=zeros(max_rounds + 1, n, dt=torch.float32),  # (the last row: rounds past the end)
         )
 
 
@@ -96,6 +100,9 @@ class TargetSteps:
         drafts = torch.cat((s.draft_tokens[0], token))
         emitted = torch.where(slots < accepted, drafts, token)
         s.round_out.copy_(torch.cat((accepted, s.num_proposed, emitted)))
+        # the round's confidences logged on the device, inside this step's graph: no launch from the host
+        s.confidence_log.index_copy_(0, s.round_index.clamp_max(s.confidence_log.shape[0] - 1), s.confidence)
+        s.round_index.add_(1)
         s.pending_start.copy_(s.position)  # the anchor and the accepted drafts enter the draft's context
         s.pending_count.copy_(accepted + 1)
         s.position.add_(accepted + 1)

@@ -147,7 +147,7 @@ class Engine:
         taps = self.drafter.taps if self.drafter else ()
         num_drafts = self.drafter.block_size if self.drafter else 1
         self.state = DecodeState.allocate(num_drafts, b.vocab_size, len(taps) * b.hidden_size,
-                                          self.target.lm_head.weight.dtype, self.device)
+                                          self.target.lm_head.weight.dtype, self.device, max_rounds=max_len)
         self._target_steps = TargetSteps(self.target, self.cache, self.state, self.streams, taps)
         if self.drafter:
             self.drafter.allocate(max_len + 1)
@@ -266,6 +266,7 @@ class Engine:
             hidden, feats = self.target(ids, None, self.cache, n, taps)  # a prefill from position 0
             state.anchor.copy_(draw(self.target.logits(hidden[:, -1]), cfg.temperature, self.streams.target)[0])
             state.position.fill_(n)
+            state.round_index.zero_()
             if self.drafter:
                 self.drafter.start(state, feats)
             result.tokens.append(int(state.anchor))
@@ -277,8 +278,6 @@ class Engine:
         # kept on the device, one row per round, and read back once after the loop (no second sync per round)
         margin_log = torch.empty(cfg.max_new_tokens, self.drafter.block_size, device=self.device) if margins else None
         confidences = self.drafter is not None and self.drafter.has_confidence and cfg.record_confidences
-        confidence_log = (torch.empty(cfg.max_new_tokens, self.drafter.block_size, device=self.device)
-                          if confidences else None)
         self._history[:] = prompt_ids + result.tokens
         timer = self._timer = StepTimer(self.device) if self.timing else None
         while len(result.tokens) < cfg.max_new_tokens and result.tokens[-1] not in stop:
@@ -305,8 +304,6 @@ class Engine:
             result.proposal_lengths.append(proposed)
             if margins:
                 margin_log[len(result.accepted_counts) - 1].copy_(state.draft_margin)
-            if confidences:
-                confidence_log[len(result.accepted_counts) - 1].copy_(state.confidence[0])
             result.acceptance_lengths.append(len(emitted))
             result.tokens.extend(emitted)
             self._history.extend(emitted)
@@ -314,8 +311,8 @@ class Engine:
             rows = margin_log[: result.num_rounds].tolist()
             result.draft_margins = [row[: min(a + 1, d)] for row, a, d in
                                     zip(rows, result.accepted_counts, result.proposal_lengths)]
-        if confidences:
-            result.draft_confidences = confidence_log[: result.num_rounds].tolist()
+        if confidences:  # (the accept step logged them, one row per round)
+            result.draft_confidences = state.confidence_log[: result.num_rounds].tolist()
         if timer is not None:
             timer.next_round()
         synchronize(self.device)
