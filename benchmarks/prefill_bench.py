@@ -35,7 +35,7 @@ from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.presets import DRAFTS, TARGETS, build_random
 from dspark.target import Qwen3Target
-from harness.microbench.timing import cuda_median_ms, host_times_ms
+from harness.backends.timing import cuda_median_ms, host_times_ms
 from harness.runs.provenance import provenance
 
 

@@ -86,7 +86,7 @@ def _cli(*args, cwd) -> subprocess.CompletedProcess:
 @needs_demo
 def test_calibrate_on_a_demo_run_fits_and_saves_sts(tmp_path):
     run = tmp_path / "run"
-    proc = _cli("run", "--category", "coding", "--num-prompts", "4", "--output-len", "48", "--systems", "plain,dspark",
+    proc = _cli("run", "--category", "coding", "--num-prompts", "3", "--output-len", "48", "--systems", "dspark",
                 "--temperature", "1", "--out", run, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "sts.json"
@@ -103,7 +103,7 @@ def test_calibrate_on_a_demo_run_fits_and_saves_sts(tmp_path):
     assert saved["system"] == "dspark" and saved["temperature"] == 1.0 and saved["git"]
     assert (tmp_path / "rel.png").read_bytes()[:4] == b"\x89PNG"
     # a system without confidences is refused in one line, naming those that have them
-    proc = _cli("calibrate", run, "--system", "plain", cwd=tmp_path)
+    proc = _cli("calibrate", run, "--system", "ngram", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "dspark T=1" in proc.stderr
 
 

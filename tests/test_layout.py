@@ -91,9 +91,11 @@ ALLOWED = {
     # (and the capture window's protocol with the child it profiles: its file names and variables)
     "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.backends.capture",
                           "harness.profiling"),
-    # (and, for engine-bench --against vllm, what starts a vLLM engine and reads its counters)
+    # (and, for engine-bench --against vllm, what starts a vLLM engine and reads its counters; the step timing and
+    # round-cost measurement it shares with the native backend, which measures the scheduler's costs at start)
     "harness.microbench": ("dspark", "harness.backends.vllm", "harness.backends.vllm_drafts",
-                           "harness.backends.server_metrics", "harness.microbench"),
+                           "harness.backends.server_metrics", "harness.backends.timing", "harness.backends.round_costs",
+                           "harness.microbench"),
 }
 
 

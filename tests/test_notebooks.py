@@ -97,7 +97,7 @@ def test_the_notebooks_are_stored_without_outputs():
 
 def test_the_analysis_layer_needs_neither_torch_nor_rich():
     code = ("import sys; import harness.analysis.frames, harness.analysis.figures, harness.analysis.notebooks, "
-            "harness.analysis.calibration, harness.analysis.policies; "
+            "harness.analysis.calibration, harness.analysis.policies, harness.analysis.reliability; "
             "bad = [m for m in ('torch', 'rich') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -159,11 +159,11 @@ def test_every_section_draws_or_says_why_in_one_line_on_every_kind_of_run(folder
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness.analysis import figures, frames, present
+    from harness.analysis import figures, frames, present, reliability
 
     runs = frames.load_runs([folders[kind]])
     for section in SECTIONS:
-        drawn = getattr(figures, section)(runs)
+        drawn = getattr(reliability if section == "reliability_diagrams" else figures, section)(runs)
         want = EXPECTED[kind].get(section)
         if isinstance(drawn, str):
             assert "\n" not in drawn and want != FIG, (section, drawn)

@@ -77,7 +77,7 @@ class NativeBackend:
         prepared.handle.generate(prompt, replace(cfg, max_new_tokens=min(16, cfg.max_new_tokens)))
         system = prepared.system
         if system.confidence == "schedule" and not system.confidence_costs and system.name not in self.costs:
-            from harness.microbench.round_costs import round_costs
+            from harness.backends.round_costs import round_costs
 
             self.costs[system.name] = [float(f"{c:.4g}") for c in round_costs(prepared.handle, cfg)]
             prepared.handle.warmup(max_len, self._config(prepared, spec))  # its graphs, under the measured table

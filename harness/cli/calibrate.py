@@ -72,7 +72,7 @@ def calibrate(
         import matplotlib
 
         matplotlib.use("Agg")
-        from harness.analysis.figures import reliability_diagrams
+        from harness.analysis.reliability import reliability_diagrams
 
         fig = reliability_diagrams(runs, fitted or None)
         plot.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from dspark.errors import DSparkError
 from dspark.presets import DRAFTS, TARGETS, build_random, random_draft_for
 from dspark.sampling import Streams
 from dspark.steps import DecodeState, TargetSteps
-from harness.microbench.timing import copy_bandwidth_tbps, cuda_median_ms, host_median_ms, median_ms
+from harness.backends.timing import copy_bandwidth_tbps, cuda_median_ms, host_median_ms, median_ms
 
 
 @dataclass
@@ -164,7 +164,7 @@ def run_engine_bench(args: BenchArgs) -> dict:
     timer = SpeculativeTimer(target, draft, prompt)
     out |= timer.measure(reps)
     if getattr(draft, "confidence_head", None) is not None:  # the prefix scheduler's cost table at these shapes
-        from harness.microbench.round_costs import round_costs
+        from harness.backends.round_costs import round_costs
 
         out["round_by_verified_ms"] = round_costs(timer.engine, timer.cfg, reps)
     out["draft_over_decode"] = out["draft_ms"] / out["decode_ms"]

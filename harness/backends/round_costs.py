@@ -13,7 +13,7 @@ import torch
 
 from dspark.engine import Engine, GenerationConfig
 from dspark.engine.step import ACCEPT, VERIFY
-from harness.microbench.timing import median_ms
+from harness.backends.timing import median_ms
 
 
 @torch.inference_mode()

@@ -1,6 +1,6 @@
-"""Timing for the micro-benchmarks: device time with CUDA events on a GPU, the wall clock (host work
-included) on a CPU or where the host's part counts, medians after warm-up; and the copy bandwidth a
-step's bytes are held against."""
+"""Timing for the engine's steps (engine-bench, and the native backend's round costs measured at start):
+device time with CUDA events on a GPU, the wall clock (host work included) on a CPU or where the host's part
+counts, medians after warm-up; and the copy bandwidth a step's bytes are held against."""
 
 from __future__ import annotations
 
