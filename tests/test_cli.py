@@ -299,3 +299,27 @@ def test_systems_help_lists_the_demo_experiments_systems(monkeypatch, capfd):
     names = ", ".join(s.name for s in load_experiment("demo").systems)
     assert code == 0 and f"(the demo experiment's: {names})" in " ".join(out.split()) and names.startswith("plain")
     assert "another --experiment defines its own" in " ".join(out.split())
+
+
+def test_provenance_names_the_code_by_its_digest_as_well_as_its_commit(tmp_path):
+    """A copy of the tree with some other commit's .git reports that commit: the source digest still names
+    the code. It covers every .py file of dspark/ and harness/ and changes when one byte does."""
+    import hashlib
+    import shutil
+
+    from harness.runs.provenance import source_sha256
+
+    root = Path(__file__).resolve().parents[1]
+    copy = tmp_path / "tree"
+    for package in ("dspark", "harness"):
+        shutil.copytree(root / package, copy / package, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    code = "from harness.runs.provenance import source_sha256; print(source_sha256())"
+
+    def digest_of(tree: Path) -> str:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree,
+                              env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, check=True).stdout.strip()
+
+    assert digest_of(copy) == source_sha256()
+    (copy / "dspark" / "schedule.py").write_text((copy / "dspark" / "schedule.py").read_text() + "\n")
+    assert digest_of(copy) != source_sha256()
+    assert len(source_sha256()) == len(hashlib.sha256().hexdigest())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -60,10 +61,22 @@ def device_info(device: str) -> dict:
     return info
 
 
+@lru_cache(maxsize=1)
+def source_sha256() -> str:
+    """A digest of the code that ran (every .py file of dspark/ and harness/, by relative path and content):
+    it names the code even where the git revision cannot, e.g. a copy of the tree on a GPU machine that
+    holds some other commit's .git, which then reports that commit with uncommitted changes."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for path in sorted(p for package in ("dspark", "harness") for p in (root / package).rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def provenance(device: str) -> dict:
     return {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git": git_revision(),
+        "git": git_revision() | {"source_sha256": source_sha256()},
         "versions": {name: _version(name) for name in PACKAGES} | {"python": platform.python_version()},
         "host": platform.node(),
         **device_info(device),
