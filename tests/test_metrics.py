@@ -69,3 +69,15 @@ def test_macro_speedup_and_its_interval_describe_the_same_number():
     assert s["speedup"] == pytest.approx(math.sqrt(3)) and s["speedup_pairs"] == 100
     lo, hi = s["speedup_ci95"]
     assert lo <= s["speedup"] <= hi
+
+
+def test_one_prompt_per_category_still_shows_the_spread_between_prompts():
+    """Four prompts in four categories: resampled within its own category each would never move, and the
+    interval would be a point. One-item categories draw from each other, so it widens with their spread."""
+    from harness.analysis.metrics import speedup_macro
+
+    s = speedup_macro([([0.68], [1.0]), ([0.9], [1.0]), ([1.0], [1.0]), ([1.33], [1.0])])
+    lo, hi = s["speedup_ci95"]
+    assert lo < s["speedup"] < hi and hi - lo > 0.2
+    alike = speedup_macro([([1.1], [1.0])] * 4)  # no spread: no width
+    assert alike["speedup_ci95"] == pytest.approx([1.1, 1.1])

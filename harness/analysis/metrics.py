@@ -105,12 +105,17 @@ Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 def bootstrap(strata: list[list], stat, resamples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
     """A 95 % percentile-bootstrap interval of `stat(strata)`, resampling items within each stratum
-    (a category's requests or prompts); None with fewer than two items in all."""
+    (a category's requests or prompts); None with fewer than two items in all. A stratum of one item has
+    no spread of its own to resample: it draws from all one-item strata together (4 prompts in 4
+    categories would otherwise give an interval of zero width, however far apart their values)."""
     strata = [s for s in strata if s]
     if sum(map(len, strata)) < 2:
         return None
     rng = random.Random(seed)
-    boot = sorted(stat([[s[rng.randrange(len(s))] for _ in s] for s in strata]) for _ in range(resamples))
+    singles = [s[0] for s in strata if len(s) == 1]
+    pools = [singles if len(s) == 1 else s for s in strata]
+    boot = sorted(stat([[p[rng.randrange(len(p))] for _ in s] for s, p in zip(strata, pools)])
+                  for _ in range(resamples))
     return percentile(boot, 2.5), percentile(boot, 97.5)
 
 
