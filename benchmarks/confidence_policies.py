@@ -20,21 +20,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--engine-bench", type=Path, help="costs: round_by_verified_ms of this engine-bench --json file")
-    ap.add_argument("--sts", type=Path, help="temperatures written by dspark-bench calibrate --fit-sts")
+    ap.add_argument("--sts", type=Path, help="temperatures written by dspark-bench calibrate --fit-sts (applied to the "
+                    "rows of the sampling temperature they were fitted at)")
     ap.add_argument("--system", default="dspark")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.engine_bench:
         bench = json.loads(args.engine_bench.read_text())
+        if "round_by_verified_ms" not in bench:
+            raise SystemExit(f"{args.engine_bench} has no round_by_verified_ms: write it with dspark-bench engine-bench "
+                             "--json (a draft with a confidence head)")
         costs, source = bench["round_by_verified_ms"], f"{args.engine_bench} ({bench.get('device_name')})"
     else:
         manifest = json.loads((args.run / "manifest.json").read_text())
-        found = manifest["backend"].get("schedule_costs_ms") or {}
+        found = (manifest.get("backend") or {}).get("schedule_costs_ms") or {}
+        if not found:
+            raise SystemExit(f"{args.run} measured no cost table (only a confidence = \"schedule\" system does): give "
+                             "--engine-bench FILE, from dspark-bench engine-bench --json")
         costs, source = next(iter(found.values())), f"{args.run} start-up measurement"
-    temps = json.loads(args.sts.read_text())["temperatures"] if args.sts else None
+    sts = json.loads(args.sts.read_text()) if args.sts else None
     out = []
     for (run, system, temp), r in calibration.groups(load_runs([args.run]).rounds).items():
         if system == args.system:
+            temps = sts["temperatures"] if sts and sts.get("temperature", temp) == temp else None  # (fitted per T)
             out.append({"system": system, "temperature": temp, "costs_ms": costs, "costs_from": source,
                         "policies": policies.compare(r, costs, temperatures=temps)})
     if args.json:

@@ -31,11 +31,16 @@ def test_policies_parse_and_bad_ones_are_refused(tmp_path):
     sts.write_text(json.dumps({"temperatures": [1.5, 1, 1, 1, 1, 1, 2]}))
     s = parse(_experiment(confidence="schedule", confidence_costs=[1, 2], confidence_sts=str(sts)), "x.toml").systems[0]
     assert s.confidence_costs == (1.0, 2.0) and s.confidence_temperatures == (1.5, 1, 1, 1, 1, 1, 2)
+    with pytest.raises(DSparkError, match="needs a draft with a confidence head"):
+        parse({"name": "x", "target": "demo", "systems": [{"name": "n", "method": "ngram", "confidence": "schedule"}]},
+              "x.toml")
     for bad, match in [({"confidence": "threshold:x"}, "threshold must be a number in"),
                        ({"confidence": "threshold:1.5"}, "threshold must be a number in"),
                        ({"confidence": "adaptive"}, "must be off, threshold:0.x or schedule"),
                        ({"confidence": "schedule", "confidence_costs": [1, -2]}, "positive numbers"),
-                       ({"confidence": "schedule", "confidence_sts": str(tmp_path / "none.json")}, "calibrate --fit-sts"),
+                       ({"confidence": "schedule", "confidence_sts": str(tmp_path / "none.json")}, "no file .*none.json"),
+                       ({"confidence": "schedule", "confidence_costs": [1, 2], "num_speculative_tokens": 7},
+                        "give 8, the cost of a round"),
                        ({"confidence_costs": [1, 2]}, "belong to confidence"),
                        ({"confidence": "off", "confidence_threshold": 0.3}, "not both")]:
         with pytest.raises(DSparkError, match=match):

@@ -93,7 +93,7 @@ def calibrate(
             s = g["sts"]
             t = Table(title=f"STS fitted on {s['fit_prompts']} prompts ({s['fit_rounds']} rounds), judged on "
                             f"{s['held_out_prompts']} held-out prompts ({s['held_out_rounds']} rounds)")
-            for col in ("position", "T", "ECE before", "ECE after", "Brier before", "Brier after"):
+            for col in ("position", "STS temperature", "ECE before", "ECE after", "Brier before", "Brier after"):
                 t.add_column(col, justify="right")
             temps = s["temperatures"] + [None]
             for temp_j, b, a in zip(temps, s["held_out_before"], s["held_out_after"]):

@@ -62,10 +62,13 @@ def _confidence(raw: dict, who: str, where: str) -> dict:
         sts = raw.get("confidence_sts")
         if sts is not None:
             path = Path(where).parent / sts if not Path(sts).is_absolute() and Path(where).is_file() else Path(sts)
+            if not path.is_file():
+                raise DSparkError(f"{who}: confidence_sts: no file {path} (a relative path is read from the TOML's "
+                                  "folder); write one with dspark-bench calibrate RUN --fit-sts FILE")
             try:
                 temps = json.loads(path.read_text())["temperatures"]
             except (OSError, ValueError, KeyError, TypeError):
-                raise DSparkError(f"{who}: confidence_sts {sts}: not a file written by dspark-bench calibrate "
+                raise DSparkError(f"{who}: confidence_sts {path}: not a file written by dspark-bench calibrate "
                                   "--fit-sts") from None
             out["confidence_temperatures"] = tuple(float(t) for t in temps)
     elif policy != "off":
@@ -166,7 +169,15 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
         k = raw.get("num_speculative_tokens")
         if k is not None and (not isinstance(k, int) or k < 1):
             raise DSparkError(f"{where}: system '{sname}': num_speculative_tokens must be a positive integer")
-        systems.append(System(sname, method, draft, k, **_confidence(raw, f"{where}: system '{sname}'", where)))
+        policy = _confidence(raw, f"{where}: system '{sname}'", where)
+        if policy["confidence"] != "off" and method not in ("dspark", "dflash"):
+            raise DSparkError(f"{where}: system '{sname}': confidence = \"{policy['confidence']}\" needs a draft with a "
+                              f"confidence head (a DSpark draft); method {method} has none")
+        costs = policy.get("confidence_costs", ())
+        if costs and k is not None and len(costs) != k + 1:
+            raise DSparkError(f"{where}: system '{sname}': confidence_costs has {len(costs)} entries; give {k + 1}, the "
+                              f"cost of a round verifying 0 to {k} drafts (num_speculative_tokens = {k})")
+        systems.append(System(sname, method, draft, k, **policy))
     if not systems:
         raise DSparkError(f"{where}: no [[systems]]; name at least one")
     num_prompts = sampling.get("num_prompts")
