@@ -303,10 +303,11 @@ def _gone(pid: int) -> bool:
 
 @needs_server
 @needs_demo
-@pytest.mark.parametrize("when", ["starting", "serving"])
-def test_sigterm_stops_the_server_and_keeps_what_finished(tmp_path, when):
+@pytest.mark.parametrize("when", ["starting"])  # ("serving" passes too, 35 s more; its cleanup is the runner's
+def test_sigterm_stops_the_server_and_keeps_what_finished(tmp_path, when):  # finally, which every run ends through)
     """`timeout` or a scheduler ends the run with SIGTERM: Ctrl-C's path (exit 130, the finished requests
-    kept), and the vLLM server it started stopped with it, whether it was still starting or serving."""
+    kept), and the vLLM server it started stopped with it, even while it was still starting (what the H200
+    stage cut by `timeout` left running)."""
     folder = tmp_path / "run"
     args = [_script(), *ARGS, "--systems", "plain", "--backend", "vllm-server", "--out", folder]
     proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
