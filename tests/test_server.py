@@ -11,7 +11,8 @@ installs), all traffic to 127.0.0.1, on the demo target:
   reads from the same counters; the same token counts as `vllm bench serve` on the same workload,
   and latencies that agree within the stated tolerances; a request past `--request-timeout` is
   recorded as failed and counted;
-- a server that cannot start is one line with the tail of its log.
+- a server that cannot start is one line with the tail of its log;
+- SIGTERM to a run whose server is still starting exits as Ctrl-C does and leaves no server running.
 
 Each server's engine runs inside its API server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): fewer
 processes importing vLLM, the same server.
@@ -303,11 +304,10 @@ def _gone(pid: int) -> bool:
 
 @needs_server
 @needs_demo
-@pytest.mark.parametrize("when", ["starting"])  # ("serving" passes too, 35 s more; its cleanup is the runner's
-def test_sigterm_stops_the_server_and_keeps_what_finished(tmp_path, when):  # finally, which every run ends through)
-    """`timeout` or a scheduler ends the run with SIGTERM: Ctrl-C's path (exit 130, the finished requests
-    kept), and the vLLM server it started stopped with it, even while it was still starting (what the H200
-    stage cut by `timeout` left running)."""
+def test_sigterm_stops_a_starting_server(tmp_path):
+    """`timeout` or a scheduler ends the run with SIGTERM: Ctrl-C's path (exit 130, no traceback), and the vLLM
+    server it started is stopped with it even while still starting (what the H200 stage cut by `timeout` left
+    running). Once serving, a server is stopped by the runner's `finally`, which every run ends through."""
     folder = tmp_path / "run"
     args = [_script(), *ARGS, "--systems", "plain", "--backend", "vllm-server", "--out", folder]
     proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -315,15 +315,12 @@ def test_sigterm_stops_the_server_and_keeps_what_finished(tmp_path, when):  # fi
     deadline, servers = time.time() + 600, []
     while time.time() < deadline and proc.poll() is None:
         servers = servers or _servers_of(proc.pid)
-        if servers and (when == "starting" or read_requests(folder)):
+        if servers:
             break
         time.sleep(0.05)
     assert servers and proc.poll() is None, proc.communicate()[1][-2000:]
-    kept = len(read_requests(folder))
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     assert all(_gone(pid) for pid in servers), servers
-    assert len(read_requests(folder)) >= kept >= (when == "serving")
-    if when == "serving":
-        assert f"dspark-bench run --resume {folder}" in " ".join(err.split())
+    assert (folder / "manifest.json").is_file() and read_requests(folder) == []  # the run kept, nothing finished
