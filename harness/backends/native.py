@@ -72,7 +72,7 @@ class NativeBackend:
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
         """Caches for the longest request and graph capture, then one short request, all untimed."""
-        cfg = self._config(prepared, spec)
+        cfg = self._request_config(prepared, spec)
         prepared.handle.warmup(max_len, cfg)
         prepared.handle.generate(prompt, replace(cfg, max_new_tokens=min(16, cfg.max_new_tokens)))
         system = prepared.system
@@ -80,9 +80,9 @@ class NativeBackend:
             from harness.backends.round_costs import round_costs
 
             self.costs[system.name] = [float(f"{c:.4g}") for c in round_costs(prepared.handle, cfg)]
-            prepared.handle.warmup(max_len, self._config(prepared, spec))  # its graphs, under the measured table
+            prepared.handle.warmup(max_len, self._request_config(prepared, spec))  # its graphs, under the measured table
 
-    def _config(self, prepared: Prepared, spec: RequestSpec) -> GenerationConfig:
+    def _request_config(self, prepared: Prepared, spec: RequestSpec) -> GenerationConfig:
         """The request's settings; a schedule without a cost table takes the one measured at start."""
         cfg = _config(spec)
         costs = self.costs.get(prepared.system.name)
@@ -95,7 +95,7 @@ class NativeBackend:
         return capture_window(kind, run_dir, self.device)
 
     def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult:
-        r = prepared.handle.generate(prompt, self._config(prepared, spec))
+        r = prepared.handle.generate(prompt, self._request_config(prepared, spec))
         return RequestResult(tokens=r.tokens, prefill_s=r.prefill_s, decode_s=r.decode_s, stop_reason=r.stop_reason,
                              acceptance_lengths=r.acceptance_lengths, accepted_counts=r.accepted_counts,
                              proposal_lengths=r.proposal_lengths, round_ms=r.round_ms, draft_margins=r.draft_margins,

@@ -58,13 +58,12 @@ def calibrate(
             fit = calibration.sts(r, held_out)
             fitted[name] = fit.temperatures
             group["sts"] = fit.to_dict()
-            manifest = json.loads((Path(run_dirs[0]) / "manifest.json").read_text()) \
-                if (Path(run_dirs[0]) / "manifest.json").is_file() else {}
+            meta = runs.meta[runs.meta["run"] == run].to_dict("records")[0]  # (this group's run, not the first given)
             saved = {"kind": "sequential temperature scaling", "system": name, "temperature": temp,
                      "temperatures": fit.temperatures, "held_out_fraction": held_out,
                      "fit_prompts": fit.fit_prompts, "held_out_prompts": fit.held_out_prompts,
                      "ece_before": fit.before.iloc[-1]["ece"], "ece_after": fit.after.iloc[-1]["ece"],
-                     "runs": [str(p) for p in run_dirs], "git": (manifest.get("provenance") or {}).get("git")}
+                     "run": str(meta["path"]), "git": {"commit": meta["git"], "dirty": meta["dirty"]}}
             fit_sts.parent.mkdir(parents=True, exist_ok=True)
             fit_sts.write_text(json.dumps(saved, indent=1) + "\n")
         result["groups"].append(group)
