@@ -68,12 +68,16 @@ def test_qk_norm_rope_cache(dtype, heads):
     assert _rel(caches[0], ref_caches[0]) < TOL[dtype] and torch.equal(caches[1], ref_caches[1])
 
 
-@pytest.mark.parametrize("t,kv_len", [(1, 1100), (8, 1100), (16, 77)])
-def test_attention(dtype, t, kv_len):
-    b, hq, hkv, d = 1, 32, 8, 128
+@pytest.mark.parametrize("b,t,kv_len,hq", [(1, 1, 1100, 32), (1, 8, 1100, 32), (1, 16, 77, 32), (2, 8, 1100, 64),
+                                           (2, 16, 300, 64), (3, 5, 130, 8)])
+def test_attention(dtype, b, t, kv_len, hq):
+    """All T rows of a KV head's group share one tile (T x G rows: 8 to 128 here, padding included), each row
+    masked at its own limit, rows in one tile as far apart as key 0 and the last key."""
+    hkv, d = 8, 128
     q = torch.randn(b, hq, t, d, device=DEVICE, dtype=dtype)
     ck, cv = (torch.randn(b, hkv, kv_len + 10, d, device=DEVICE, dtype=dtype) for _ in range(2))
     limits = torch.sort(torch.randint(0, kv_len, (b, t), device=DEVICE), dim=-1).values
+    limits[:, 0], limits[:, -1] = 0, kv_len - 1
     assert _rel(K.attention(q, ck, cv, limits, kv_len), K.attention_ref(q, ck, cv, limits, kv_len)) < TOL[dtype]
 
 

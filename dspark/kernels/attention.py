@@ -28,8 +28,8 @@ def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, k
 
 
 # Above this many query rows per sequence (a prefill, the trainer's target pass) attention goes to
-# PyTorch's fused SDPA: the split-KV kernel runs one program per query row, with the GQA group padded
-# to 16 rows, and its work grows as rows x keys without tensor-core tiles over the rows
+# PyTorch's fused SDPA: the split-KV kernel holds every query row of a KV head's group in one tile
+# (rows x group, padded to 16), which fits registers for a block to verify or draft, not for a prompt
 # (benchmarks/attention_bench.py measures the crossover on the H200). A half-precision prefill from
 # position 0 takes SDPA's causal kernel (no mask; 3.3x the masked call's speed at 4096 rows there);
 # float32 keeps the masked call, which measured faster than causal at the trainer's shape.
@@ -52,30 +52,32 @@ def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_le
 
 
 def split_kv_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:
-    """Split-KV ("flash decoding") attention: each program takes one KV head's query group for one
-    row over one chunk of keys; a second kernel merges the chunks' partial softmaxes.
-    The number of splits is fixed by the cache size (a CUDA graph's grid cannot change); each row's
-    keys, up to its limit, are cut into that many chunks inside the kernel, so the splits share the
-    live context evenly however much of the cache it fills.
+    """Split-KV ("flash decoding") attention: each program takes one KV head over one chunk of keys
+    for all T query rows of its GQA group at once (T x G rows in one tensor-core tile), so a block of
+    8 rows to verify reads each key and value once, as a decode step does, not once per row; a second
+    kernel merges the chunks' partial softmaxes.
+    The number of splits is fixed by the cache size (a CUDA graph's grid cannot change); the keys up
+    to the rows' furthest limit are cut into that many chunks inside the kernel, so the splits share
+    the live context evenly however much of the cache it fills, and each row masks keys past its own limit.
     Returns [B, Hq, T, D] (on the GPU a view of token-major memory)."""
     b, hq, t, d = q.shape
     hkv = cache_k.shape[1]
     group = hq // hkv
-    gp = max(16, triton.next_power_of_2(group))  # tensor-core tiles need 16 rows
+    rows = max(16, triton.next_power_of_2(t * group))  # tensor-core tiles need 16 rows
     block_n = 64
-    splits = max(1, min(triton.cdiv(kv_len, block_n), triton.cdiv(2 * sm_count(q.device), b * hkv * t)))
+    splits = max(1, min(triton.cdiv(kv_len, block_n), triton.cdiv(2 * sm_count(q.device), b * hkv)))
     q = q.contiguous()
-    part_o = torch.empty(b * hkv * t * splits * gp, d, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(2, b * hkv * t * splits * gp, dtype=torch.float32, device=q.device)
+    part_o = torch.empty(b * hkv * splits * rows, d, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(2, b * hkv * splits * rows, dtype=torch.float32, device=q.device)
     limits = limits.contiguous()
-    _attention_split_kernel[(b * hkv, t, splits)](
+    _attention_split_kernel[(b * hkv, splits)](
         q, cache_k, cache_v, part_o, part_ml, limits, t, hq, hkv, kv_len, splits, part_ml.shape[1],
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), 1.0 / math.sqrt(d),
-        G=group, GP=gp, D=d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
+        G=group, ROWS=rows, D=d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32, num_warps=4 if rows <= 64 else 8,
     )
     out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)  # token-major: o_proj reads it without a copy
     _attention_merge_kernel[(b * hq * t,)](part_o, part_ml, out, t, hq, hkv, splits, part_ml.shape[1], G=group,
-                                            GP=gp, D=d, SP=triton.next_power_of_2(splits))
+                                            ROWS=rows, D=d, SP=triton.next_power_of_2(splits))
     return out.permute(0, 2, 1, 3)
 
 
@@ -83,24 +85,27 @@ if triton is not None:
 
     @triton.jit
     def _attention_split_kernel(q_ptr, k_ptr, v_ptr, po_ptr, pml_ptr, lim_ptr, T, HQ, HKV, kv_len, S, L_OFF,
-                                c_sb, c_sh, c_sp, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                                c_sb, c_sh, c_sp, scale, G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+        """Tile row r is query row t = r // G of the group's head g = r % G; rows past T x G are padding."""
         bk = tl.program_id(0)  # b * HKV + kv head
-        t = tl.program_id(1)
-        sp = tl.program_id(2)
+        sp = tl.program_id(1)
         b = bk // HKV
         hk = bk % HKV
-        g = tl.arange(0, GP)
+        r = tl.arange(0, ROWS)
+        t = r // G
+        live = r < T * G
         d = tl.arange(0, D)
-        q = tl.load(q_ptr + ((b * HQ + hk * G + g[:, None]) * T + t) * D + d[None, :], mask=g[:, None] < G,
-                    other=0.0)
-        limit = tl.minimum(tl.load(lim_ptr + b * T + t), kv_len - 1)
-        chunk = tl.cdiv(tl.cdiv(limit + 1, S), BLOCK_N) * BLOCK_N  # the live keys 0..limit over S splits
+        q = tl.load(q_ptr + ((b * HQ + hk * G + r[:, None] % G) * T + t[:, None]) * D + d[None, :],
+                    mask=live[:, None], other=0.0)
+        limit = tl.minimum(tl.load(lim_ptr + b * T + t, mask=live, other=-1), kv_len - 1)
+        furthest = tl.max(limit, axis=0)
+        chunk = tl.cdiv(tl.cdiv(furthest + 1, S), BLOCK_N) * BLOCK_N  # the live keys 0..furthest over S splits
         start = sp * chunk
-        end = tl.minimum(start + chunk, limit + 1)
-        m_i = tl.full([GP], -float("inf"), dtype=tl.float32)
-        l_i = tl.zeros([GP], dtype=tl.float32)
-        acc = tl.zeros([GP, D], dtype=tl.float32)
+        end = tl.minimum(start + chunk, furthest + 1)
+        m_i = tl.full([ROWS], -float("inf"), dtype=tl.float32)
+        l_i = tl.zeros([ROWS], dtype=tl.float32)
+        acc = tl.zeros([ROWS, D], dtype=tl.float32)
         base = b * c_sb + hk * c_sh
         for n0 in range(start, end, BLOCK_N):
             offs = n0 + tl.arange(0, BLOCK_N)
@@ -110,10 +115,11 @@ if triton is not None:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
                 s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(valid[None, :], s, -float("inf"))
+            s = tl.where(valid[None, :] & (offs[None, :] <= limit[:, None]), s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key here yet: p and alpha 0
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
             v = tl.load(v_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0)
             if IEEE:
                 pv = tl.dot(p, v, input_precision="ieee")
@@ -122,13 +128,13 @@ if triton is not None:
             acc = acc * alpha[:, None] + pv
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
-        row = ((bk * T + t) * S + sp) * GP + g
+        row = (bk * S + sp) * ROWS + r
         tl.store(po_ptr + row[:, None] * D + d[None, :], acc)
         tl.store(pml_ptr + row, m_i)
         tl.store(pml_ptr + L_OFF + row, l_i)
 
     @triton.jit
-    def _attention_merge_kernel(po_ptr, pml_ptr, o_ptr, T, HQ, HKV, S, L_OFF, G: tl.constexpr, GP: tl.constexpr,
+    def _attention_merge_kernel(po_ptr, pml_ptr, o_ptr, T, HQ, HKV, S, L_OFF, G: tl.constexpr, ROWS: tl.constexpr,
                                 D: tl.constexpr, SP: tl.constexpr):
         pid = tl.program_id(0)  # (b * HQ + h) * T + t
         t = pid % T
@@ -136,10 +142,9 @@ if triton is not None:
         b = bh // HQ
         h = bh % HQ
         bk = b * HKV + h // G
-        g = h % G
         sp = tl.arange(0, SP)
         d = tl.arange(0, D)
-        row = ((bk * T + t) * S + sp) * GP + g
+        row = (bk * S + sp) * ROWS + t * G + h % G
         ok = sp < S
         m = tl.load(pml_ptr + row, mask=ok, other=-float("inf"))
         l_s = tl.load(pml_ptr + L_OFF + row, mask=ok, other=0.0)
