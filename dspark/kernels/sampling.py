@@ -234,8 +234,13 @@ if triton is not None:
         the winner of slot k-1's partials mapped to a target id), its bias w2 @ w1[prev] on this block,
         the corrected logits and their race and softmax partials."""
         blk = tl.program_id(0)
+        if k % 2 == 1:  # odd slots walk w2 backwards: they start on the blocks the slot before left in L2
+            blk = NB - 1 - blk
         cols = blk * BLOCK + tl.arange(0, BLOCK)
         mask = cols < V
+        rr = tl.arange(0, RB)
+        # w2's first columns load before the serial part (the previous token), which they do not depend on
+        w = tl.load(w2_ptr + cols[:, None] * RANK + rr[None, :], mask=mask[:, None] & (rr[None, :] < RANK), other=0.0)
         if k == 0:
             prev = tl.load(anchor_ptr)
         else:
@@ -246,9 +251,11 @@ if triton is not None:
         for r0 in range(0, RANK, RB):
             rr = r0 + tl.arange(0, RB)
             e = tl.load(w1_ptr + prev * RANK + rr, mask=rr < RANK, other=0.0).to(tl.float32)
-            w = tl.load(w2_ptr + cols[:, None] * RANK + rr[None, :], mask=mask[:, None] & (rr[None, :] < RANK),
-                        other=0.0)
+            nxt = rr + RB  # the next columns of w2 load while these are reduced
+            w_next = tl.load(w2_ptr + cols[:, None] * RANK + nxt[None, :], mask=mask[:, None] & (nxt[None, :] < RANK),
+                             other=0.0)
             acc += tl.sum(w.to(tl.float32) * e[None, :], axis=1)
+            w = w_next
         bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)  # the head's product rounds to the weights' dtype
         x = tl.load(x_ptr + k * V + cols, mask=mask, other=0.0) + bias
         tl.store(corr_ptr + k * V + cols, x, mask=mask)
