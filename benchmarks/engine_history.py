@@ -43,13 +43,17 @@ def prepare(revisions: list[str], out: Path) -> None:
         with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
             tar.extractall(tree, filter="data")
         shutil.rmtree(tree / "dspark" / "data" / "demo", ignore_errors=True)
+        for blob_file in (tree / "experiments").rglob("*.xz"):  # training data: 4 MB engine-bench never reads
+            blob_file.unlink()
         print(f"{full}: {tree}")
 
 
 def bench(tree: Path, rev: str, extra: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()), DSPARK_GIT_REVISION=rev)
+    # trees from before EAGLE-3 (issue 30) time no EAGLE-3 step and have no option to skip it
+    skip = ["--eagle3", "none"] if "eagle3" in (tree / "harness" / "cli" / "engine_bench.py").read_text() else []
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "engine-bench", "--skip-hf", "--eagle3", "none",
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "engine-bench", "--skip-hf", *skip,
                            "--json", *extra], capture_output=True, text=True, cwd=tree, env=env, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"engine-bench at {rev} failed: {proc.stderr[-2000:]}")
