@@ -65,7 +65,7 @@ def main() -> None:
     whole = graph_time(lambda: S.markov_sample(logits, w1, w2, to_target, anchor, noise, temperature, args.greedy),
                        args.reps)
     print(json.dumps(base | {"what": "kernels.markov_sample as shipped (7 slots + q)", "ms": whole,
-                             "block": S.SAMPLE_BLOCK}))
+                             "block": S.MARKOV_BLOCK}))
     x = logits.float().contiguous()
     corrected, prevs = torch.empty_like(x), torch.empty(n, dtype=torch.long, device=dev)
     noise_arg = x if noise is None else noise

@@ -8,6 +8,13 @@ from torch import Tensor
 
 from dspark.kernels.launch import tl, triton, use_triton
 
+SAMPLE_BLOCK = 512  # vocabulary columns per program: 297 programs over Qwen3's 151,936 (about 2 per SM)
+# The Markov slot kernel's columns per program: 594 programs over 151,936 stream w2 (rank 256) at 3.1 TB/s in
+# 64-wide rank tiles, near cuBLAS's matrix-vector product (3.2), where 297 of 512 columns reached 2.3
+# (benchmarks/markov_bench.py on the H200, 8 warps); 128 columns streamed no faster but quadruple the
+# partials every program reduces
+MARKOV_BLOCK = 256
+
 
 def race_ref(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
              want_probs: bool) -> tuple[Tensor, Tensor | None]:
@@ -45,18 +52,18 @@ def race(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
     return idx.view(shape[:-1]), None if out is None else out.view(shape)
 
 
-def _finish(x: Tensor, parts: Tensor, nb: int, inv_t: float, greedy: bool,
-            want_probs: bool) -> tuple[Tensor, Tensor | None]:
+def _finish(x: Tensor, parts: Tensor, nb: int, inv_t: float, greedy: bool, want_probs: bool,
+            block: int = SAMPLE_BLOCK) -> tuple[Tensor, Tensor | None]:
+    """The rows' winners (and probabilities) from their partials over `nb` blocks of `block` columns."""
     rows, vocab = x.shape
     idx = torch.empty(rows, dtype=torch.long, device=x.device)
     out = torch.empty(rows, vocab, dtype=torch.float32, device=x.device) if want_probs else None
     _sample_finish_kernel[(rows, nb if want_probs else 1)](
-        x, parts, idx, idx if out is None else out, vocab, rows, nb, inv_t, BLOCK=SAMPLE_BLOCK,
+        x, parts, idx, idx if out is None else out, vocab, rows, nb, inv_t, BLOCK=block,
         NBP=triton.next_power_of_2(nb), PROBS=want_probs, GREEDY=greedy)
     return idx, out
 
 
-SAMPLE_BLOCK = 512  # vocabulary columns per program: 297 programs over Qwen3's 151,936 (about 2 per SM)
 
 
 def markov_sample_ref(logits: Tensor, bias_of, to_target: Tensor, anchor: Tensor, noise: Tensor | None,
@@ -89,7 +96,7 @@ def markov_sample(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anc
             return F.linear(w1[prev], w2).float()
         return markov_sample_ref(logits, bias_of, to_target, anchor, noise, temperature, greedy)
     x = logits.float().contiguous()
-    nb = triton.cdiv(vocab, SAMPLE_BLOCK)
+    nb = triton.cdiv(vocab, MARKOV_BLOCK)
     parts = torch.empty(4, n, nb, dtype=torch.float32, device=x.device)
     corrected = torch.empty_like(x)
     prevs = torch.empty(n, dtype=torch.long, device=x.device)
@@ -101,9 +108,9 @@ def markov_sample(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anc
     for k in range(n):
         _markov_sample_kernel[(nb,)](
             x, w1, w2, to_target, anchor, noise, parts, corrected, prevs, k, vocab, n, nb, temperature,
-            inv_t, RANK=rank, RB=min(32, triton.next_power_of_2(rank)), BLOCK=SAMPLE_BLOCK,
+            inv_t, RANK=rank, RB=min(64, triton.next_power_of_2(rank)), BLOCK=MARKOV_BLOCK,
             NBP=triton.next_power_of_2(nb), NOISE=has_noise, SOFTMAX=not greedy, num_warps=8)
-    ids, q = _finish(corrected, parts, nb, inv_t, greedy, True)
+    ids, q = _finish(corrected, parts, nb, inv_t, greedy, True, MARKOV_BLOCK)
     return q, ids, prevs, corrected
 
 
