@@ -39,22 +39,24 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dt
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-_ROPE_TABLES: dict[tuple, tuple[Tensor, Tensor]] = {}
+_ROPE_TABLES: dict[tuple, list[tuple[Tensor, Tensor]]] = {}  # per shape, every table built (the last is current)
 
 
 def rope_table(length: int, head_dim: int, theta: float, dtype: torch.dtype,
                device: torch.device) -> tuple[Tensor, Tensor]:
     """cos/sin [>= length, head_dim] of positions 0, 1, ... (`rope_cos_sin`'s numbers), built once per
     shape and kept: a forward then gathers its rows in two launches instead of computing them in about
-    ten. It grows (doubling) only when a longer cache asks, which happens before any graph capture."""
+    ten. It grows (doubling) when a longer cache asks. A table it replaces stays alive: another engine
+    on the same process may have captured CUDA graphs that read it, and freed, its memory would be
+    handed to other tensors under those graphs (the demo's plain decoding went wrong on the H200 when a
+    DSpark engine's longer cache grew the table between its replays)."""
     key = (head_dim, theta, dtype, torch.device(device))
-    table = _ROPE_TABLES.get(key)
-    if table is None or table[0].shape[0] < length:
-        size = max(length, 2 * table[0].shape[0] if table is not None else 0)
+    tables = _ROPE_TABLES.setdefault(key, [])
+    if not tables or tables[-1][0].shape[0] < length:
+        size = max(length, 2 * tables[-1][0].shape[0] if tables else 0)
         with torch.inference_mode():
-            table = rope_cos_sin(torch.arange(size, device=device), head_dim, theta, dtype)
-        _ROPE_TABLES[key] = table
-    return table
+            tables.append(rope_cos_sin(torch.arange(size, device=device), head_dim, theta, dtype))
+    return tables[-1]
 
 
 @dataclass

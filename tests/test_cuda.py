@@ -148,3 +148,25 @@ def test_a_longer_request_reallocates_and_recaptures(speculative):
         cfg = GenerationConfig(max_new_tokens=new, temperature=0.0)
         assert engine.generate(prompt, cfg).tokens == eager.generate(prompt, cfg).tokens
     assert engine.max_len >= 620 and engine.runner.graphs
+
+
+def test_engines_sharing_a_target_keep_their_graphs_valid():
+    """The harness alternates systems on one target: plain decoding's graphs, captured first, must stay
+    right after a DSpark engine's longer cache grows the RoPE table they read (the freed table's memory,
+    filled here with NaN by later tensors of its size, once fed the plain graphs on the H200)."""
+    from dspark import layers
+
+    target, draft = bigram_pair(dtype=torch.float32)
+    target, draft = target.cuda(), draft.cuda()
+    backbone = target.config.backbone
+    key = (backbone.head_dim, backbone.rope_theta, torch.float32, torch.device("cuda", 0))
+    layers._ROPE_TABLES.pop(key, None)  # tables of earlier tests: their engines are gone
+    prompt = torch.randint(0, 63, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    short = GenerationConfig(max_new_tokens=16, temperature=0.0)
+    plain = Engine(target)
+    first = plain.generate(prompt, short).tokens
+    table_shape = layers.rope_table(1, *key[:3], key[3])[0].shape
+    Engine(target, BlockDrafter(draft)).generate(prompt, GenerationConfig(max_new_tokens=100, temperature=0.0))
+    assert layers.rope_table(1, *key[:3], key[3])[0].shape[0] > table_shape[0]  # the table grew
+    junk = [torch.full(table_shape, float("nan"), device="cuda") for _ in range(8)]
+    assert plain.generate(prompt, short).tokens == first and junk

@@ -102,3 +102,19 @@ def test_rope_table_rows_equal_rope_cos_sin():
         assert torch.equal(cos[positions], want[0]) and torch.equal(sin[positions], want[1])
         longer = rope_table(3000, 64, 1e6, dtype, torch.device("cpu"))
         assert longer[0].shape[0] >= 3000 and torch.equal(longer[0][:1024], cos[:1024])
+
+
+def test_a_grown_rope_table_keeps_the_one_it_replaced_alive():
+    """A CUDA graph captured by one engine holds the address of the table it read; when another engine's
+    longer cache grows the table, the old one must not be freed (its memory would be reused under that graph)."""
+    import gc
+    import weakref
+
+    from dspark.layers import rope_table
+
+    cos, _ = rope_table(100, 32, 1234.5, torch.float32, torch.device("cpu"))  # a shape no other test uses
+    old = weakref.ref(cos)
+    del cos
+    rope_table(10_000, 32, 1234.5, torch.float32, torch.device("cpu"))
+    gc.collect()
+    assert old() is not None
