@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -84,3 +86,31 @@ def test_install_refuses_another_python_in_one_line(tmp_path, capsys, monkeypatc
     with pytest.raises(SystemExit) as refused:
         install.main()
     assert refused.value.code == 2 and "the wheels are for CPython 3.12" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") and shutil.which("nm")), reason="needs gcc and binutils' nm")
+def test_abi_check_names_the_shim_functions_the_other_torch_lacks_and_cxx_ties(tmp_path):
+    """Two small shared objects stand for libtorch (exporting one shim function) and for extensions: one calling
+    it (loads), one calling another (missing), one calling a C++ function in namespace c10 (tied to its torch)."""
+    def shared(name: str, source: str) -> Path:
+        (tmp_path / f"{name}.c").write_text(source)
+        out = tmp_path / f"{name}.so"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", out, tmp_path / f"{name}.c"], check=True)
+        return out
+
+    lib = shared("libtorch_cpu", "int aoti_torch_abi_version(void) { return 1; }\n")
+    good = shared("good", "int aoti_torch_abi_version(void);\nint f(void) { return aoti_torch_abi_version(); }\n")
+    bad = shared("bad", "int torch_new_stable_ivalue(void);\nint f(void) { return torch_new_stable_ivalue(); }\n")
+    cxx = shared("cxx", "int _ZN3c106detail5checkEv(void);\nint f(void) { return _ZN3c106detail5checkEv(); }\n")
+    torch_wheel, vllm_wheel = tmp_path / "torch.whl", tmp_path / "vllm.whl"
+    with zipfile.ZipFile(torch_wheel, "w") as z:
+        for name in ("libtorch.so", "libtorch_cpu.so", "libtorch_cuda.so"):
+            z.write(lib, f"torch/lib/{name}")
+    with zipfile.ZipFile(vllm_wheel, "w") as z:
+        for so in (good, bad, cxx):
+            z.write(so, f"vllm/{so.name}")
+    rows = {r["extension"]: r for r in _load("abi_check").check(vllm_wheel, torch_wheel)}
+    assert rows["vllm/good.so"] == {"extension": "vllm/good.so", "shim_functions": 1, "missing": [],
+                                    "cxx_torch_symbols": 0}
+    assert rows["vllm/bad.so"]["missing"] == ["torch_new_stable_ivalue"]
+    assert rows["vllm/cxx.so"]["cxx_torch_symbols"] == 1 and rows["vllm/cxx.so"]["missing"] == []
