@@ -76,3 +76,42 @@ def test_policies_run_losslessly_and_parity_needs_the_same_policy(tmp_path, monk
     code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", "confidence", "--backend", "vllm", *common,
                            "--out", "c")
     assert code == 2 and "dspark-threshold" in err and "--backend native" in err
+
+
+def test_the_prefix_scheduler_maps_onto_vllms_adaptive_verification(tmp_path):
+    """On the vLLM backends `confidence = "schedule"` is vLLM's adaptive verification (its speculative config
+    says so); every other policy, a non-DSpark method, a CPU run and our own cost tables or temperatures are
+    refused in one line each."""
+    from harness.backends.vllm import speculative_config
+    from harness.runs.plan import vllm_policy_problem
+    from harness.specs.experiments import System
+
+    schedule = System("s", "dspark", "demo-dspark", 7, confidence="schedule")
+
+    class Draft:  # what speculative_config reads of a draft's config
+        vllm_method, markov_rank, num_drafts, format = "dspark", 16, 7, "deepspec"
+
+    sc = speculative_config(schedule, Draft(), tmp_path, on_cpu=False)
+    assert sc["enable_adaptive_verification"] is True and sc["method"] == "dspark"
+    plain_block = speculative_config(System("d", "dspark", "demo-dspark", 7), Draft(), tmp_path, on_cpu=False)
+    assert "enable_adaptive_verification" not in plain_block
+    assert vllm_policy_problem(schedule, "vllm-server", "cuda") is None
+    assert vllm_policy_problem(System("d", "dspark"), "vllm", "cpu") is None
+    problems = [vllm_policy_problem(schedule, "vllm", "cpu"),
+                vllm_policy_problem(System("t", "dspark", confidence="threshold:0.3", confidence_threshold=0.3),
+                                    "vllm", "cuda"),
+                vllm_policy_problem(schedule, "openai", "cuda"),
+                vllm_policy_problem(System("e", "eagle3", confidence="schedule"), "vllm", "cuda"),
+                vllm_policy_problem(System("c", "dspark", confidence="schedule", confidence_costs=(1.0,) * 8),
+                                    "vllm", "cuda")]
+    hints = ["--device cuda", "threshold:0.3", "--backend native", "method dspark", "drop confidence_costs"]
+    for problem, hint in zip(problems, hints):
+        assert problem is not None and "\n" not in problem and hint in problem, (problem, hint)
+
+
+@needs_demo
+def test_the_scheduler_on_vllm_without_a_gpu_is_refused_in_one_line(monkeypatch, capfd, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", "confidence", "--backend", "vllm",
+                           "--systems", "dspark,dspark-schedule", "--num-prompts", "1", "--out", "c")
+    assert code == 2 and err.count("\n") == 1 and "dspark-schedule" in err and "--device cuda" in err

