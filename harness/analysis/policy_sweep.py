@@ -1,0 +1,109 @@
+"""A proposal-length policy against verifying every draft, at each concurrency level, from served runs
+(`dspark-bench run --backend vllm-server` with `--max-concurrency`): vLLM's DSpark with adaptive
+verification (a system with `confidence = "schedule"`) beside the same draft without it. Runs that hold
+both systems in opposite orders (A B, then B A) let a drift across the session move both sides. Per
+temperature and concurrency: each system's output throughput in each run, the ratio (policy over all
+drafts) per run and their geometric mean, the acceptance length, the drafts verified per round (the
+server's counters: draft tokens over speculative steps), and at T = 0 how many requests gave the same
+tokens under both, beside how many gave the same tokens in two runs of the one system (the control:
+vLLM in bfloat16 is not batch-invariant). vLLM counts the drafts it scheduled (all of them), not the
+ones adaptive verification kept, so "verified per round" cannot show its cut. Needs neither torch nor
+rich (`benchmarks/vllm_adaptive.py` prints it; the speed notebook shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from harness.analysis.records import read_requests
+
+
+def policy_pairs(runs: list[Path]) -> list[tuple[str, str]]:
+    """(system verifying every draft, system with a policy) of the same draft, from the runs' manifests."""
+    pairs: list[tuple[str, str]] = []
+    for run in runs:
+        manifest = json.loads((run / "manifest.json").read_text())
+        ran = set(manifest["settings"]["systems"])
+        systems = [s for s in manifest["experiment"]["systems"] if s["name"] in ran]
+        for policy in (s for s in systems if s.get("confidence", "off") != "off"):
+            base = next((s["name"] for s in systems if s.get("confidence", "off") == "off"
+                         and s.get("draft") == policy.get("draft") and s.get("method") == policy.get("method")), None)
+            if base and (base, policy["name"]) not in pairs:
+                pairs.append((base, policy["name"]))
+    return pairs
+
+def overall(run: Path) -> dict[tuple, dict]:
+    """(system, temperature, concurrency) -> the summary's overall row of that run."""
+    rows = json.loads((run / "summary.json").read_text())["rows"]
+    return {(r["system"], r["temperature"], r["max_concurrency"]): r for r in rows if r["category"] == "overall"}
+
+
+def same_tokens(runs: list[Path], a: str, b: str) -> dict[tuple, tuple[int, int]]:
+    """(temperature 0, concurrency) -> (requests whose output ids are equal under a and b, requests paired)."""
+    out: dict[tuple, list[int]] = {}
+    for run in runs:
+        ids: dict[tuple, dict[str, list]] = {}
+        for r in read_requests(run):
+            if r["temperature"] == 0 and r.get("output_ids") is not None:
+                ids.setdefault((r["max_concurrency"], r["question_id"]), {})[r["system"]] = r["output_ids"]
+        for (c, _), by in ids.items():
+            if a in by and b in by:
+                tally = out.setdefault((0.0, c), [0, 0])
+                tally[0] += by[a] == by[b]
+                tally[1] += 1
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def run_to_run(runs: list[Path], system: str) -> dict[tuple, tuple[int, int]]:
+    """The control for `same_tokens`: (0, concurrency) -> (requests of `system` whose T = 0 output ids are
+    equal in the first two runs, requests paired). vLLM in bfloat16 is not batch-invariant, so a greedy
+    output can change between two runs of one system."""
+    if len(runs) < 2:
+        return {}
+    first, second = ({(r["max_concurrency"], r["question_id"]): r.get("output_ids") for r in read_requests(run)
+                      if r["system"] == system and r["temperature"] == 0} for run in runs[:2])
+    out: dict[tuple, list[int]] = {}
+    for (c, q), ids in first.items():
+        if (c, q) in second:
+            tally = out.setdefault((0.0, c), [0, 0])
+            tally[0] += ids == second[(c, q)]
+            tally[1] += 1
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def compare(runs: list[Path], a: str, b: str) -> list[dict]:
+    tables = [overall(run) for run in runs]
+    keys = sorted({(t, c) for tab in tables for (s, t, c) in tab if s == a})
+    equal, control = same_tokens(runs, a, b), run_to_run(runs, a)
+    rows = []
+    for t, c in keys:
+        pairs = [(tab.get((a, t, c)), tab.get((b, t, c))) for tab in tables]
+        pairs = [(x, y) for x, y in pairs if x and y]
+        if not pairs:
+            continue
+        ratios = [y["output_throughput"] / x["output_throughput"] for x, y in pairs]
+
+        def mean(system_rows, key):  # (None where a run lacks the figure: a native run has no server counters)
+            values = [r.get(key) for r in system_rows]
+            return None if None in values else round(sum(values) / len(values), 3)
+
+        def per_round(r):
+            drafts, rounds = r.get("spec_decode_num_draft_tokens"), r.get("num_rounds")
+            return drafts / rounds if drafts is not None and rounds else None
+
+        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+        rows.append({
+            "temperature": t, "concurrency": c,
+            f"{a}_tok_s": [round(x["output_throughput"], 1) for x in xs],
+            f"{b}_tok_s": [round(y["output_throughput"], 1) for y in ys],
+            "ratio_per_run": [round(r, 3) for r in ratios],
+            "ratio_geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+            f"{a}_al": mean(xs, "spec_decode_acceptance_length"), f"{b}_al": mean(ys, "spec_decode_acceptance_length"),
+            f"{a}_verified_per_round": mean([{"v": per_round(x)} for x in xs], "v"),
+            f"{b}_verified_per_round": mean([{"v": per_round(y)} for y in ys], "v"),
+            f"{a}_tpot_ms": mean(xs, "mean_tpot_ms"), f"{b}_tpot_ms": mean(ys, "mean_tpot_ms"),
+            "greedy_equal": equal.get((t, c)), f"greedy_equal_{a}_run_to_run": control.get((t, c)),
+        })
+    return rows
