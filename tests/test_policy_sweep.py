@@ -68,5 +68,9 @@ def test_a_run_without_a_policy_pairs_nothing_and_native_rows_have_no_counters(t
            "output_throughput": 10.0, "mean_tpot_ms": 100.0}
     run = _run(tmp_path / "one", ["plain", "dspark"], [row, row | {"system": "dspark-schedule"}], {})
     assert policy_pairs([run]) == []
+    bare = tmp_path / "bare"  # a folder whose manifest lacks the experiment (older runs): nothing to pair
+    bare.mkdir()
+    (bare / "manifest.json").write_text(json.dumps({"settings": {"systems": ["dspark"]}}))
+    assert policy_pairs([bare, tmp_path / "no-manifest"]) == []
     (only,) = compare([run], "dspark", "dspark-schedule")
     assert only["dspark_verified_per_round"] is None and only["dspark_al"] is None and only["ratio_per_run"] == [1.0]

@@ -24,9 +24,11 @@ def policy_pairs(runs: list[Path]) -> list[tuple[str, str]]:
     """(system verifying every draft, system with a policy) of the same draft, from the runs' manifests."""
     pairs: list[tuple[str, str]] = []
     for run in runs:
-        manifest = json.loads((run / "manifest.json").read_text())
-        ran = set(manifest["settings"]["systems"])
-        systems = [s for s in manifest["experiment"]["systems"] if s["name"] in ran]
+        path = run / "manifest.json"
+        manifest = json.loads(path.read_text()) if path.is_file() else {}
+        ran = set((manifest.get("settings") or {}).get("systems") or [])
+        # (a run from before systems were recorded in the manifest, or a bare folder, has no policy to pair)
+        systems = [s for s in (manifest.get("experiment") or {}).get("systems") or [] if s["name"] in ran]
         for policy in (s for s in systems if s.get("confidence", "off") != "off"):
             base = next((s["name"] for s in systems if s.get("confidence", "off") == "off"
                          and s.get("draft") == policy.get("draft") and s.get("method") == policy.get("method")), None)
