@@ -69,7 +69,7 @@ def split_k_table():
     from dspark.kernels.gemv import linear as engine_linear
 
     torch.manual_seed(0)
-    configs = [c for c in itertools.product((2, 4, 8), (16, 32, 64), (128, 256), (3, 4, 5))
+    configs = [c for c in itertools.product((1, 2, 4, 8), (16, 32, 64), (128, 256), (3, 4, 5))
                if 4096 % (c[0] * c[2]) == 0]
     print(f"{'shape':8s} {'M':>2s} {'cuBLAS':>7s} {'engine':>7s} {'split-K':>8s} TB/s  best (split, block_n, block_k, stages)")
     for (name, (n, k)), m in itertools.product([(s, SHAPES[s]) for s in ("qkv", "o_proj", "down")], (1, 8)):
