@@ -36,6 +36,7 @@ def policy_pairs(runs: list[Path]) -> list[tuple[str, str]]:
                 pairs.append((base, policy["name"]))
     return pairs
 
+
 def overall(run: Path) -> dict[tuple, dict]:
     """(system, temperature, concurrency) -> the summary's overall row of that run."""
     rows = json.loads((run / "summary.json").read_text())["rows"]
@@ -75,7 +76,19 @@ def run_to_run(runs: list[Path], system: str) -> dict[tuple, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+def _mean(values: list[float | None]) -> float | None:
+    """The mean, rounded; None where a run lacks the figure (a native run has no server counters)."""
+    return None if not values or None in values else round(sum(values) / len(values), 3)
+
+
+def _per_round(row: dict) -> float | None:
+    drafts, rounds = row.get("spec_decode_num_draft_tokens"), row.get("num_rounds")
+    return drafts / rounds if drafts is not None and rounds else None
+
+
 def compare(runs: list[Path], a: str, b: str) -> list[dict]:
+    """One row per (temperature, concurrency) that both systems ran in at least one run: `a` (all drafts)
+    against `b` (the policy), the runs' figures side by side and the ratio's geometric mean over them."""
     tables = [overall(run) for run in runs]
     keys = sorted({(t, c) for tab in tables for (s, t, c) in tab if s == a})
     equal, control = same_tokens(runs, a, b), run_to_run(runs, a)
@@ -87,14 +100,6 @@ def compare(runs: list[Path], a: str, b: str) -> list[dict]:
             continue
         ratios = [y["output_throughput"] / x["output_throughput"] for x, y in pairs]
 
-        def mean(system_rows, key):  # (None where a run lacks the figure: a native run has no server counters)
-            values = [r.get(key) for r in system_rows]
-            return None if None in values else round(sum(values) / len(values), 3)
-
-        def per_round(r):
-            drafts, rounds = r.get("spec_decode_num_draft_tokens"), r.get("num_rounds")
-            return drafts / rounds if drafts is not None and rounds else None
-
         xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
         rows.append({
             "temperature": t, "concurrency": c,
@@ -102,10 +107,12 @@ def compare(runs: list[Path], a: str, b: str) -> list[dict]:
             f"{b}_tok_s": [round(y["output_throughput"], 1) for y in ys],
             "ratio_per_run": [round(r, 3) for r in ratios],
             "ratio_geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
-            f"{a}_al": mean(xs, "spec_decode_acceptance_length"), f"{b}_al": mean(ys, "spec_decode_acceptance_length"),
-            f"{a}_verified_per_round": mean([{"v": per_round(x)} for x in xs], "v"),
-            f"{b}_verified_per_round": mean([{"v": per_round(y)} for y in ys], "v"),
-            f"{a}_tpot_ms": mean(xs, "mean_tpot_ms"), f"{b}_tpot_ms": mean(ys, "mean_tpot_ms"),
+            f"{a}_al": _mean([x.get("spec_decode_acceptance_length") for x in xs]),
+            f"{b}_al": _mean([y.get("spec_decode_acceptance_length") for y in ys]),
+            f"{a}_verified_per_round": _mean([_per_round(x) for x in xs]),
+            f"{b}_verified_per_round": _mean([_per_round(y) for y in ys]),
+            f"{a}_tpot_ms": _mean([x.get("mean_tpot_ms") for x in xs]),
+            f"{b}_tpot_ms": _mean([y.get("mean_tpot_ms") for y in ys]),
             "greedy_equal": equal.get((t, c)), f"greedy_equal_{a}_run_to_run": control.get((t, c)),
         })
     return rows
