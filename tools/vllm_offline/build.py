@@ -8,7 +8,7 @@ tools/vllm_offline/wheels-0.32.txt`.
 Every pinned wheel is downloaded for CPython 3.12 on x86-64 Linux, without dependencies (the list holds
 exactly what the host's image lacks). The vLLM wheel is slimmed (`SLIM`: FlashAttention 2, the `vllm-rs`
 binary, the SM100 kernels, the MoE kernels, DeepGEMM, FP4) and its RECORD rewritten, which takes 0.26.0
-from 304 MB to about 111 MB. The wheels are packed in one uncompressed tar, cut into
+from 304 MB to about 111 MB and 0.32.0 from 326 MB to 119 MB. The wheels are packed in one uncompressed tar, cut into
 `<out>-1/`, `<out>-2/` ... (each a folder to name in one transfer), with `manifest.json` in every part:
 each wheel's sha256, the tar's and each part's. `install.py` beside this file puts them back together
 on the host.
