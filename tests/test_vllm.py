@@ -72,6 +72,12 @@ def _cli(args: list, root: Path, vllm: bool = True, extra_env: dict | None = Non
                           env=_env(vllm) | (extra_env or {}), timeout=900)
 
 
+def _started(args: list, root: Path) -> subprocess.Popen:
+    """A vLLM run started in the background (its output read when it is waited for)."""
+    return subprocess.Popen([str(_script()), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=root, env=_env())
+
+
 def _descendants(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every process below `pid`, from /proc."""
     children: dict[int, list[int]] = {}
@@ -121,22 +127,29 @@ def runs(tmp_path_factory):
     """The native run (plain, n-gram, DSpark on every coding prompt), the vLLM run of plain and n-gram
     (killed once, resumed), and vLLM's DSpark on the first coding prompts."""
     root = tmp_path_factory.mktemp("vllm")
-    native = _cli(["run", *COMMON, "--num-prompts", CODING, "--systems", "plain,ngram,dspark,eagle3", "--backend", "native",
-                   "--record-margins", "--out", root / "native", "--json"], root, vllm=False)
-    assert native.returncode == 0, native.stderr[-3000:]
-    out = {"native": root / "native", "killed": _killed_then_resumed(root)}
-    out["vllm"] = out["killed"]["dir"]
-    # (vLLM's engine in this one process: two fewer processes importing vLLM; the layout is not what this checks)
-    dspark = _cli(["run", *COMMON, "--systems", "dspark", "--num-prompts", DSPARK_PROMPTS, "--backend", "vllm",
-                   "--vllm-arg", "distributed_executor_backend=uni", "--out", root / "vllm-dspark", "--json"], root,
-                  extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    assert dspark.returncode == 0, dspark.stderr[-3000:]
-    out["vllm-dspark"] = root / "vllm-dspark"
     # (in its own EngineCore process: vLLM's V1 CPU attention in this process would find the run's one
-    # intra-op thread where it planned for the machine's cores)
-    eagle3 = _cli(["run", *COMMON, "--systems", "eagle3", "--num-prompts", EAGLE3_PROMPTS, "--backend", "vllm",
-                   "--out", root / "vllm-eagle3", "--json"], root)
-    assert eagle3.returncode == 0, eagle3.stderr[-3000:]
+    # intra-op thread where it planned for the machine's cores; started first, beside the runs below: its
+    # engine start is mostly one Python thread, so on 2 cores the module takes about 45 s less)
+    eagle3 = _started(["run", *COMMON, "--systems", "eagle3", "--num-prompts", EAGLE3_PROMPTS, "--backend", "vllm",
+                       "--out", root / "vllm-eagle3", "--json"], root)
+    try:
+        native = _cli(["run", *COMMON, "--num-prompts", CODING, "--systems", "plain,ngram,dspark,eagle3", "--backend",
+                       "native", "--record-margins", "--out", root / "native", "--json"], root, vllm=False)
+        assert native.returncode == 0, native.stderr[-3000:]
+        out = {"native": root / "native", "killed": _killed_then_resumed(root)}
+        out["vllm"] = out["killed"]["dir"]
+        # (vLLM's engine in this one process: two fewer processes importing vLLM; the layout is not what this checks)
+        dspark = _cli(["run", *COMMON, "--systems", "dspark", "--num-prompts", DSPARK_PROMPTS, "--backend", "vllm",
+                       "--vllm-arg", "distributed_executor_backend=uni", "--out", root / "vllm-dspark", "--json"], root,
+                      extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+        assert dspark.returncode == 0, dspark.stderr[-3000:]
+        out["vllm-dspark"] = root / "vllm-dspark"
+    except BaseException:  # (the background run stops with the fixture: SIGTERM, which it handles)
+        eagle3.terminate()
+        eagle3.communicate(timeout=120)
+        raise
+    _, err = eagle3.communicate(timeout=900)
+    assert eagle3.returncode == 0, err[-3000:]
     out["vllm-eagle3"] = root / "vllm-eagle3"
     return out
 
