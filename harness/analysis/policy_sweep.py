@@ -43,37 +43,33 @@ def overall(run: Path) -> dict[tuple, dict]:
     return {(r["system"], r["temperature"], r["max_concurrency"]): r for r in rows if r["category"] == "overall"}
 
 
-def same_tokens(runs: list[Path], a: str, b: str) -> dict[tuple, tuple[int, int]]:
-    """(temperature 0, concurrency) -> (requests whose output ids are equal under a and b, requests paired)."""
+def _greedy_ids(records: list[dict], system: str) -> dict[tuple, list[int]]:
+    """(concurrency, question) -> output ids of `system`'s requests at T = 0."""
+    return {(r["max_concurrency"], r["question_id"]): r["output_ids"] for r in records
+            if r["system"] == system and r["temperature"] == 0 and r.get("output_ids") is not None}
+
+
+def _tally(pairs: list[tuple[dict, dict]]) -> dict[tuple, tuple[int, int]]:
+    """(0.0, concurrency) -> (requests with equal ids on both sides, requests on both sides), over the pairs."""
     out: dict[tuple, list[int]] = {}
-    for run in runs:
-        ids: dict[tuple, dict[str, list]] = {}
-        for r in read_requests(run):
-            if r["temperature"] == 0 and r.get("output_ids") is not None:
-                ids.setdefault((r["max_concurrency"], r["question_id"]), {})[r["system"]] = r["output_ids"]
-        for (c, _), by in ids.items():
-            if a in by and b in by:
+    for first, second in pairs:
+        for (c, q), ids in first.items():
+            if (c, q) in second:
                 tally = out.setdefault((0.0, c), [0, 0])
-                tally[0] += by[a] == by[b]
+                tally[0] += ids == second[(c, q)]
                 tally[1] += 1
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def run_to_run(runs: list[Path], system: str) -> dict[tuple, tuple[int, int]]:
-    """The control for `same_tokens`: (0, concurrency) -> (requests of `system` whose T = 0 output ids are
-    equal in the first two runs, requests paired). vLLM in bfloat16 is not batch-invariant, so a greedy
-    output can change between two runs of one system."""
-    if len(runs) < 2:
-        return {}
-    first, second = ({(r["max_concurrency"], r["question_id"]): r.get("output_ids") for r in read_requests(run)
-                      if r["system"] == system and r["temperature"] == 0} for run in runs[:2])
-    out: dict[tuple, list[int]] = {}
-    for (c, q), ids in first.items():
-        if (c, q) in second:
-            tally = out.setdefault((0.0, c), [0, 0])
-            tally[0] += ids == second[(c, q)]
-            tally[1] += 1
-    return {k: (v[0], v[1]) for k, v in out.items()}
+def same_tokens(records: list[list[dict]], a: str, b: str) -> dict[tuple, tuple[int, int]]:
+    """How many T = 0 requests gave the same tokens under a and b, run by run (`_tally`)."""
+    return _tally([(_greedy_ids(recs, a), _greedy_ids(recs, b)) for recs in records])
+
+
+def run_to_run(records: list[list[dict]], system: str) -> dict[tuple, tuple[int, int]]:
+    """The control for `same_tokens`: how many T = 0 requests of `system` gave the same tokens in the first two
+    runs. vLLM in bfloat16 is not batch-invariant, so a greedy output can change between two runs of one system."""
+    return _tally([(_greedy_ids(records[0], system), _greedy_ids(records[1], system))]) if len(records) > 1 else {}
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -91,7 +87,8 @@ def compare(runs: list[Path], a: str, b: str) -> list[dict]:
     against `b` (the policy), the runs' figures side by side and the ratio's geometric mean over them."""
     tables = [overall(run) for run in runs]
     keys = sorted({(t, c) for tab in tables for (s, t, c) in tab if s == a})
-    equal, control = same_tokens(runs, a, b), run_to_run(runs, a)
+    records = [read_requests(run) for run in runs]
+    equal, control = same_tokens(records, a, b), run_to_run(records, a)
     rows = []
     for t, c in keys:
         pairs = [(tab.get((a, t, c)), tab.get((b, t, c))) for tab in tables]
