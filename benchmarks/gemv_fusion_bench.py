@@ -1,11 +1,12 @@
-"""What folding SwiGLU into the matrix-vector kernel buys, per Qwen3-8B decode projection.
+"""What folding a layer's small operations into the matrix-vector kernel buys, per Qwen3-8B decode projection.
 
 For each Qwen3-8B decode projection (M = 1, bf16) this captures a CUDA graph of 8 back-to-back calls on
 8 copies of the weight (so no call finds its weight in L2) and reports the median time per call and the
-weight bandwidth of the chain the engine runs (the add+RMSNorm kernel, then the product; for gate/up
-with SiLU*mul as a kernel of its own or in the product's epilogue). The recorded runs in
-`gemv_fusion_h200*.jsonl` also compared programmatic dependent launch and a norm folded into the
-product's prologue, both since removed (benchmarks/RESULTS.md).
+weight bandwidth: for q/k/v and gate/up the RMSNorm as a kernel of its own before the product, or inside
+it as the engine runs it (and for gate/up SiLU*mul as a kernel of its own, or in the epilogue); for
+o_proj and down the product alone, or with the residual add in its epilogue as the engine runs it. The
+recorded runs in `gemv_fusion_h200*.jsonl` (older API) also compared programmatic dependent launch and
+a norm in the product's prologue that reduced every step, both since removed (benchmarks/RESULTS.md).
 
     python benchmarks/gemv_fusion_bench.py
 """
@@ -51,7 +52,7 @@ def main() -> None:
     torch.manual_seed(0)
     dt = torch.bfloat16
     x = torch.randn(1, HIDDEN, device="cuda", dtype=dt)
-    d = torch.randn(1, HIDDEN, device="cuda", dtype=dt)
+    r = torch.randn(1, HIDDEN, device="cuda", dtype=dt)
     nw = torch.rand(HIDDEN, device="cuda", dtype=dt) + 0.5
     act = torch.randn(1, INTER, device="cuda", dtype=dt)
     shapes = {"qkv": (6144, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN),
@@ -60,12 +61,16 @@ def main() -> None:
     for name, (n, k) in shapes.items():
         ws = [torch.randn(n, k, device="cuda", dtype=dt) * 0.02 for _ in range(CALLS)]
         nbytes = n * k * 2
-        cases = {"product": lambda i: K.linear(act if k == INTER else x, ws[i])}
-        if name == "qkv":
-            cases = {"norm, product": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i])}
+        a = act if k == INTER else x
+        cases = {"product": lambda i: K.linear(a, ws[i])}
+        if name in ("o_proj", "down"):
+            cases["product with the residual add"] = lambda i: K.linear(a, ws[i], residual=r)
+        elif name == "qkv":
+            cases = {"norm kernel, product": lambda i: K.linear(K.rms_norm(x, nw, 1e-6), ws[i]),
+                     "norm in the product": lambda i: K.norm_linear(x, nw, 1e-6, ws[i])}
         elif name == "gate_up":
-            cases = {"norm, product, silu*mul": lambda i: K.silu_mul(K.norm_linear(x, d, nw, 1e-6, ws[i])[1]),
-                     "norm, product with SwiGLU epilogue": lambda i: K.norm_linear(x, d, nw, 1e-6, ws[i], gated=True)}
+            cases = {"norm kernel, product, silu*mul": lambda i: K.silu_mul(K.linear(K.rms_norm(x, nw, 1e-6), ws[i])),
+                     "norm and SwiGLU in the product": lambda i: K.norm_linear(x, nw, 1e-6, ws[i], gated=True)}
         for case, fn in cases.items():
             us = graph_us(fn)
             rows.append({"shape": name, "case": case, "us": round(us, 2),

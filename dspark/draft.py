@@ -160,7 +160,7 @@ class DraftModel(nn.Module):
             if self.context_kv is None or self._versions() != self._context_versions:
                 raise RuntimeError("DraftModel: the context projections are not fused, or changed in place since; "
                                    "call fuse() after building, loading or editing the weights (the loaders do)")
-            _, kv = kernels.norm_linear(fed, None, self.hidden_norm.weight, self.hidden_norm.eps, *self.context_kv)
+            kv = kernels.norm_linear(fed, self.hidden_norm.weight, self.hidden_norm.eps, *self.context_kv)
             kvs = kv.chunk(len(attns), dim=-1)
         for i, (attn, kv) in enumerate(zip(attns, kvs)):
             attn.store_kv(kv, step, cache, i)
@@ -179,10 +179,9 @@ class DraftModel(nn.Module):
         last = positions[:, -1:].expand_as(positions)
         step = AttentionStep.build(positions, last, kv_len, self.config.backbone, x.dtype, slots, mask,
                                    table_len=cache.max_len if slots is None else 0)
-        delta = None
         for i, layer in enumerate(self.layers):
-            x, delta = layer(x, delta, step, cache, i)
-        return self.norm.add_forward(x, delta)[1]
+            x = layer(x, step, cache, i)
+        return self.norm(x)
 
     def base_logits(self, hidden: Tensor) -> Tensor:
         return kernels.linear(hidden, self.lm_head.weight).float()

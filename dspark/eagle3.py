@@ -46,9 +46,9 @@ class Eagle3Attention(nn.Module):
             self.fuse()
         return out
 
-    def forward(self, x: Tensor, step: AttentionStep, cache: KVCache) -> Tensor:
-        """Attention of rows `x` [B, T, 2H] at `step`'s positions; their keys and values land in the cache
-        slots `step.slots`. Returns [B, T, H] (through o_proj)."""
+    def forward(self, x: Tensor, step: AttentionStep, cache: KVCache, residual: Tensor) -> Tensor:
+        """`residual` plus the attention of rows `x` [B, T, 2H] at `step`'s positions through o_proj; their
+        keys and values land in the cache slots `step.slots`. Returns [B, T, H]."""
         if torch.is_grad_enabled():
             qkv = torch.cat([p(x) for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
         else:
@@ -64,7 +64,7 @@ class Eagle3Attention(nn.Module):
             q = rope_cache(qkv, self.num_heads, self.num_kv_heads, self.head_dim, step, cache)
         out = kernels.attention(q, cache.k[0], cache.v[0], step.limits, step.kv_len, step.mask, step.causal)
         b, _, t, _ = out.shape
-        return kernels.linear(out.transpose(1, 2).reshape(b, t, -1), self.o_proj.weight, self.o_proj.bias)
+        return kernels.linear(out.transpose(1, 2).reshape(b, t, -1), self.o_proj.weight, self.o_proj.bias, residual)
 
 
 def rope_cache(qkv: Tensor, num_heads: int, num_kv_heads: int, head_dim: int, step: AttentionStep,
@@ -97,13 +97,12 @@ class Eagle3Layer(nn.Module):
         self.self_attn.fuse()
         self.mlp.fuse()
 
-    def forward(self, embeds: Tensor, hidden: Tensor, step: AttentionStep, cache: KVCache) -> tuple[Tensor, Tensor]:
-        """(x, delta) whose sum is the layer's output (the residual add is left to the final norm)."""
+    def forward(self, embeds: Tensor, hidden: Tensor, step: AttentionStep, cache: KVCache) -> Tensor:
         h = self.hidden_norm(hidden)
-        attn = self.self_attn(torch.cat((self.input_layernorm(embeds), h), dim=-1), step, cache)
-        x, act = self.mlp.project_normed(h if self.norm_before_residual else hidden, attn,
-                                         self.post_attention_layernorm, gated=True)
-        return x, self.mlp(act)
+        x = self.self_attn(torch.cat((self.input_layernorm(embeds), h), dim=-1), step, cache,
+                           residual=h if self.norm_before_residual else hidden)
+        act = self.mlp.project_normed(x, self.post_attention_layernorm, gated=True)
+        return self.mlp(act, residual=x)
 
 
 class Eagle3Draft(nn.Module):
@@ -156,9 +155,8 @@ class Eagle3Draft(nn.Module):
         b = self.config.backbone
         step = AttentionStep.build(positions, positions if limits is None else limits, kv_len, b, embeds.dtype,
                                    slots, mask, causal, table_len=0 if mask is not None else cache.max_len)
-        x, delta = self.midlayer(embeds, hidden, step, cache)
-        pre, normed = self.norm.add_forward(x, delta)
-        return normed, pre
+        pre = self.midlayer(embeds, hidden, step, cache)
+        return self.norm(pre), pre
 
     def logits(self, normed: Tensor) -> Tensor:
         """Scores over the draft vocabulary, float32."""

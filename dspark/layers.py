@@ -24,11 +24,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return kernels.rms_norm_ref(x, self.weight, self.eps)
-
-    def add_forward(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(x + delta, norm(x + delta)) in one pass on the GPU."""
-        return kernels.add_rms_norm(x, delta, self.weight, self.eps)
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -156,18 +152,18 @@ class FusedProjections(nn.Module):
             self.fuse()
         return out
 
-    def project_normed(self, x: Tensor, delta: Tensor | None, norm: RMSNorm, gated: bool = False) -> tuple[Tensor, Tensor]:
-        """(x + delta, the projections of its norm); `gated` (the [gate; up] pair): silu(gate) * up,
-        on the GPU in the product's epilogue."""
+    def project_normed(self, x: Tensor, norm: RMSNorm, gated: bool = False) -> Tensor:
+        """The projections of norm(x); `gated` (the [gate; up] pair): silu(gate) * up. On the GPU the norm
+        and SwiGLU run inside the product's launch."""
         parts = self.parts()
         if torch.is_grad_enabled():
-            x, h = norm.add_forward(x, delta)
+            h = norm(x)
             y = torch.cat([p(h) for p in parts], dim=-1)
-            return x, kernels.silu_mul(y) if gated else y
+            return kernels.silu_mul(y) if gated else y
         if self.fused is None or self.fused[0].data_ptr() != parts[0].weight.data_ptr():
             raise RuntimeError(f"{type(self).__name__}: projections not fused (or replaced since); call the "
                                "model's fuse() after building or loading it (the loaders and builders do)")
-        return kernels.norm_linear(x, delta, norm.weight, norm.eps, *self.fused, gated=gated)
+        return kernels.norm_linear(x, norm.weight, norm.eps, *self.fused, gated=gated)
 
 
 class Attention(FusedProjections):
@@ -191,14 +187,15 @@ class Attention(FusedProjections):
         kernels.qk_norm_rope_cache(kv, 0, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight, self.eps,
                                    step.cos, step.sin, step.slots, cache.k[layer], cache.v[layer])
 
-    def forward(self, qkv: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
-        """Attention of the projected [q | k | v] rows (normed, rotated, K/V cached) through o_proj."""
+    def forward(self, qkv: Tensor, step: AttentionStep, cache: KVCache, layer: int, residual: Tensor) -> Tensor:
+        """`residual` plus the attention of the projected [q | k | v] rows (normed, rotated, K/V cached)
+        through o_proj (the add in o_proj's epilogue on the GPU)."""
         q = kernels.qk_norm_rope_cache(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
                                        self.k_norm.weight, self.eps, step.cos, step.sin, step.slots,
                                        cache.k[layer], cache.v[layer])
         out = kernels.attention(q, cache.k[layer], cache.v[layer], step.limits, step.kv_len, step.mask, step.causal)
         b, _, t, _ = out.shape
-        return kernels.linear(out.transpose(1, 2).reshape(b, t, -1), self.o_proj.weight, self.o_proj.bias)
+        return kernels.linear(out.transpose(1, 2).reshape(b, t, -1), self.o_proj.weight, self.o_proj.bias, residual)
 
 
 class MLP(FusedProjections):
@@ -211,16 +208,17 @@ class MLP(FusedProjections):
     def parts(self) -> list[nn.Linear]:
         return [self.gate_proj, self.up_proj]
 
-    def forward(self, act: Tensor) -> Tensor:
-        """down_proj of silu(gate) * up (`project_normed(..., gated=True)` gives it)."""
-        return kernels.linear(act, self.down_proj.weight)
+    def forward(self, act: Tensor, residual: Tensor) -> Tensor:
+        """`residual` plus down_proj of silu(gate) * up (`project_normed(..., gated=True)` gives it)."""
+        return kernels.linear(act, self.down_proj.weight, residual=residual)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm Qwen3 layer; parameter names follow Hugging Face's checkpoints.
 
-    The residual add of the previous layer's MLP output is fused into this layer's first norm:
-    a layer takes (x, delta) and returns (x', delta') whose sum is its output.
+    On the GPU its four products carry everything else but attention: each norm runs inside the
+    product that reads it (q/k/v, gate/up) and each residual add inside the one that makes the delta
+    (o_proj, down), so a layer is four products, the q/k norm and RoPE, and attention.
     """
 
     def __init__(self, cfg: BackboneConfig):
@@ -234,12 +232,11 @@ class DecoderLayer(nn.Module):
         self.self_attn.fuse()
         self.mlp.fuse()
 
-    def forward(self, x: Tensor, delta: Tensor | None, step: AttentionStep, cache: KVCache,
-                layer: int) -> tuple[Tensor, Tensor]:
-        x, qkv = self.self_attn.project_normed(x, delta, self.input_layernorm)
-        x, act = self.mlp.project_normed(x, self.self_attn(qkv, step, cache, layer), self.post_attention_layernorm,
-                                         gated=True)
-        return x, self.mlp(act)
+    def forward(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
+        qkv = self.self_attn.project_normed(x, self.input_layernorm)
+        x = self.self_attn(qkv, step, cache, layer, residual=x)
+        act = self.mlp.project_normed(x, self.post_attention_layernorm, gated=True)
+        return self.mlp(act, residual=x)
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -65,13 +65,12 @@ class Qwen3Target(nn.Module):
         step = AttentionStep.build(positions, positions, kv_len, self.config.backbone, x.dtype, causal=prefill,
                                    table_len=cache.max_len)
         tapped = [x] if -1 in taps else []
-        delta = None
         for i, layer in enumerate(self.model.layers):
-            x, delta = layer(x, delta, step, cache, i)
+            x = layer(x, step, cache, i)
             if i in taps:
-                tapped.append(x + delta)
+                tapped.append(x)
         feats = torch.cat(tapped, dim=-1) if taps else None
-        return self.model.norm.add_forward(x, delta)[1], feats
+        return self.model.norm(x), feats
 
     def logits(self, hidden: Tensor) -> Tensor:
         return kernels.linear(hidden, self.lm_head.weight).float()

@@ -4,14 +4,14 @@ Each public function computes the same thing as its `*_ref` twin in plain PyTorc
 it runs one Triton kernel instead of several PyTorch ones (the reference runs on CPU, without
 Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its reference.
 
-- `add_rms_norm`: residual add and RMSNorm in one pass (x += delta; h = norm(x) * w).
+- `rms_norm`: RMSNorm in one pass, where no product takes it in (final norms, many-row forwards).
 - `qk_norm_rope_cache`: per-head q/k RMSNorm, RoPE on both, K/V written to the cache at their positions.
 - `silu_mul`: SwiGLU's silu(gate) * up on the fused gate/up projection output.
 - `attention`: GQA attention of T query rows over the cache, each row seeing keys up to its limit.
 - `linear`: x @ W^T for up to 16 rows, streaming W faster than cuBLAS does at these shapes
-  (benchmarks/gemv_h200.txt).
-- `norm_linear`: add+RMSNorm, then the product that reads it (q/k/v, gate/up); for gate/up, SwiGLU's
-  silu(gate) * up in the product's epilogue.
+  (benchmarks/gemv_h200.txt), the residual add (o_proj, down) in its epilogue.
+- `norm_linear`: the product of x's RMSNorm (q/k/v, gate/up) in the same launch, the norm's weight on
+  x's tiles and its 1/rms in the epilogue; for gate/up, SwiGLU's silu(gate) * up there too.
 - `race`: sampling and distributions over the whole vocabulary, spread over many programs: the
   exponential race's arg-max (a token drawn from softmax(logits / T)) and softmax or one-hot probs.
 - `accept`: the lossless acceptance rule (accepted prefix, residual or bonus token) in two launches.
@@ -21,14 +21,13 @@ Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its referen
 
 from dspark.kernels.activation import silu_mul, silu_mul_ref
 from dspark.kernels.attention import SPLIT_KV_MAX_QUERIES, attention, attention_ref, split_kv_attention
-from dspark.kernels.gemv import linear, norm_linear, norm_linear_ref
+from dspark.kernels.gemv import linear, linear_ref, norm_linear, norm_linear_ref
 from dspark.kernels.launch import use_triton
-from dspark.kernels.norms import (add_rms_norm, add_rms_norm_ref, qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm_ref,
-                                  rope_ref)
+from dspark.kernels.norms import qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm, rms_norm_ref, rope_ref
 from dspark.kernels.sampling import (SAMPLE_BLOCK, accept, accept_ref, markov_sample, markov_sample_ref, race,
                                      race_ref)
 
-__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "add_rms_norm", "add_rms_norm_ref",
-           "attention", "attention_ref", "linear", "markov_sample", "markov_sample_ref", "norm_linear", "norm_linear_ref",
-           "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race", "race_ref", "rms_norm_ref", "rope_ref", "silu_mul",
+__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "attention", "attention_ref", "linear",
+           "linear_ref", "markov_sample", "markov_sample_ref", "norm_linear", "norm_linear_ref",
+           "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race", "race_ref", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul",
            "silu_mul_ref", "split_kv_attention", "use_triton"]

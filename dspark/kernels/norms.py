@@ -1,4 +1,5 @@
-"""RMSNorm with the residual add, and the attention prologue: q/k norm, RoPE and the K/V cache write."""
+"""RMSNorm (where no product takes it into its epilogue: final norms, many-row forwards), and the attention
+prologue: q/k norm, RoPE and the K/V cache write."""
 
 from __future__ import annotations
 
@@ -12,12 +13,6 @@ def rms_norm_ref(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     dtype = x.dtype
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
-
-
-def add_rms_norm_ref(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    if delta is not None:
-        x = x + delta
-    return x, rms_norm_ref(x, weight, eps)
 
 
 def rope_ref(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -42,17 +37,15 @@ def qk_norm_rope_cache_ref(qkv: Tensor, num_heads: int, num_kv_heads: int, q_nor
     return q
 
 
-def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     if not use_triton(x):
-        return add_rms_norm_ref(x, delta, weight, eps)
+        return rms_norm_ref(x, weight, eps)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
-    d2 = x2 if delta is None else delta.reshape(-1, shape[-1]).contiguous()
-    out_x, out_h = (x2 if delta is None else torch.empty_like(x2)), torch.empty_like(x2)
+    out = torch.empty_like(x2)
     n = shape[-1]
-    _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, out_x, out_h, n, eps, BLOCK=triton.next_power_of_2(n),
-                                         DELTA=delta is not None)
-    return out_x.view(shape), out_h.view(shape)
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, n, eps, BLOCK=triton.next_power_of_2(n))
+    return out.view(shape)
 
 
 def qk_norm_rope_cache(qkv: Tensor, num_heads: int, num_kv_heads: int, q_norm: Tensor, k_norm: Tensor, eps: float,
@@ -76,19 +69,15 @@ def qk_norm_rope_cache(qkv: Tensor, num_heads: int, num_kv_heads: int, q_norm: T
 if triton is not None:
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, out_x_ptr, out_h_ptr, n, eps, BLOCK: tl.constexpr,
-                             DELTA: tl.constexpr):
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n
         s = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0)
-        if DELTA:
-            s = s + tl.load(d_ptr + row * n + cols, mask=mask, other=0.0)  # rounded to the storage dtype, as torch
-            tl.store(out_x_ptr + row * n + cols, s, mask=mask)
         sf = s.to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / n + eps)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        tl.store(out_h_ptr + row * n + cols, w * (sf * inv).to(s.dtype), mask=mask)
+        tl.store(out_ptr + row * n + cols, w * (sf * inv).to(s.dtype), mask=mask)
 
     @triton.jit
     def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, ck_ptr, cv_ptr,
