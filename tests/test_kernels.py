@@ -89,11 +89,12 @@ def test_linear(dtype, m, n, k):
 
 
 @pytest.mark.parametrize("m", [1, 8])
-def test_linear_adds_the_residual_in_its_epilogue_as_torch_rounds_it(dtype, m):
+@pytest.mark.parametrize("n,k", [(4096, 1024), (4096, 12288), (6144, 4096)])  # o_proj's, down's, a wider tile
+def test_linear_adds_the_residual_in_its_epilogue_as_torch_rounds_it(dtype, m, n, k):
     """o_proj's and down's epilogue: residual + (x @ W^T rounded), the sum rounded: bit-equal to adding the
     kernel's own product afterwards."""
-    x, r = torch.randn(m, 1024, device=DEVICE, dtype=dtype), torch.randn(m, 4096, device=DEVICE, dtype=dtype)
-    w = torch.randn(4096, 1024, device=DEVICE, dtype=dtype) * 0.02
+    x, r = torch.randn(m, k, device=DEVICE, dtype=dtype), torch.randn(m, n, device=DEVICE, dtype=dtype)
+    w = torch.randn(n, k, device=DEVICE, dtype=dtype) * 0.02
     y = K.linear(x, w, residual=r)
     assert torch.equal(y, r + K.linear(x, w)) and _rel(y, K.linear_ref(x, w, residual=r)) < TOL[dtype]
 
@@ -131,9 +132,9 @@ def test_norm_linear(dtype, rows, n, k):
 
 
 @pytest.mark.parametrize("rows", [1, 8])
-def test_norm_linear_gated(dtype, rows):
+@pytest.mark.parametrize("k,inter", [(512, 1536), (4096, 12288)])  # a small tile, and Qwen3-8B's gate/up tile
+def test_norm_linear_gated(dtype, rows, k, inter):
     """gate/up with the norm and SwiGLU in the one launch: silu(h @ gate^T) * (h @ up^T), h = norm(x)."""
-    k, inter = 512, 1536
     x = torch.randn(rows, k, device=DEVICE, dtype=dtype)
     nw = torch.rand(k, device=DEVICE, dtype=dtype) + 0.5
     w = torch.randn(2 * inter, k, device=DEVICE, dtype=dtype) * 0.05
