@@ -1,7 +1,7 @@
 """Are the engine's matrix-vector tiles still the best ones, now that the norm and the residual add run inside?
 
-The tiles in `dspark.kernels.gemv._gemv` (read off its launches here) were picked by `gemv_bench.py` from eager timings of a bare
-product. This times the engine's own kernel, with the flags each Qwen3-8B product runs with (q/k/v: the
+The tiles in `dspark.kernels.gemv._gemv` (read off its launches here) were picked by `gemv_bench.py`
+from eager timings of a bare product. This times the engine's own kernel, with the flags each Qwen3-8B product runs with (q/k/v: the
 norm inside; o_proj and down: the residual add; gate/up: the norm and SwiGLU), in a CUDA graph over
 three weights in turn (beyond L2), for M = 1 (decode) and 8 (verify), over a grid of tiles, and prints
 the engine's current choice beside the best one. A configuration that does not fit the shared memory
