@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -127,27 +128,31 @@ def runs(tmp_path_factory):
     """The native run (plain, n-gram, DSpark on every coding prompt), the vLLM run of plain and n-gram
     (killed once, resumed), and vLLM's DSpark on the first coding prompts."""
     root = tmp_path_factory.mktemp("vllm")
-    # (in its own EngineCore process: vLLM's V1 CPU attention in this process would find the run's one
-    # intra-op thread where it planned for the machine's cores; started first, beside the runs below: its
-    # engine start is mostly one Python thread, so on 2 cores the module takes about 45 s less)
+    # Side by side: a vLLM engine's start is mostly one Python thread importing, so on 2 cores the runs overlap
+    # instead of following each other (this fixture took 170 s with only EAGLE-3 beside the others, 138 s so).
+    # (EAGLE-3 in its own EngineCore process: vLLM's V1 CPU attention in this process would find the run's one
+    # intra-op thread where it planned for the machine's cores.)
     eagle3 = _started(["run", *COMMON, "--systems", "eagle3", "--num-prompts", EAGLE3_PROMPTS, "--backend", "vllm",
                        "--out", root / "vllm-eagle3", "--json"], root)
-    try:
-        native = _cli(["run", *COMMON, "--num-prompts", CODING, "--systems", "plain,ngram,dspark,eagle3", "--backend",
-                       "native", "--record-margins", "--out", root / "native", "--json"], root, vllm=False)
-        assert native.returncode == 0, native.stderr[-3000:]
-        out = {"native": root / "native", "killed": _killed_then_resumed(root)}
-        out["vllm"] = out["killed"]["dir"]
-        # (vLLM's engine in this one process: two fewer processes importing vLLM; the layout is not what this checks)
-        dspark = _cli(["run", *COMMON, "--systems", "dspark", "--num-prompts", DSPARK_PROMPTS, "--backend", "vllm",
-                       "--vllm-arg", "distributed_executor_backend=uni", "--out", root / "vllm-dspark", "--json"], root,
-                      extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-        assert dspark.returncode == 0, dspark.stderr[-3000:]
-        out["vllm-dspark"] = root / "vllm-dspark"
-    except BaseException:  # (the background run stops with the fixture: SIGTERM, which it handles)
-        eagle3.terminate()
-        eagle3.communicate(timeout=120)
-        raise
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            killed = pool.submit(_killed_then_resumed, root)
+            native = _cli(["run", *COMMON, "--num-prompts", CODING, "--systems", "plain,ngram,dspark,eagle3",
+                           "--backend", "native", "--record-margins", "--out", root / "native", "--json"], root,
+                          vllm=False)
+            assert native.returncode == 0, native.stderr[-3000:]
+            # (vLLM's engine in this one process: two fewer processes importing vLLM; the layout is not what this
+            # checks)
+            dspark = _cli(["run", *COMMON, "--systems", "dspark", "--num-prompts", DSPARK_PROMPTS, "--backend",
+                           "vllm", "--vllm-arg", "distributed_executor_backend=uni", "--out", root / "vllm-dspark",
+                           "--json"], root, extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+            assert dspark.returncode == 0, dspark.stderr[-3000:]
+            out = {"native": root / "native", "killed": killed.result(), "vllm-dspark": root / "vllm-dspark"}
+            out["vllm"] = out["killed"]["dir"]
+        except BaseException:  # (the background run stops with the fixture: SIGTERM, which it handles)
+            eagle3.terminate()
+            eagle3.communicate(timeout=120)
+            raise
     _, err = eagle3.communicate(timeout=900)
     assert eagle3.returncode == 0, err[-3000:]
     out["vllm-eagle3"] = root / "vllm-eagle3"

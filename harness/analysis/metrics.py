@@ -79,6 +79,16 @@ def acceptance_from_totals(totals: Sequence[dict]) -> dict:
             "spec_decode_acceptance_histogram": []}
 
 
+def request_latencies(prefill_s: float | None, decode_s: float, output_tokens: int) -> dict:
+    """One request's TTFT, TPOT and end-to-end latency in ms, defined as `vllm bench serve` defines them, so
+    that its figures and ours on one server are the same quantities: TPOT is the time after the first token
+    over the tokens after it; None where there is no second token or the backend cannot tell the TTFT."""
+    ttft = None if prefill_s is None else prefill_s * 1e3
+    e2el = ((prefill_s or 0.0) + decode_s) * 1e3
+    tpot = (e2el - ttft) / (output_tokens - 1) if output_tokens > 1 and ttft is not None else None
+    return {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el}
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default)."""
     if not values:

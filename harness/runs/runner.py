@@ -32,7 +32,7 @@ from rich.console import Console
 from dspark.checkpoint import resolve_path
 from dspark.errors import DSparkError
 from dspark.tokenizer import chat_prompt_ids, conversation
-from harness.analysis.metrics import first_difference
+from harness.analysis.metrics import first_difference, request_latencies
 from harness.analysis.plots import plot, plot_sweep, run_caption
 from harness.analysis.records import MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key
 from harness.analysis.summary import expected_requests, markdown, summarize_folder, to_csv
@@ -345,8 +345,6 @@ class Wave:
 def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float, seed: int, ids: list[int],
             result: RequestResult, tokenizer) -> dict:
     n = len(result.tokens) or (result.extra.get("usage_output_tokens") or 0 if result.text is not None else 0)
-    ttft = None if result.prefill_s is None else result.prefill_s * 1e3  # None: the backend cannot tell
-    e2el = ((result.prefill_s or 0.0) + result.decode_s) * 1e3
     return {
         "system": system, "method": method, "question_id": row.question_id, "category": row.category,
         "turn": turn, "temperature": temp, "seed": seed, "prompt_tokens": len(ids),
@@ -355,8 +353,8 @@ def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float,
         "output_text": tokenizer.decode(result.tokens, skip_special_tokens=True) if result.text is None else result.text,
         "stop_reason": result.stop_reason, "acceptance_lengths": result.acceptance_lengths,
         "proposal_lengths": result.proposal_lengths,
-        "accepted_counts": result.accepted_counts, "num_rounds": result.num_rounds, "ttft_ms": ttft,
-        "tpot_ms": (e2el - ttft) / (n - 1) if n > 1 and ttft is not None else None, "e2el_ms": e2el,
+        "accepted_counts": result.accepted_counts, "num_rounds": result.num_rounds,
+        **request_latencies(result.prefill_s, result.decode_s, n),
         "round_ms": result.round_ms,
         "draft_margins": [[float(f"{m:.4g}") for m in r] for r in result.draft_margins] or None,
         # 7 digits: the logits behind them (what Sequential Temperature Scaling rescales) stay recoverable
