@@ -5,6 +5,11 @@ profiler's overhead, and how the nsys path finds nsys and builds its command."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -356,9 +361,10 @@ def test_a_child_started_early_waits_at_its_gate(tmp_path, monkeypatch):
     capture.wait_for_gate()
 
 
-def test_on_the_way_out_a_running_child_finishes_and_only_one_waiting_at_its_gate_is_ended(tmp_path):
-    """Ctrl-C during a profile: a child past its gate (or one with none, as the first) gets the interrupt
-    itself and writes what it has, so `stop` waits for it; a child still shut at its gate is ended."""
+def test_on_the_way_out_a_running_child_keeps_what_it_finished_and_a_hung_one_is_killed(tmp_path):
+    """Ctrl-C or SIGTERM during a profile: each child gets SIGTERM (a child run takes it as Ctrl-C and
+    writes what it finished), so `stop` waits for it; one that does not end in the grace time (hung,
+    stalled) is killed with its process group; one still shut at its gate is ended at once."""
     import io
     import os
     import sys
@@ -367,13 +373,120 @@ def test_on_the_way_out_a_running_child_finishes_and_only_one_waiting_at_its_gat
 
     from harness.profiling.orchestrate import Child
 
-    script = "import pathlib, sys, time\ntime.sleep(0.5)\npathlib.Path(sys.argv[1]).write_text('kept')\n"
+    keeps = ("import pathlib, signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path(sys.argv[1]).write_text('kept'), sys.exit(130)))\n"
+             "print('ready', file=sys.stderr, flush=True)\ntime.sleep(60)\n")
     console = Console(file=io.StringIO())
-    running = Child("first", [sys.executable, "-c", script, str(tmp_path / "first.out")], tmp_path,
+    running = Child("first", [sys.executable, "-c", keeps, str(tmp_path / "first.out")], tmp_path,
                     dict(os.environ), console, None, gated=False)
+    while not (tmp_path / "first.log").read_text():  # its handler is in place once it has spoken
+        time.sleep(0.05)
     running.stop()
-    assert running.proc.returncode == 0 and (tmp_path / "first.out").read_text() == "kept"
-    waiting = Child("next", [sys.executable, "-c", script, str(tmp_path / "next.out")], tmp_path,
+    assert running.proc.returncode == 130 and (tmp_path / "first.out").read_text() == "kept"
+    deaf = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+    hung = Child("hung", [sys.executable, "-c", deaf], tmp_path, dict(os.environ), console, None, gated=False)
+    time.sleep(0.5)
+    hung.stop(grace_s=0.5)
+    assert hung.proc.returncode == -signal.SIGKILL
+    waiting = Child("next", [sys.executable, "-c", keeps, str(tmp_path / "next.out")], tmp_path,
                     dict(os.environ), console, None, gated=True)
     waiting.stop()
-    assert waiting.proc.returncode != 0 and not (tmp_path / "next.out").exists()
+    assert waiting.proc.returncode != 0
+
+
+def test_a_child_started_ahead_holds_its_lines_until_its_turn(tmp_path):
+    """The next system loads while the current one is profiled: its lines wait until its turn, so the
+    console reads one child at a time (they reach its log at once)."""
+    import io
+    import os
+    import sys
+
+    from rich.console import Console
+
+    from harness.profiling.orchestrate import Child
+
+    text = io.StringIO()
+    console = Console(file=text, width=200)
+    script = "import sys\nprint('loaded', file=sys.stderr)\n"
+    ahead = Child("next", [sys.executable, "-c", script], tmp_path, dict(os.environ), console, None, gated=False,
+                  held=True)
+    ahead.proc.wait()
+    ahead.relay.join()
+    assert "loaded" in (tmp_path / "next.log").read_text() and text.getvalue() == ""
+    console.print("profiling next")
+    ahead.wait()
+    assert text.getvalue().splitlines() == ["profiling next", "  next: loaded"]
+
+
+def test_vllm_profiles_take_the_lean_preset_unless_asked_and_say_so():
+    from harness.profiling.nsys import VLLM_PRESET, choose_preset
+
+    assert choose_preset(None, vllm=False) == ("default", None)
+    preset, why = choose_preset(None, vllm=True)
+    assert preset == VLLM_PRESET == "lean" and "hung" in why and "--preset default" in why
+    assert choose_preset("default", vllm=True) == ("default", None)  # asked for: given, no notice
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is `pid`: {pid: command line}."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _profile(out: Path, systems: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "profile", "--torch", "--category", "coding",
+                             "--systems", systems, "--num-prompts", "1", "--output-len", "8", "--temperature", "0",
+                             "--device", "cpu", "--no-overhead", "--out", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stop_child(parent: subprocess.Popen, system: str, deadline_s: float = 120) -> int:
+    """SIGSTOP the child run of `system` (a real stall: it neither speaks nor writes) once it exists."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and parent.poll() is None:
+        for pid, cmd in _children(parent.pid).items():
+            if f"--systems {system} " in cmd:
+                os.kill(pid, signal.SIGSTOP)
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no child run of {system} appeared")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+@needs_demo
+def test_a_stalled_child_is_ended_and_the_profile_says_which_keeping_what_finished(tmp_path):
+    out = tmp_path / "prof"
+    parent = _profile(out, "plain,dspark", "--stall-timeout", "15")  # (a child loads in silence for seconds)
+    child = _stop_child(parent, "dspark")
+    _, err = parent.communicate(timeout=180)
+    assert parent.returncode == 2 and "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "profiling dspark stalled: no output, request or file growth for 15 s" in line
+    assert "--preset lean" in line and "--stall-timeout" in line and str(out / "dspark.log") in line
+    assert f"kept: the profiles of plain in {out}" in err and (out / "plain.summary.json").is_file()
+    assert _gone(child)
+
+
+@needs_demo
+def test_sigterm_ends_a_profile_whose_child_is_stalled_and_the_child_with_it(tmp_path):
+    parent = _profile(tmp_path / "prof", "plain")
+    child = _stop_child(parent, "plain")
+    time.sleep(0.5)
+    parent.send_signal(signal.SIGTERM)
+    _, err = parent.communicate(timeout=60)  # the child's grace, then SIGKILL to its group
+    assert parent.returncode == 130 and "Traceback" not in err and err.strip().endswith("interrupted"), err
+    assert _gone(child)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends.openai_stream import get
+from harness.backends.process_group import stop_group
 
 
 def free_port() -> int:
@@ -99,15 +99,4 @@ def models(base_url: str) -> dict | None:
 def stop(server: Server, grace_s: float = 30.0) -> None:
     """SIGTERM to the server's process group (its EngineCore and workers with it), SIGKILL after
     `grace_s`."""
-    if server.proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(server.proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            server.proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    stop_group(server.proc, grace_s)

@@ -13,8 +13,9 @@ import typer
 
 from dspark.errors import DSparkError
 from harness.backends.capture import megabytes
-from harness.cli import options
+from harness.cli import options, paths
 from harness.cli.render import err, out, print_comparison, print_operators
+from harness.profiling.orchestrate import STALL_S
 
 
 @options.with_run_options
@@ -22,8 +23,10 @@ def profile(
     run_options: dict,
     nsys: bool = typer.Option(False, "--nsys", help="Trace each system under Nsight Systems."),
     torch_profiler: bool = typer.Option(False, "--torch", help="Use the PyTorch profiler instead (CPU or GPU)."),
-    preset: str = typer.Option("default", help="default: -t cuda,nvtx,osrt,cudnn,cublas, Python and CUDA "
-                               "backtraces, fork tracing, graph nodes; lean: -t cuda,nvtx, no CPU sampling."),
+    preset: Optional[str] = typer.Option(None, help="default: -t cuda,nvtx,osrt,cudnn,cublas, Python and CUDA "
+                                         "backtraces, fork tracing, graph nodes (our engine's default); lean: -t "
+                                         "cuda,nvtx, no CPU sampling (vLLM's default: under the other its DSpark "
+                                         "engine hung)."),
     nsys_path: Optional[str] = typer.Option(None, help="The nsys to use (else $NSYS, the PATH, standard folders)."),
     nsys_arg: list[str] = typer.Option([], "--nsys-arg", help="Extra flag for nsys profile (repeatable). "
                                        "--trace-fork=... is read as --trace-fork-before-exec=..., the flag "
@@ -37,6 +40,9 @@ def profile(
                                             "unprofiled (every system in one child run), to measure the profiler's "
                                             "overhead (default: on for the native backend; vLLM would start its "
                                             "engines once more)."),
+    stall_timeout: float = typer.Option(STALL_S, "--stall-timeout", help="Seconds a child may go without a "
+                                        "line, a request or a file growing before it is ended as stalled (0: "
+                                        "wait for ever)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
     """Profile every system of a run (one trace each, steady state only) and compare where the time goes.
@@ -52,8 +58,11 @@ def profile(
     opts = options.run_options_from(run_options)
     if kind == "nsys" and not opts.device.startswith("cuda"):
         raise DSparkError("profile --nsys needs a CUDA device; use --torch on the CPU")
+    if stall_timeout < 0:
+        raise DSparkError(f"--stall-timeout {stall_timeout:g}: give seconds, at least 0 (0: wait for ever)")
     if max_trace_mb < 0:
         raise DSparkError(f"--max-trace-mb {max_trace_mb:g}: give megabytes, at least 0 (0: no limit)")
+    paths.out_folder(out_dir)
     exp = load_experiment(opts.experiment)
     selection = choose(opts, exp)
     opts = selection.opts
@@ -69,7 +78,8 @@ def profile(
                          run_options=recorded_options(opts) | {"backend": settings["backend"]},  # (as resolved)
                          overhead=timed_unprofiled,
                          max_trace_mb=max_trace_mb if kind == "torch" else 0,
-                         requests_per_system=selection.requests_per_system, note=selection.note)
+                         requests_per_system=selection.requests_per_system, note=selection.note,
+                         stall_s=stall_timeout)
     if as_json:
         print(json.dumps({"profile_dir": str(folder), "question_ids": selection.question_ids, **result}))
     else:

@@ -19,6 +19,9 @@ PRESETS = {
     "lean": ["-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--trace-fork-before-exec=true",
              "--cuda-graph-trace=node"],
 }
+# vLLM's DSpark engine hung under the default preset on the H200 (vLLM 0.26, nsys 2025.x: plain profiled, then no
+# progress after DSpark's CUDA graphs were captured); under lean it ran (benchmarks/results/profile_vllm_h200/).
+VLLM_PRESET = "lean"
 WINDOW = ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
 STANDARD_PLACES = ("/opt/nvidia/nsight-systems/*/bin/nsys", "/opt/nvidia/nsight-systems-cli/*/bin/nsys",
                    "/usr/local/cuda/bin/nsys", "/usr/local/cuda-*/bin/nsys",
@@ -48,6 +51,18 @@ def find_nsys(explicit: str | None = None) -> Path:
     raise DSparkError("no working nsys found (tried --nsys-path, $NSYS, the PATH and "
                       f"{', '.join(STANDARD_PLACES)}); install Nsight Systems or pass --nsys-path, "
                       "or use profile --torch")
+
+
+def choose_preset(preset: str | None, vllm: bool) -> tuple[str, str | None]:
+    """The preset asked for, else our engine's `default` or, for vLLM, `VLLM_PRESET`; with the notice
+    that says why when the choice was made for the user."""
+    if preset is not None:
+        return preset, None
+    if not vllm:
+        return "default", None
+    return VLLM_PRESET, (f"vLLM: nsys preset '{VLLM_PRESET}' ({' '.join(PRESETS[VLLM_PRESET])}): under the default "
+                         "preset (OS-runtime tracing, CUDA and Python backtraces) vLLM's DSpark engine hung on the "
+                         "H200; --preset default to try it anyway")
 
 
 @dataclass
@@ -110,8 +125,13 @@ def nsys_command(plan: NsysPlan, output: Path, child: list[str]) -> list[str]:
     return [str(plan.nsys), "profile", *plan.flags, *WINDOW, "--force-overwrite=false", "-o", str(output), "--", *child]
 
 
+def sqlite_export(report: Path) -> Path:
+    """Where a .nsys-rep is exported to: the .sqlite beside it."""
+    return report.parent / (report.name.removesuffix(".nsys-rep") + ".sqlite")
+
+
 def export_sqlite(nsys: Path, report: Path) -> Path:
-    out = report.parent / (report.name.removesuffix(".nsys-rep") + ".sqlite")
+    out = sqlite_export(report)
     proc = subprocess.run([str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out),
                            str(report)], capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0 or not out.is_file():
