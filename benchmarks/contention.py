@@ -3,7 +3,7 @@ processes started `--lead-s` seconds before `run --systems plain,dspark --num-pr
 --category coding`, and the same run on the quiet machine.
 
     python benchmarks/contention.py --other-src /tmp/old [--repeats 2] [--busy 3] [--lead-s 20]
-        [--out benchmarks/contention_cpu.json]
+        [--out benchmarks/results/contention_cpu.json]
 
 `--other-src` is a checkout of another revision (`git worktree add /tmp/old b15b89f`); it runs with
 the same Python, the tree on PYTHONPATH. Each repeat: the busy processes start; after the lead, this
@@ -59,7 +59,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--busy", type=int, default=3)
     p.add_argument("--lead-s", type=float, default=20.0)
-    p.add_argument("--out", type=Path, default=HERE / "benchmarks" / "contention_cpu.json")
+    p.add_argument("--out", type=Path, default=HERE / "benchmarks" / "results" / "contention_cpu.json")
     args = p.parse_args()
     results = []
     for rep in range(args.repeats):

@@ -1,13 +1,13 @@
 """The measured history of the engine: each commit that touches `dspark/kernels/`, `dspark/steps.py` or
 `dspark/engine/` timed with `engine-bench --json` beside its parent, alternated in one call on the GPU
-(parent, commit, parent, commit, ...), one line per commit in `benchmarks/engine_history.jsonl`.
+(parent, commit, parent, commit, ...), one line per commit in `benchmarks/results/engine_history.jsonl`.
 
     # here: the trees of the revisions to time (code only, no demo weights), into a carried folder
     python benchmarks/engine_history.py prepare PARENT REV1 REV2 ... --out .carry/trees
     # on the GPU machine (carry .carry): every tree in turn, `--rounds` times, then a line per pair
     python3 benchmarks/engine_history.py measure --trees .carry/trees --pair REV1:PARENT --pair REV2:REV1 \\
         --rounds 2 --out $OUT/history.jsonl
-    # here: cat the lines onto benchmarks/engine_history.jsonl
+    # here: cat the lines onto benchmarks/results/engine_history.jsonl
 
 A pair's line holds both revisions' figures of every pass, their medians and the change in percent;
 the passes' order and the machine's load at each are recorded, so a reader sees the noise.

@@ -2,7 +2,7 @@
 CPU-bound processes: the measurement behind `harness/runs/threads.py`'s default.
 
     python benchmarks/threads.py [--threads 1,2] [--competitors 0,1] [--num-prompts 8] [--limit-s 900]
-        [--out benchmarks/threads_cpu.json]
+        [--out benchmarks/results/threads_cpu.json]
 
 Each cell runs `dspark-bench run --split qualitative --category coding --threads N` in a fresh
 process and a fresh folder; a competitor is a Python busy loop, started before the run and stopped
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--competitors", default="0,1")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--limit-s", type=float, default=900)
-    ap.add_argument("--out", default="benchmarks/threads_cpu.json")
+    ap.add_argument("--out", default="benchmarks/results/threads_cpu.json")
     args = ap.parse_args()
     cells = []
     for competitors in map(int, args.competitors.split(",")):

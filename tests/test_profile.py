@@ -244,7 +244,7 @@ def test_profile_nsys_of_vllm_follows_its_processes_and_names_them_when_missing(
 
 def test_a_vllm_trace_whose_engine_core_ran_the_model_is_not_diagnosed_as_missing_it():
     """On one GPU vLLM 0.26 runs the model inside its EngineCore process, whose name a trace keeps to 15
-    characters (`VLLM::EngineCor`, as in the H200 trace of `benchmarks/vllm026_h200/profile/`): that trace
+    characters (`VLLM::EngineCor`, as in the H200 trace of `benchmarks/results/vllm026_h200/profile/`): that trace
     has the engine's kernels, and says nothing is missing; a trace of only the harness's process does."""
     from harness.profiling.traces import diagnose
 

@@ -9,7 +9,7 @@ Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its referen
 - `silu_mul`: SwiGLU's silu(gate) * up on the fused gate/up projection output.
 - `attention`: GQA attention of T query rows over the cache, each row seeing keys up to its limit.
 - `linear`: x @ W^T for up to 16 rows, streaming W faster than cuBLAS does at these shapes
-  (benchmarks/gemv_h200.txt), the residual add (o_proj, down) in its epilogue.
+  (benchmarks/results/gemv_h200.txt), the residual add (o_proj, down) in its epilogue.
 - `norm_linear`: the product of x's RMSNorm (q/k/v, gate/up) in the same launch, the norm's weight on
   x's tiles and its 1/rms in the epilogue; for gate/up, SwiGLU's silu(gate) * up there too.
 - `race`: sampling and distributions over the whole vocabulary, spread over many programs: the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's work on the H200 after the bring-up (README "vLLM on an offline GPU host": the parts
 # copied to /tmp/vp, one a call). Usage, from the project root on the GPU machine:
-#   bash benchmarks/vllm026_h200/device.sh REVISION STAGE...
+#   bash benchmarks/vllm_h200.sh REVISION STAGE...
 # Stages: install, demo (the demo pair through vLLM against our engine, float32, parity), demo-bf16 (the
 # same at vLLM's defaults), bench (engine-bench --against vllm with batch sizes), engine (engine-bench alone: its
 # default EAGLE-3 draft timed beside the block draft), serve (the vllm-server
@@ -10,7 +10,7 @@
 # warm) and, packed, to $OUT. Each stage runs under its own time limit (PROFILE_NATIVE_S, PROFILE_VLLM_S, SERVE_S
 # override three); a failed one does not stop the next.
 # vLLM 0.32 (issue 31, built with tools/vllm_offline/wheels-0.32.txt) the same way, from other folders:
-#   PARTS='/tmp/vp32/v32-*' SITE=/tmp/site32 bash benchmarks/vllm026_h200/device.sh REVISION install smoke adaptive
+#   PARTS='/tmp/vp32/v32-*' SITE=/tmp/site32 bash benchmarks/vllm_h200.sh REVISION install smoke adaptive
 # smoke (vLLM's DSpark with adaptive verification on two demo prompts, offline engine) and adaptive (the
 # demo pair's DSpark with and without it through `vllm serve` at concurrency 1, 4, 16, 32, T = 0 and 1; the
 # two systems run in one order, then in the other, ABBA) need vLLM 0.28 or later.
