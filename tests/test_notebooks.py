@@ -252,7 +252,7 @@ def test_tables_are_rounded_with_no_index_and_a_dash_for_a_missing_value():
     assert '<td class="num">1.23</td>' in html and "nan" not in html
 
 
-def test_a_cpu_profile_leaves_out_its_kernel_plots_in_one_line(folders):
+def test_a_cpu_profile_leaves_out_its_kernel_plots_in_one_line(folders, tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,9 +264,19 @@ def test_a_cpu_profile_leaves_out_its_kernel_plots_in_one_line(folders):
     fig = figures.step_times(profiles, "c")
     assert sorted(t.get_text() for t in fig.axes[0].get_yticklabels()) == ["decode", "verify"]
     assert "no profile saw GPU work" in repr(present.launches_table(profiles))
-    assert repr(present.operators_table(profiles, top=1)).splitlines()[1:] == [
-        "profile      system  operator  calls  self ms  share", "cpu-profile  dspark  aten::mm  40     300.0    60 %",
-        "cpu-profile  plain   aten::mm  40     300.0    60 %"]
+    # the folder named once: in the caption, not on each row
+    assert repr(present.operators_table(profiles, top=1)).splitlines() == [
+        "cpu-profile: the 1 operators with the most self time, per system",
+        "system  operator  calls  self ms  share", "dspark  aten::mm  40     300.0    60 %",
+        "plain   aten::mm  40     300.0    60 %"]
+    assert present.operators_table(profiles)._repr_html_().count("cpu-profile") == 1
+    # of several profiles, each named on the first of its rows
+    second = shutil.copytree(folders["cpu_profile"], tmp_path / "second-profile")
+    both = frames.load_profiles([folders["cpu_profile"], second])
+    assert [line.split()[0] for line in repr(present.operators_table(both, top=1)).splitlines()[1:]] == [
+        "profile", "cpu-profile", "plain", "second-profile", "plain"]
+    page = present.operators_table(both)._repr_html_()
+    assert page.count("cpu-profile") == page.count("second-profile") == 1
 
 
 def test_the_engines_tables_of_a_parity_pair(folders):
@@ -338,6 +348,7 @@ def test_report_html_of_a_native_and_a_vllm_run_with_a_cpu_profile_and_step_cost
         assert warning in body
     assert "<h1" in body and "Engines" in body and "equal greedy outputs" in body  # the parity pair's table
     assert "kernel categories: the profiles recorded no GPU kernels" in body and "step ranges" in body
+    assert body.count("<td>cpu-profile</td>") == 1  # the host operators name the folder once, not on its 4 rows
 
 
 @needs_tools

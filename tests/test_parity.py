@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_runner import run_cli
 
+from dspark.checkpoint import DEMO_DIR
+from dspark.errors import DSparkError
 from harness.analysis.parity import divergences, parity
 
 OUT = list(range(100, 120))  # a greedy output both engines produced
@@ -161,3 +164,41 @@ def test_outputs_kept_only_as_text_are_compared_by_text(tmp_path):
     assert equal == {"q1": (True, None), "q2": (False, None)} and group["outputs_equal"] == 1
     (found,) = group["divergences"]
     assert found["question_id"] == "q2" and found["token"] is None and "in their text" in found["detail"]
+
+
+@pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(), reason="the demo models are not built")
+def test_runs_that_asked_for_different_requests_are_refused_and_others_compared_over_what_they_share(
+        tmp_path, monkeypatch, capfd):
+    """Two real demo runs, 16 and 8 tokens: refused in one line naming the setting and its fix, not
+    "the targets disagree" at token 8; a run of more prompts is compared over the prompt both ran,
+    the difference named in the header."""
+    common = ["run", "--category", "coding", "--systems", "plain", "--temperature", "0", "--device", "cpu"]
+    for name, extra in (("a", ["--num-prompts", "1", "--output-len", "16"]),
+                        ("b", ["--num-prompts", "1", "--output-len", "8"]),
+                        ("c", ["--num-prompts", "2", "--output-len", "16"])):
+        code, _, err = run_cli(monkeypatch, capfd, *common, *extra, "--out", tmp_path / name)
+        assert code == 0, err[-2000:]
+    a, b, c = (tmp_path / n for n in "abc")
+    code, out, err = run_cli(monkeypatch, capfd, "parity", a, b)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"{a} and {b} asked for different requests (output_len 16 vs 8)" in err and \
+        "rerun one with the other's --output-len" in err and "targets disagree" not in err
+    with pytest.raises(DSparkError, match="output_len 16 vs 8"):
+        parity(a, b)
+    code, out, err = run_cli(monkeypatch, capfd, "parity", a, c)
+    assert code == 0, err
+    assert "settings differ (A vs B): num_prompts 1 vs 2: the requests both ran are compared" in " ".join(out.split())
+    assert "1/1 prompts with equal prompt ids, 1/1 greedy outputs equal" in " ".join(out.split())
+    assert parity(a, c)["settings_differ"] == [["num_prompts", "1", "2"]]
+
+
+def test_a_system_defined_differently_in_the_two_runs_is_refused(tmp_path):
+    """The same system name with another draft (or method, or drafts per round) is another system."""
+    a, b = runs(tmp_path)
+    for path, draft in ((a, "demo-dspark"), (b, "other-dspark")):
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["experiment"] = {"systems": [{"name": "dspark", "method": "dspark", "draft": draft,
+                                               "num_speculative_tokens": 7, "confidence": "off"}]}
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DSparkError, match="system 'dspark' ran with draft demo-dspark in .* and other-dspark in"):
+        parity(a, b)

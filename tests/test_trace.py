@@ -275,6 +275,25 @@ def test_trace_compare_tells_same_named_traces_apart_by_their_folders(tmp_path, 
     assert code == 0 and "runs/a/trace.torch" in out and "top host operators: other/a/trace.torch" in out
 
 
+def test_operators_have_a_per_token_column_only_where_the_tokens_are_known(tmp_path, monkeypatch, capfd):
+    """A bare trace file counts no tokens: no all-`-` "us per token" column; a profile folder with its
+    requests has one."""
+    import run_folders
+    from cli_runner import run_cli
+
+    raw = _kineto(tmp_path / "raw" / "trace.torch.json", [("aten::mm", 1.0, 50.0), ("aten::view", 2.0, 5.0)])
+    code, out, err = run_cli(monkeypatch, capfd, "trace", "summarize", raw)
+    assert code == 0, err
+    assert "top host operators: trace.torch" in out and "aten::mm" in out and "us per token" not in out
+    assert "per decoded token" not in out  # (nor the caption's word for it)
+    profile = run_folders.cpu_profile(tmp_path)
+    for system in ("plain", "dspark"):
+        run_folders.write(profile / system, [run_folders.native(system, "q1", 5.0)], systems=[system])
+    code, out, err = run_cli(monkeypatch, capfd, "trace", "compare", profile)
+    assert code == 0, err
+    assert "top host operators: plain" in out and " ".join(out.split()).count("us per token") == 2
+
+
 def test_vllm_step_ranges_sit_beside_ours_as_prefill_and_decode():
     """vLLM names each model-runner step by its batch; `compare` sums them into `vllm_prefill` (steps with
     prompt tokens) and `vllm_decode` (none), as in the H200 trace of vLLM 0.26 (`benchmarks/vllm026_h200/

@@ -130,3 +130,27 @@ def test_bad_files_give_one_line_errors(tmp_path, monkeypatch, capfd):
                         (old, "Nsight Systems 2022.4.2.50, which is not supported")):
         code, out, err = run_cli(monkeypatch, capfd, "trace", "summarize", path)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (path, err)
+
+
+def test_expect_method_fails_in_one_line_when_its_range_is_missing(monkeypatch, capfd):
+    """`--expect-method` is a check: exit 1 and one line when the range is missing (the summary still
+    printed), 0 when it is there; a method that is not a speculative one is a bad argument (exit 2)."""
+    from cli_runner import run_cli
+
+    dspark = NSYS / "engine_dspark.sqlite"
+    for extra in ([], ["--json"]):
+        code, out, err = run_cli(monkeypatch, capfd, "trace", "summarize", dspark, "--expect-method", "dflash", *extra)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("error: engine_dspark.sqlite: the dflash_propose range never appears") and \
+            "(seen: dspark_propose)" in err
+        assert json.loads(out)["nvtx"] if extra else "nvtx (engine_dspark.sqlite)" in out
+    code, _, err = run_cli(monkeypatch, capfd, "trace", "summarize", NSYS / "engine_plain.sqlite", "--expect-method",
+                           "eagle3")
+    assert code == 1 and "eagle3_propose range never appears" in err and "no propose range" in err
+    code, out, err = run_cli(monkeypatch, capfd, "trace", "summarize", dspark, "--expect-method", "dspark")
+    assert code == 0 and err == "" and "never appears" not in out
+    code, _, err = run_cli(monkeypatch, capfd, "trace", "summarize", dspark, "--expect-method", "eagle")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--expect-method eagle is not a speculative method; give one of dspark, dflash, eagle3, ngram" in err
+    code, out, _ = run_cli(monkeypatch, capfd, "trace", "summarize", "--help")
+    assert code == 0 and "(dspark, dflash, eagle3, ngram)" in " ".join(out.split())

@@ -24,6 +24,15 @@ runs of one engine with the same seeds must sample the same outputs (a resumed r
 each sampled request whose prompt and seed are equal in both runs is compared token for token, and
 `sampled` says per temperature how many matched and where the first that did not departed. Two
 different engines draw from different random streams: their sampled outputs are not expected to match.
+
+The runs' settings are compared first, as `report A B` compares them (`compare_runs.settings_diff`).
+Runs that asked for different requests (another target, dataset or output length, EOS ignored in
+one) are refused in one line: a divergence between them would blame the engines for what the runs
+asked. Settings that only choose which requests ran (prompts, categories, systems, temperatures,
+turns, seed, levels) or say how they ran (backend, device, dtype, threads, engine arguments: what
+parity exists to compare across) may differ: the runs are compared over the requests both ran,
+prompt by prompt, and `settings_differ` names the differences. A system both ran must be one system
+in both (method, draft, drafts per round, proposal-length policy).
 """
 
 from __future__ import annotations
@@ -32,12 +41,23 @@ import json
 from pathlib import Path
 
 from dspark.errors import DSparkError
+from harness.analysis.compare_runs import settings_diff
 from harness.analysis.metrics import acceptance, acceptance_from_totals, first_difference
 from harness.analysis.records import MANIFEST, read_requests
 
 KINDS = ("accounting", "numerics", "semantics", "unclassified")
 # a greedy top-2 logit margin below this can be flipped by another engine's float error in that dtype
 FLOAT_ERROR = {"float32": 1e-3, "bfloat16": 0.125, "float16": 0.0625}
+# settings that may differ between the two runs (any other setting, a new one included, is refused):
+# those that choose which requests ran (compared over the requests both ran, prompt by prompt, by id and
+# by text) and those that say how they ran (what parity compares across)
+CHOOSE_REQUESTS = ("experiment", "experiment_sha256", "split", "categories", "systems", "num_prompts",
+                   "temperatures", "turns", "seed", "shuffle", "max_concurrency")
+HOW_RUN = ("backend", "device", "dtype", "threads", "engine_args", "record_margins", "base_url", "model",
+           "request_timeout", "request_rate", "burstiness")
+# the flag that sets a refused setting, for the one-line fix
+FIX = {"output_len": "--output-len", "ignore_eos": "--ignore-eos", "dataset_path": "--dataset-path",
+       "dataset_revision": "--dataset-revision", "target": "--experiment", "dataset": "--experiment"}
 
 
 def load_run(path: Path) -> tuple[dict, list[dict]]:
@@ -213,9 +233,43 @@ def _where(diff: int | str) -> str:
     return f"from token {diff}" if diff != "text" else "in their text (a server returned no token ids)"
 
 
+def check_settings(dir_a: Path, dir_b: Path, ma: dict, mb: dict) -> list[tuple[str, str, str]]:
+    """The settings that differ between two runs (`compare_runs.settings_diff`, as `report A B` shows
+    them); a DSparkError naming the first that makes the runs ask for different requests, and its fix."""
+    diff = settings_diff(ma, mb)
+    refused = [d for d in diff if d[0] not in CHOOSE_REQUESTS + HOW_RUN]
+    if refused:
+        key, va, vb = refused[0]
+        fix = f"the other's {FIX[key]}" if key in FIX else "the other's settings (dspark-bench report A B lists them)"
+        raise DSparkError(f"{dir_a} and {dir_b} asked for different requests ({key} {va} vs {vb}"
+                          + "".join(f"; {k} {a} vs {b}" for k, a, b in refused[1:]) + "): their outputs would differ "
+                          f"whatever the engines did; rerun one with {fix}")
+    return diff
+
+
+def _system_definition(manifest: dict, system: str) -> dict:
+    return next((s for s in (manifest.get("experiment") or {}).get("systems") or [] if s.get("name") == system), {})
+
+
+def check_system(dir_a: Path, dir_b: Path, ma: dict, mb: dict, system: str) -> None:
+    """A DSparkError unless a system both runs ran is the same system in both: its method, draft,
+    drafts per round and proposal-length policy (from each run's experiment; runs from before
+    experiments were recorded pass)."""
+    policies = [_policy(m, system) for m in (ma, mb)]
+    if policies[0] != policies[1]:
+        raise DSparkError(f"system '{system}' ran with confidence {policies[0]} in {dir_a} and {policies[1]} in "
+                          f"{dir_b}; parity compares runs of the same proposal-length policy")
+    a, b = _system_definition(ma, system), _system_definition(mb, system)
+    for key in ("method", "draft", "num_speculative_tokens"):
+        if a and b and a.get(key) != b.get(key):
+            raise DSparkError(f"system '{system}' ran with {key} {a.get(key)} in {dir_a} and {b.get(key)} in {dir_b}; "
+                              "parity compares a system with itself: give the two systems different names, or run "
+                              "both with one definition")
+
+
 def _policy(manifest: dict, system: str) -> str:
     """The system's proposal-length policy as the run recorded it ("off" for runs from before policies)."""
-    found = next((s for s in (manifest.get("experiment") or {}).get("systems") or [] if s.get("name") == system), {})
+    found = _system_definition(manifest, system)
     policy = found.get("confidence") or ("threshold:%g" % found["confidence_threshold"]
                                          if found.get("confidence_threshold") else "off")
     extra = [f"{k}={found[k]}" for k in ("confidence_costs", "confidence_temperatures") if found.get(k)]
@@ -225,6 +279,7 @@ def _policy(manifest: dict, system: str) -> str:
 def parity(dir_a: Path, dir_b: Path) -> dict:
     """The comparison of two run folders, A and B, as data (see the module's docstring)."""
     (ma, ra), (mb, rb) = load_run(dir_a), load_run(dir_b)
+    differ = check_settings(dir_a, dir_b, ma, mb)
     runs = [_describe(Path(dir_a), ma), _describe(Path(dir_b), mb)]
     native = next((i for i, r in enumerate(runs) if r["backend"] == "native"), 0)
     tol = max(FLOAT_ERROR.get(_dtype(r), 0.125) for r in runs)
@@ -233,13 +288,12 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
               for r in recs if not r.get("failed")} for recs in (ra, rb)]
     groups = [g for g in dict.fromkeys(k[:3] for k in index[0]) if g in {k[:3] for k in index[1]}]  # A's order
     same_engine = (runs[0]["backend"], runs[0]["version"]) == (runs[1]["backend"], runs[1]["version"])
+    dtypes = [_dtype(r) for r in runs]
     out = {"runs": runs, "native": native, "float_error": tol, "groups": [], "same_engine": same_engine,
+           "settings_differ": [list(d) for d in differ],
            "only_in": [sorted({k[:3] for k in index[i]} - set(groups)) for i in (0, 1)]}
     for system in dict.fromkeys(g[0] for g in groups):
-        policies = [_policy(m, system) for m in (ma, mb)]
-        if policies[0] != policies[1]:
-            raise DSparkError(f"system '{system}' ran with confidence {policies[0]} in {dir_a} and {policies[1]} in "
-                              f"{dir_b}; parity compares runs of the same proposal-length policy")
+        check_system(dir_a, dir_b, ma, mb, system)
     for system, temp, conc in groups:
         keys = sorted(k for k in index[0] if k[:3] == (system, temp, conc) and k in index[1])
         if not keys:  # the same system and temperature, but no prompt in common
@@ -265,7 +319,9 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
                 found.append(where | {"kind": "unclassified", "round": None, "token": row["first_difference"],
                                       "slot": None, "detail": (
                     f"the greedy outputs differ {_where(diff)}: the targets disagree (no target margins are "
-                    "recorded to tell numerics from semantics)")})
+                    "recorded to tell numerics from semantics" + ("" if dtypes[0] == dtypes[1] else
+                                                                  f"; the runs computed in {dtypes[0]} and {dtypes[1]}, "
+                                                                  "which alone can flip a near tie") + ")")})
             elif diff not in (None, True) and same_engine:  # (across engines a sampled difference is expected)
                 found.append(where | {"kind": "unclassified", "round": None, "token": row["first_difference"],
                                       "slot": None, "detail": (

@@ -315,16 +315,23 @@ def launches_table(profiles: Profiles) -> Table | Note:
 
 def operators_table(profiles: Profiles, top: int = 10) -> Table | Note:
     """Each profiled system's `top` host operators by self time (a PyTorch trace's), with their calls
-    and share of all operators' self time."""
+    and share of all operators' self time. The profile is named once: in the caption when there is
+    one, else on the first of its rows."""
     ops = profiles.operators
     if ops.empty:
         return Note("host operators: no trace holds them (only a PyTorch profiler trace records operators)")
     ops = ops.sort_values("self_ns", ascending=False).groupby(["profile", "system"], sort=False).head(top)
     ops = ops.assign(self_ms=ops["self_ns"] / 1e6).sort_values(["profile", "system", "self_ns"],
                                                               ascending=[True, True, False])
+    names = list(dict.fromkeys(ops["profile"]))
+    caption = f"the {top} operators with the most self time, per system"
+    if len(names) == 1:
+        ops, caption = ops.drop(columns="profile"), f"{names[0]}: {caption}"
+    else:
+        ops = ops.assign(profile=ops["profile"].where(ops["profile"] != ops["profile"].shift(), ""))
     return Table(ops, [("profile", "profile", 0), ("system", "system", 0), ("name", "operator", 0),
                        ("calls", "calls", 0), ("self_ms", "self ms", 1), ("share", "share", percent)],
-                 caption=f"the {top} operators with the most self time, per system")
+                 caption=caption)
 
 
 def parity_table(result: dict | str) -> Table | Note:

@@ -20,7 +20,9 @@ def parity(
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
     """Compare two runs of the same prompts: inputs, greedy outputs, sampled outputs of equal seeds, rounds,
-    acceptance."""
+    acceptance. Runs that asked for different requests (target, dataset, output length) are refused; other
+    settings may differ (the header names them): the requests both ran are compared."""
+    from harness.analysis.compare_runs import settings_line
     from harness.analysis.parity import parity as compare
 
     result = compare(run_a, run_b)
@@ -36,6 +38,9 @@ def parity(
     out.print(f"A = {a['path']} ({a['backend']}, {a['device']}); B = {b['path']} ({b['backend']}, {b['device']}); "
               f"float error taken as a top-2 logit margin below {result['float_error']:g}", highlight=False,
               soft_wrap=True)
+    differ = result["settings_differ"]
+    out.print(settings_line(differ) + (": the requests both ran are compared, prompt by prompt" if differ else ""),
+              highlight=False, soft_wrap=True)
     for g in result["groups"]:
         level = "" if g["max_concurrency"] == 1 else f", concurrency {g['max_concurrency']}"
         title = f"{g['system']} ({g['method']}) at T={g['temperature']:g}{level}: {g['prompt_ids_equal']}/{g['prompts']} " \

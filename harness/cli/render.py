@@ -237,20 +237,22 @@ def print_comparison(result: dict, title: str) -> None:
 
 def print_operators(result: dict) -> None:
     """Per system of a PyTorch trace, its host operators by self time: calls, self ms, share of all
-    operators' self time, and microseconds per decoded token (outside prefill) where tokens are known."""
+    operators' self time, and microseconds per decoded token (outside prefill) where tokens are known
+    (a profile folder's requests; a bare trace file has none, and then no such column)."""
     for r in result["rows"]:
         if not r.get("operators"):
             continue
+        per_token = any(o.get("us_per_token") is not None for o in r["operators"])
         t = Table(title=f"top host operators: {r['name']}", caption="self: the operator's own time, less the "
-                  "operators it called; share: of all operators' self time; per token: outside prefill, per "
-                  "decoded token", caption_justify="left")
+                  "operators it called; share: of all operators' self time" + (
+                      "; per token: outside prefill, per decoded token" if per_token else ""), caption_justify="left")
         t.add_column("operator")
-        for header in ("calls", "self ms", "share", "us per token"):
+        for header in ("calls", "self ms", "share") + (("us per token",) if per_token else ()):
             t.add_column(header, justify="right", no_wrap=True)
         for o in r["operators"]:
             t.add_row(o["name"], str(o["calls"]), f"{o['self_ns'] / 1e6:.3f}",
                       "-" if o["share"] is None else f"{100 * o['share']:.1f}%",
-                      "-" if o.get("us_per_token") is None else f"{o['us_per_token']:.1f}")
+                      *(("-" if o.get("us_per_token") is None else f"{o['us_per_token']:.1f}",) if per_token else ()))
         show(out, t)
 
 

@@ -8,7 +8,11 @@ from typing import Optional
 
 import typer
 
-from harness.cli.render import print_comparison, print_operators, print_trace_summary
+from dspark.errors import DSparkError
+from harness.cli.render import err, print_comparison, print_operators, print_trace_summary
+from harness.specs.experiments import METHODS
+
+SPECULATIVE = [m for m in METHODS if m != "plain"]  # the methods whose draft leaves a <method>_propose range
 
 trace_app = typer.Typer(help="Read Nsight Systems exports (and PyTorch profiler traces) with our own parser.",
                         no_args_is_help=True, rich_markup_mode=None)
@@ -18,20 +22,30 @@ trace_app = typer.Typer(help="Read Nsight Systems exports (and PyTorch profiler 
 def trace_summarize(
     file: Path = typer.Argument(..., help="A .sqlite export, a .nsys-rep (exported first) or a PyTorch .json trace."),
     expect_method: Optional[str] = typer.Option(None, help="A speculative method whose <method>_propose range "
-                                                "must appear (dspark, dflash, ngram)."),
+                                                f"must appear ({', '.join(SPECULATIVE)}): the summary is "
+                                                "printed, and the command exits 1 when the range is missing."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole summary as JSON."),
 ):
     """NVTX ranges, kernels, categories, API calls, GPU projection, launches, processes and a diagnosis;
     for a PyTorch trace, its host operators by self time."""
     from harness.profiling.compare import summarize_any
+    from harness.profiling.traces import missing_propose
 
+    if expect_method is not None and expect_method not in SPECULATIVE:
+        raise DSparkError(f"--expect-method {expect_method} is not a speculative method; give one of "
+                          f"{', '.join(SPECULATIVE)}")
     s = summarize_any(file, expect_method)
     if as_json:
         print(json.dumps(s))
-        return
-    print_trace_summary(s, file.name)
-    if (s.get("host") or {}).get("operators"):
-        print_operators({"rows": [{"name": file.name, "operators": s["host"]["operators"][:25]}]})
+    else:
+        print_trace_summary(s, file.name)
+        if (s.get("host") or {}).get("operators"):
+            print_operators({"rows": [{"name": file.name, "operators": s["host"]["operators"][:25]}]})
+    missing = missing_propose(s, expect_method) if expect_method else None
+    if missing:
+        err.print(f"error: {file.name}: {missing[0].lower()}{missing[1:]}", highlight=False, markup=False,
+                  soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @trace_app.command("compare")

@@ -338,6 +338,17 @@ def vllm_engine_process(name: str | None) -> bool:
     return name is not None and any(p[:kept].lower() in name.lower() for p in VLLM_PROCESSES)
 
 
+def missing_propose(summary: dict, method: str) -> str | None:
+    """The sentence saying that `method`'s `<method>_propose` range never appears in a trace summary
+    (and which propose ranges do), or None when it appears (`trace summarize --expect-method` fails on it)."""
+    ranges = {r["range"] for r in summary["nvtx"] or []}
+    if f"{method}_propose" in ranges:
+        return None
+    seen = ", ".join(sorted(r for r in ranges if r and r.endswith("_propose"))) or "no propose range"
+    return (f"The {method}_propose range never appears: the draft did not run its {method} path (seen: {seen}); "
+            "check the draft's format and method.")
+
+
 def diagnose(summary: dict, capture: dict, expect_method: str | None, engine: str | None = None) -> list[str]:
     """Plain sentences for what went wrong in the capture (`engine` "vllm": a trace of vLLM's offline
     engine, whose model runs in processes of its own)."""
@@ -364,10 +375,9 @@ def diagnose(summary: dict, capture: dict, expect_method: str | None, engine: st
                          "does. Start it with spawn, or have it stop the profiler (cudaProfilerStop) before it exits.")
     ranges = {r["range"] for r in summary["nvtx"]}
     proposes = {r for r in ranges if r and r.endswith("_propose")}
-    if expect_method and f"{expect_method}_propose" not in ranges:
-        notes.append(f"The {expect_method}_propose range never appears: the draft did not run its {expect_method} "
-                     f"path (seen: {', '.join(sorted(proposes)) or 'no propose range'}); check the draft's format "
-                     "and method.")
+    missing = missing_propose(summary, expect_method) if expect_method else None
+    if missing:
+        notes.append(missing)
     elif not expect_method and "target_verify" in ranges and not proposes:
         notes.append("Verify rounds ran but no <method>_propose range appears: the draft did not run its path; "
                      "check its format and method.")
