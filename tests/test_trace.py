@@ -296,7 +296,7 @@ def test_operators_have_a_per_token_column_only_where_the_tokens_are_known(tmp_p
 
 def test_vllm_step_ranges_sit_beside_ours_as_prefill_and_decode():
     """vLLM names each model-runner step by its batch; `compare` sums them into `vllm_prefill` (steps with
-    prompt tokens) and `vllm_decode` (none), as in the H200 trace of vLLM 0.26 (`benchmarks/vllm026_h200/
+    prompt tokens) and `vllm_decode` (none), as in the H200 trace of vLLM 0.26 (`benchmarks/results/vllm026_h200/
     profile/`), and nothing for ranges of any other name."""
     from harness.profiling.compare import vllm_steps
 
