@@ -101,6 +101,7 @@ def write(path: Path, records: list[dict], *, systems: list[str], temperatures=(
 
 
 QIDS = ("q1", "q2", "q3", "q4")
+MANY = tuple(f"q{i}" for i in range(1, 9))  # enough prompt pairs for a speedup's interval (metrics.MIN_PAIRS)
 
 
 def plain_only(root: Path) -> Path:
@@ -125,13 +126,14 @@ def empty(root: Path) -> Path:
 
 
 def mixed(root: Path) -> Path:
-    """plain, dspark (two categories, one request failed, some contended) and dflash (no clear speedup
-    at T = 0, one prompt pair at T = 1), unfinished: the headline's every kind of verdict."""
+    """plain, dspark (two categories of 4 prompts, one request failed, some contended) and dflash (no clear
+    speedup at T = 0, one prompt pair at T = 1: too few for an interval), unfinished: the headline's every
+    kind of verdict."""
     records = []
     for t in (0.0, 1.0):
-        for i, (q, cat) in enumerate(zip(QIDS, ("coding", "coding", "math", "math"))):
+        for i, (q, cat) in enumerate(zip(MANY, ("coding",) * 4 + ("math",) * 4)):
             records.append(native("plain", q, 10.0 + i, t, cat))
-            if (q, t) != ("q4", 1.0):
+            if (q, t) != (MANY[-1], 1.0):
                 records.append(native("dspark", q, (5.0 if t == 0 else 12.0) + i / 2, t, cat, contended=i == 1))
             else:
                 records.append(failed("dspark", q, t, cat))
@@ -140,7 +142,7 @@ def mixed(root: Path) -> Path:
             elif q == "q1":  # one prompt pair: no interval
                 records.append(native("dflash", q, 9.0, t, cat))
     return write(root / "mixed", records, systems=["plain", "dspark", "dflash"], temperatures=(0.0, 1.0),
-                 categories=("coding", "math"), prompts=2)
+                 categories=("coding", "math"), prompts=4)
 
 
 def vllm(root: Path) -> Path:
@@ -150,13 +152,15 @@ def vllm(root: Path) -> Path:
 
 
 def sweep(root: Path) -> Path:
-    """`--backend vllm-server --max-concurrency 1,4`: waves with the server's counters, one failed."""
-    records = [served("plain", q, 1, 10.0, 100.0 + i) for i, q in enumerate(QIDS[:2])]
-    records += [served("plain", q, 4, 20.0, 200.0) for q in QIDS[:2]]
-    records += [served("ngram", q, 1, 6.0, 300.0 + i) for i, q in enumerate(QIDS[:2])]
-    records += [served("ngram", "q1", 4, 15.0, 400.0), failed("ngram", "q2", method="ngram", concurrency=4)
-                | {"wave": "ngram4"}]
-    waves = [{"wave": f"{s}{k}", "system": s, "max_concurrency": k, "temperature": 0.0, "turn": 0, "requests": 2,
+    """`--backend vllm-server --max-concurrency 1,4`: waves of 6 prompts with the server's counters, one
+    request failed (so 5 prompt pairs at 4: too few for an interval)."""
+    prompts = MANY[:6]
+    records = [served("plain", q, 1, 10.0, 100.0 + i) for i, q in enumerate(prompts)]
+    records += [served("plain", q, 4, 20.0, 200.0) for q in prompts]
+    records += [served("ngram", q, 1, 6.0, 300.0 + i) for i, q in enumerate(prompts)]
+    records += [served("ngram", q, 4, 15.0, 400.0) for q in prompts if q != "q2"]
+    records += [failed("ngram", "q2", method="ngram", concurrency=4) | {"wave": "ngram4"}]
+    waves = [{"wave": f"{s}{k}", "system": s, "max_concurrency": k, "temperature": 0.0, "turn": 0, "requests": 6,
               **({"spec_counters": {"num_spec_steps": 30, "num_draft_tokens": 120, "num_accepted_draft_tokens": 24,
                                     "accepted_per_pos": [12, 7, 4, 1]}} if s == "ngram" else {})}
              for s in ("plain", "ngram") for k in (1, 4)]

@@ -192,16 +192,19 @@ def test_the_headline_says_what_ran_where_the_verdict_and_the_warnings(folders):
     runs = frames.load_runs([folders["mixed"]])
     text = repr(present.Headline(runs))
     assert ("mixed: native backend on cpu (x86_64, 2 cores); target demo; qualitative split, coding, math; "
-            "systems plain, dspark, dflash; 21 of 24 requests; git 0123456 (uncommitted changes); 2026-01-02") in text
+            "systems plain, dspark, dflash; 41 of 48 requests; git 0123456 (uncommitted changes); 2026-01-02") in text
     verdict = present.verdict(runs)
-    assert verdict.startswith("dspark: 2.00x faster than plain decoding at T=0 (95 % CI 2.00-")
-    assert "dflash: no clear speedup at T=0, 1.13x (the 95 % CI 0." in verdict and "spans 1)" in verdict
-    assert "dflash: 1.11x at T=1 (one prompt pair: no interval)" in verdict and verdict.endswith(".")
+    assert verdict.startswith("dspark: 2.00x faster than plain decoding at T=0 (95 % CI 1.78-")
+    assert "dflash: no clear speedup at T=0, 1.28x (the 95 % CI 0." in verdict and "spans 1)" in verdict
+    assert "dflash: too few prompts (1) for an interval at T=1 (1.11x measured, no verdict)" in verdict
+    assert verdict.endswith(".") and "faster than plain decoding at T=1" not in verdict
     html = present.Headline(runs)._repr_html_()
-    for warning in ("incomplete run: 21 of 24 requests done", "1 requests failed", "contention: 2 of"):
+    for warning in ("incomplete run: 41 of 48 requests done", "1 requests failed", "contention: 2 of",
+                    "too few prompts for an interval, so no verdict: dflash T=1 (1 pair)"):
         assert warning in html
     assert "busy: requests timed while other processes competed" in html  # the legend defines the busy column
-    assert "4 (1 failed)" in html and "1 of 4" in html  # requests per row: failed and unfinished
+    assert "8 (1 failed)" in html and "1 of 8" in html  # requests per row: failed and unfinished
+    assert "<td>too few prompts (1) for an interval</td>" in html  # the table's interval cell says why
     both = frames.load_runs([folders["mixed"], folders["no_plain"]])
     verdict = present.verdict(both)
     assert verdict.startswith("mixed/dspark: 2.00x faster") and "no-plain: no speedup: plain decoding is not" in verdict

@@ -29,9 +29,9 @@ def _record(system: str, qid: str, tpot: float, temperature: float = 0.0, concur
             "matches_baseline": None if method == "plain" else True, "load_avg": [0.5, 0.6]}
 
 
-def _summary(concurrency: int = 1) -> dict:
+def _summary(concurrency: int = 1, prompts: int = 6) -> dict:
     records = []
-    for i, (fast, slow) in enumerate(((4.1, 7.3), (3.9, 7.9), (4.4, 6.2), (4.0, 8.8))):
+    for i, (fast, slow) in enumerate(((4.1, 7.3), (3.9, 7.9), (4.4, 6.2), (4.0, 8.8), (4.2, 7.0), (3.8, 8.1))[:prompts]):
         for temp in (0.0, 1.0):
             records += [_record("plain", f"q{i}", 5.123, temp, concurrency), _record(LONG, f"q{i}", fast, temp,
                                                                                      concurrency),
@@ -70,6 +70,27 @@ def test_terminal_tables_never_cut_a_figure(width):
     assert "…" not in text and max(map(len, text.splitlines())) <= width
     for row in (r for r in swept["rows"] if r["category"] == "overall"):
         assert _has_row(text, sweep_cells(row)[1:]), text
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_a_speedup_from_too_few_prompts_says_so_and_the_table_still_fits(width):
+    """Two prompts: each speedup without an interval or a verdict (`*`), its interval's cell saying why in
+    words that may wrap (the figures never do), in the summary and sweep tables alike."""
+    summary = _summary(prompts=2)
+    for renderable, row_cells in ((summary_table(summary, "run"), lambda r: cells(r, columns(summary))),
+                                  (sweep_table(summary, "sweep"), sweep_cells)):
+        text = _terminal(width, renderable)
+        assert "…" not in text and max(map(len, text.splitlines())) <= width
+        drafted = [r for r in summary["rows"] if r["category"] == "overall" and r["system"] != "plain"]
+        for row in drafted:
+            figures = row_cells(row)
+            cut = figures.index("too few prompts (2) for an interval")
+            assert figures[cut - 1].endswith("*") and _has_row(text, figures[1:cut]), (figures, text)
+            assert _has_row(text, figures[cut + 1:]) if figures[cut + 1:] else True, text
+        body = re.split(r"\n(?:T: temperature|c: most requests)", text)[0]  # (the table, not its legend)
+        assert body.count("too few") == len(drafted) == 4
+        if width == 200:  # room for the reason on one line
+            assert text.count("too few prompts (2) for an interval") == 4, text
 
 
 def _run(path, records, **settings):

@@ -61,7 +61,8 @@ def deltas(summary_a: dict, summary_b: dict, category: str = "overall") -> dict:
     """{"rows": one per system x temperature x concurrency of `category` in both summaries, in A's order,
     "only_in": [A's keys missing from B, B's missing from A]}. A row holds each figure as [A, B] and
     its change: speedup and acceptance length B - A, TPOT B / A (above 1: B is slower), and whether
-    the two speedups' 95 % intervals overlap (None where either has none)."""
+    the two speedups' 95 % intervals overlap (None where either has none; `speedup_ci95_reason` says
+    why: too few prompts for an interval)."""
     rows = [{_key(r): r for r in s["rows"] if r["category"] == category} for s in (summary_a, summary_b)]
     out = []
     for key, a in rows[0].items():
@@ -76,7 +77,8 @@ def deltas(summary_a: dict, summary_b: dict, category: str = "overall") -> dict:
             "system": key[0], "temperature": key[1], "max_concurrency": key[2],
             "speedup": [sa, sb], "speedup_diff": sb - sa if sa is not None and sb is not None else None,
             "speedup_ci95": [ca, cb], "intervals_overlap": bool(ca[0] <= cb[1] and cb[0] <= ca[1]) if ca and cb
-            else None,
+            else None, "speedup_pairs": [a.get("speedup_pairs"), b.get("speedup_pairs")],
+            "speedup_ci95_reason": [a.get("speedup_ci95_reason"), b.get("speedup_ci95_reason")],
             "acceptance_length": [la, lb], "acceptance_length_diff": lb - la if la is not None and lb is not None
             else None,
             "tpot_ms": [ta, tb], "tpot_ratio": tb / ta if ta and tb is not None else None})

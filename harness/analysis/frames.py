@@ -45,7 +45,7 @@ META_COLUMNS = ("run", "path", "backend", "device", "cpu", "cores", "target", "s
                 "date", "git", "dirty", "requests_done", "requests_expected", "complete")
 SUMMARY_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", "category", "requests",
                    "completed", "failed", "mean_tpot_ms", "speedup", "speedup_ci95", "speedup_pairs",
-                   "spec_decode_acceptance_length", "spec_decode_acceptance_rate", "num_rounds",
+                   "speedup_ci95_reason", "spec_decode_acceptance_length", "spec_decode_acceptance_rate", "num_rounds",
                    "output_throughput", "throughput_speedup", "matches_baseline", "matches_baseline_of",
                    "requests_expected")
 OPERATOR_COLUMNS = ("profile", "system", "name", "calls", "self_ns", "share")  # a CPU trace's host operators

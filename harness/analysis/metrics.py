@@ -106,10 +106,6 @@ def latency_stats(name: str, values: Sequence[float]) -> dict:
             f"p90_{name}": percentile(vals, 90), f"p99_{name}": percentile(vals, 99)}
 
 
-def geometric_mean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 
@@ -140,21 +136,116 @@ def wilson(successes: float, trials: float, z: float = Z95) -> tuple[float, floa
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _macro_geometric(strata: list[list[float]]) -> float:
-    return geometric_mean([geometric_mean(r) for r in strata])
+MIN_PAIRS = 6
+"""The fewest prompt pairs a speedup gets an interval (and so a verdict) from; below it the speedup is shown
+with "too few prompts (n) for an interval". Why 6: the interval is a Student t interval on the log ratios,
+exact only if they are normal, and fewer than 6 pairs cannot check that or do without it: even with every
+pair faster, the exact sign test (or Wilcoxon's signed-rank test) of n pairs cannot reach 5 % before n = 6
+(two-sided p = 2 x 0.5^n: 0.0625 at n = 5, 0.031 at n = 6), so below 6 a verdict would rest on the normal
+assumption alone. The t interval itself is already wide there (half-width t_{0.975,n-1} / sqrt(n) standard
+deviations: 9.0 at n = 2, 2.5 at 3, 1.6 at 4, 1.24 at 5, 1.05 at 6, 0.84 at 8), and with 2 to 4 pairs the
+standard deviation it scales is itself a guess (from 2 points, the true one is anywhere from 0.45 to 32
+times it at 95 %)."""
 
 
-def speedup_macro(groups: Sequence[tuple[Sequence[float], Sequence[float]]], resamples: int = 2000,
-                  seed: int = 0) -> dict | None:
-    """The geometric mean over groups (categories) of each group's paired speedup, with a 95 %
-    bootstrap interval that resamples prompts within each group (a stratified bootstrap)."""
+def too_few_pairs(pairs: int) -> str:
+    """What a speedup with fewer than MIN_PAIRS prompt pairs shows instead of an interval and a verdict."""
+    return f"too few prompts ({pairs}) for an interval"
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""
+    tiny = 1e-300
+
+    def nonzero(v: float) -> float:
+        return v if abs(v) > tiny else tiny
+
+    c, d = 1.0, 1 / nonzero(1 - (a + b) * x / (a + 1))
+    h = d
+    for m in range(1, 10_000):
+        for aa in (m * (b - m) * x / ((a - 1 + 2 * m) * (a + 2 * m)),
+                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 1 + 2 * m))):
+            d = 1 / nonzero(1 + aa * d)
+            c = nonzero(1 + aa / c)
+            h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) (the continued fraction where it converges
+    fast, else through I_x(a, b) = 1 - I_{1-x}(b, a))."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1 - front * _betacf(b, a, 1 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))
+    return 1 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile (0 < p < 1) of Student's t with `df` degrees of freedom, by bisection on `t_cdf`
+    (the analysis code has no scipy): t_quantile(0.975, 1) = 12.706, (0.975, 5) = 2.571."""
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def ratio_interval(strata: Sequence[Sequence[float]], level: float = 0.95) -> dict:
+    """The geometric mean over strata (categories) of each stratum's geometric mean of ratios, with a
+    Student t interval: on the log ratios, exponentiated. The centre is the mean over strata of each
+    stratum's mean log ratio; its variance is the pooled within-stratum variance s^2 times
+    sum_k(1/n_k) / K^2, with the pooled degrees of freedom. One stratum: the one-sample t interval on the
+    logs (s^2 / n, n - 1 degrees of freedom). Strata of one ratio have no spread of their own: together
+    they count as one stratum for the variance (their differences taken as noise, the conservative
+    reading), and a lone one borrows the others'. The interval widens as the sample shrinks twice over:
+    a larger standard error and a larger t quantile (12.7 at 1 degree of freedom, 2.57 at 5, 1.96 in the
+    limit). {"centre", "ci" (None from one ratio: no spread to estimate), "df"}; `strata` holds at least
+    one ratio."""
+    logs = [[math.log(r) for r in s] for s in strata if s]
+    means = [sum(s) / len(s) for s in logs]
+    centre = sum(means) / len(means)
+    singles = [s[0] for s in logs if len(s) == 1]
+    spread = [s for s in logs if len(s) > 1] + ([singles] if len(singles) > 1 else [])
+    df = sum(len(s) - 1 for s in spread)  # (0 only from a single ratio)
+    if df == 0:
+        return {"centre": math.exp(centre), "ci": None, "df": 0}
+    squares = sum((x - sum(s) / len(s)) ** 2 for s in spread for x in s)
+    se = math.sqrt(squares / df * sum(1 / len(s) for s in logs)) / len(logs)
+    half = t_quantile(0.5 + level / 2, df) * se
+    return {"centre": math.exp(centre), "ci": [math.exp(centre - half), math.exp(centre + half)], "df": df}
+
+
+def speedup_macro(groups: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict | None:
+    """The geometric mean over groups (categories) of each group's paired speedup (baseline TPOT / the
+    system's, prompt by prompt), with its 95 % t interval (`ratio_interval`) from MIN_PAIRS pairs on;
+    with fewer, `speedup_ci95` is None and `speedup_ci95_reason` says why. None without pairs."""
     per = [[b / s for b, s in zip(base, mine) if b and s] for base, mine in groups]
     per = [r for r in per if r]
     if not per:
         return None
-    point = _macro_geometric(per)
-    ci = bootstrap(per, _macro_geometric, resamples, seed) or (point, point)  # (one pair: no spread)
-    return {"speedup": point, "speedup_ci95": list(ci), "speedup_pairs": sum(map(len, per))}
+    pairs = sum(map(len, per))
+    interval = ratio_interval(per)
+    enough = pairs >= MIN_PAIRS
+    return {"speedup": interval["centre"], "speedup_ci95": interval["ci"] if enough else None,
+            "speedup_pairs": pairs, "speedup_ci95_reason": None if enough else too_few_pairs(pairs)}
 
 
 def speedup_with_contention(timed: Sequence[tuple[Sequence[float], Sequence[float]]],
@@ -163,7 +254,8 @@ def speedup_with_contention(timed: Sequence[tuple[Sequence[float], Sequence[floa
     interval of the same pairs with each contended request's time scaled back to an uncontended machine
     (`uncontended`, same shape). The two bracket the truth: wall times charge the pair's waits for a core
     to whichever side waited; the scaled times assume all of a contended request's lost CPU share was
-    waiting. `speedup_ci95_timed` keeps the wall-time interval, `speedup_uncontended` the other estimate."""
+    waiting. `speedup_ci95_timed` keeps the wall-time interval, `speedup_uncontended` the other estimate.
+    Too few pairs for an interval: none, widened or not."""
     s = speedup_macro(timed)
 
     def ratios(groups):
@@ -172,16 +264,18 @@ def speedup_with_contention(timed: Sequence[tuple[Sequence[float], Sequence[floa
     if s is None or ratios(timed) == ratios(uncontended):  # (no pair touched, or both sides scaled alike)
         return s
     other = speedup_macro(uncontended)
+    s = s | {"speedup_uncontended": other["speedup"]}
+    if s["speedup_ci95"] is None:
+        return s
     lo, hi = s["speedup_ci95"]
     return s | {"speedup_ci95": [min(lo, other["speedup_ci95"][0]), max(hi, other["speedup_ci95"][1])],
-                "speedup_ci95_timed": [lo, hi], "speedup_uncontended": other["speedup"]}
+                "speedup_ci95_timed": [lo, hi]}
 
 
-def speedup(baseline_tpot: Sequence[float], system_tpot: Sequence[float], resamples: int = 2000,
-            seed: int = 0) -> dict | None:
+def speedup(baseline_tpot: Sequence[float], system_tpot: Sequence[float]) -> dict | None:
     """Geometric mean over prompts of baseline TPOT / system TPOT (paired: index i is one prompt in
-    both), with a 95 % percentile-bootstrap interval over prompts. None without pairs."""
-    return speedup_macro([(baseline_tpot, system_tpot)], resamples, seed)
+    both), with its 95 % t interval over prompts (from MIN_PAIRS pairs on). None without pairs."""
+    return speedup_macro([(baseline_tpot, system_tpot)])
 
 
 def first_difference(tokens: Sequence[int], baseline: Sequence[int]) -> bool | int:

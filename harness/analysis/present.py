@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from harness.analysis.frames import BASELINE, Profiles, Runs, acceptance_intervals
+from harness.analysis.metrics import MIN_PAIRS
 
 TITLE = "DSpark benchmark report"
 
@@ -202,18 +203,25 @@ def overall_rows(runs: Runs) -> pd.DataFrame:
     rows["matches_label"] = [matches_cell(r) for r in records]
     rows["busy_label"] = [busy_cell(r) for r in records]
     rows["speedup_label"] = ["baseline" if r["method"] == BASELINE else fmt(r.get("speedup")) for r in records]
-    rows["speedup_ci95"] = [None if r["method"] == BASELINE else r.get("speedup_ci95") for r in records]
+    rows["speedup_ci95"] = [None if r["method"] == BASELINE else interval_cell(r) for r in records]
     return rows
 
 
+def interval_cell(row: dict):
+    """A speedup's interval as the tables show it: the pair, or why there is none (too few prompts)."""
+    reason = row.get("speedup_ci95_reason")
+    return reason if isinstance(reason, str) else row.get("speedup_ci95")
+
+
 def clause(row: dict, name: str, sweep: bool) -> str:
-    """One system's verdict: faster, slower, or no clear speedup, with the speedup and its interval."""
+    """One system's verdict: faster, slower, or no clear speedup, with the speedup and its interval; none
+    from too few prompts for an interval."""
     at = f"T={row['temperature']:g}" + (f", c={row['max_concurrency']}" if sweep else "")
-    s, ci = row.get("speedup"), row.get("speedup_ci95")
+    s, ci, reason = row.get("speedup"), row.get("speedup_ci95"), row.get("speedup_ci95_reason")
     if missing(s):
         return f"{name}: no speedup at {at} (no request paired with plain decoding's)"
-    if not isinstance(ci, (list, tuple)) or missing(ci[0]):
-        return f"{name}: {s:.2f}x at {at} (one prompt pair: no interval)"
+    if isinstance(reason, str):
+        return f"{name}: {reason} at {at} ({s:.2f}x measured, no verdict)"
     interval = f"95 % CI {ci[0]:.2f}-{ci[1]:.2f}"
     if ci[0] > 1:
         return f"{name}: {s:.2f}x faster than plain decoding at {at} ({interval})"
@@ -286,7 +294,8 @@ class Headline:
             lines.append('<ul class="dspark-warnings">' + "".join(f"<li><strong>Warning:</strong> {e(w)}</li>"
                                                                   for w in warned) + "</ul>")
         lines.append('<p class="dspark-legend">speedup: geometric mean over prompts of plain decoding\'s TPOT '
-                     "over the system's, paired by prompt, with its 95 % bootstrap interval; AL: acceptance length "
+                     "over the system's, paired by prompt, with its 95 % Student t interval (on the log ratios; none from "
+                     f"fewer than {MIN_PAIRS} prompt pairs, too few to rule out chance); AL: acceptance length "
                      "(tokens per verify round) with its 95 % bootstrap interval over requests; accepted: "
                      "accepted / proposed draft tokens; = plain: greedy outputs equal to plain decoding's" +
                      ("; busy: requests timed while other processes competed for the cores, of those measured (a "

@@ -11,11 +11,12 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.analysis.metrics import (acceptance, acceptance_from_totals, latency_stats, percentile,
+from harness.analysis.metrics import (MIN_PAIRS, acceptance, acceptance_from_totals, latency_stats, percentile,
                                       speedup_with_contention)
 from harness.analysis.records import MANIFEST, read_requests, read_waves
 
 BASELINE = "plain"  # the method of the baseline system
+NO_SPEEDUP = {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0, "speedup_ci95_reason": None}
 
 
 def _timed(r: dict) -> float | None:
@@ -153,7 +154,7 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
     row["matches_baseline_of"] = len(greedy) if greedy else None
     s = speedup_with_contention([_pairs(records, baseline)], [_pairs(records, baseline, uncontended)]) \
         if has_baseline else None
-    row |= s or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
+    row |= s or NO_SPEEDUP
     return row
 
 
@@ -181,16 +182,19 @@ MACRO = ("spec_decode_acceptance_length", "spec_decode_acceptance_rate", "mean_t
 
 
 def summarize(records: list[dict], expected: list[dict] | None = None, cores: int | None = None,
-              waves: list[dict] | None = None) -> dict:
+              waves: list[dict] | None = None, systems: list[str] | None = None) -> dict:
     """{"rows": [...]}: one row per system x temperature x concurrency x category, then each system x
     temperature x concurrency's `overall`: the macro average over categories (speedup: their geometric
-    mean, with a bootstrap interval stratified by category), with pooled counts and the throughputs of
-    every request together (at a concurrency above 1 the categories share the machine, so only the
-    pooled throughput means what it says).
+    mean, with a t interval over prompts stratified by category), with pooled counts and the throughputs
+    of every request together (at a concurrency above 1 the categories share the machine, so only the
+    pooled throughput means what it says). Systems come in `systems`' order (the `--systems` the user
+    typed), else in the order the records first name them.
 
     Speedups hold each system against plain decoding at the same concurrency: per prompt by TPOT
-    (`speedup`), and by output throughput (`throughput_speedup`). `expected` (the manifest's plan) gives
-    each row `requests_expected` and the summary `requests_done` / `requests_expected` / `complete`;
+    (`speedup`, with no interval and no verdict below `metrics.MIN_PAIRS` prompt pairs:
+    `speedup_ci95_reason` says so), and by output throughput (`throughput_speedup`). `expected` (the
+    manifest's plan) gives each row `requests_expected` and the summary `requests_done` /
+    `requests_expected` / `complete`;
     `cores` is what `load_avg_max` is held against (a load above it means other work competed for the
     machine while it was timed); `waves` (a served run's) give acceptance from the server's counters."""
     by_wave = {w["wave"]: w for w in waves or [] if w.get("spec_counters")}
@@ -204,6 +208,7 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
         groups[(r["system"], r["temperature"], r.get("max_concurrency", 1), r["category"])].append(r)
         if r["system"] not in order:
             order.append(r["system"])
+    order = [s for s in systems or [] if s in order] + [s for s in order if s not in (systems or [])]
     rows = []
     for system in order:
         for temp, conc in sorted({(t, k) for s, t, k, _ in groups if s == system}):
@@ -225,7 +230,7 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
             macro = speedup_with_contention([_pairs(groups[(system, temp, conc, c)], baseline) for c in cats],
                                             [_pairs(groups[(system, temp, conc, c)], baseline, quiet) for c in cats]) \
                 if has_baseline else None
-            overall |= macro or {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0}
+            overall |= macro or NO_SPEEDUP
             rows += per_cat + [overall]
     plain = {(r["temperature"], r["max_concurrency"], r["category"]): r for r in rows if r["system"] == base_system}
     for row in rows:
@@ -238,34 +243,42 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
         key = (row["system"], float(row["temperature"]), row["max_concurrency"])
         row["requests_expected"] = (sum(n for (s, t, k, _), n in plan.items() if (s, t, k) == key) if row["category"]
                                     == "overall" else plan.get(key + (row["category"],))) if plan is not None else None
-        if row["speedup_pairs"] < 2:  # one prompt pair has no spread: no interval to show
-            row["speedup_ci95"] = row["speedup_ci95_timed"] = None
         ci = row["speedup_ci95"]
-        row["speedup_ci95_spans_1"] = bool(ci and ci[0] <= 1 <= ci[1]) if row["system"] != base_system else None
+        if row["system"] == base_system:  # the baseline against itself says nothing
+            row["speedup_ci95_reason"] = row["speedup_ci95_spans_1"] = None
+        else:
+            row["speedup_ci95_spans_1"] = None if ci is None else bool(ci[0] <= 1 <= ci[1])
     loads = [r["load_avg_max"] for r in rows if r["load_avg_max"] is not None]
     failed = sum(1 for r in records if r.get("failed"))
     summary = {"rows": rows, "baseline": base_system, "requests_done": len(records), "requests_failed": failed,
                "requests_expected": sum(plan.values()) if plan is not None else None,
                "complete": len(records) >= sum(plan.values()) if plan is not None else None,
-               "max_concurrency": sorted({r["max_concurrency"] for r in rows}),
+               "max_concurrency": sorted({r["max_concurrency"] for r in rows}), "speedup_min_pairs": MIN_PAIRS,
                "cores": cores, "load_avg_max": max(loads, default=None),
                **{k: v for k, v in contention_figures([r for r in records if not r.get("failed")]).items()
                   if k in ("contention_measured", "contended_requests", "other_cores_mean", "other_cores_max")},
-               "contention_widened": [f"{r['system']} T={r['temperature']:g}" + (
-                   f" c={r['max_concurrency']}" if r["max_concurrency"] != 1 else "") + ": "
-                   f"{r['speedup_ci95'][0]:.2f}-{r['speedup_ci95'][1]:.2f} (wall times alone: "
+               "contention_widened": [
+                   f"{row_name(r)}: {r['speedup_ci95'][0]:.2f}-{r['speedup_ci95'][1]:.2f} (wall times alone: "
                    f"{r['speedup_ci95_timed'][0]:.2f}-{r['speedup_ci95_timed'][1]:.2f})"
                    for r in rows if r["category"] == "overall" and r.get("speedup_ci95_timed")
                    and r["speedup_ci95"]],
                "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
-                        "speedups, its interval a bootstrap stratified by category); counts, tokens, time, "
+                        "speedups, its interval a t interval over prompts stratified by category, none below "
+                        f"{MIN_PAIRS} prompt pairs); counts, tokens, time, "
                         "throughputs and percentiles pool every request; pooled_acceptance_length pools every "
                         "round; speedups are against plain decoding at the same concurrency"}
     return summary | {"warnings": warnings(summary)}
 
 
+def row_name(row: dict) -> str:
+    """A summary row as a sentence names it: `dspark T=0`, `ngram T=0 c=4` at a sweep's level."""
+    return f"{row['system']} T={row['temperature']:g}" + (f" c={row['max_concurrency']}"
+                                                         if row.get("max_concurrency", 1) != 1 else "")
+
+
 def warnings(summary: dict) -> list[str]:
-    """What a reader must know before trusting the figures: an unfinished run, a loaded machine."""
+    """What a reader must know before trusting the figures: an unfinished run, a loaded machine, speedups
+    from too few prompts for an interval."""
     out = []
     if summary.get("complete") is False:
         out.append(f"incomplete run: {summary['requests_done']} of {summary['requests_expected']} requests done "
@@ -286,6 +299,12 @@ def warnings(summary: dict) -> list[str]:
             (summary.get("load_avg_max") or 0) > summary["cores"]:  # (a run from before contention was measured)
         out.append(f"noisy timing: the load average reached {summary['load_avg_max']:.1f} on {summary['cores']} "
                    "cores while requests were timed (other work competed for the CPU); compare speedups with care")
+    few = [r for r in summary.get("rows", []) if r["category"] == "overall" and r.get("speedup_ci95_reason")]
+    if few:
+        named = [f"{row_name(r)} ({r['speedup_pairs']} pair{'s' if r['speedup_pairs'] != 1 else ''})" for r in few]
+        out.append(f"too few prompts for an interval, so no verdict: {', '.join(named)}; a speedup gets an interval "
+                   f"and a verdict from {MIN_PAIRS} prompt pairs on (fewer cannot rule out chance even when every "
+                   f"prompt is faster); run at least {MIN_PAIRS} prompts (--num-prompts {MIN_PAIRS})")
     return out
 
 
@@ -323,9 +342,9 @@ def cells(row: dict, cols: list[tuple[str, str]] = COLUMNS) -> list[str]:
     for _, key in cols:
         v = row[key]
         if key == "speedup_ci95":
-            cells.append("-" if not v else f"{v[0]:.2f}-{v[1]:.2f}")
+            cells.append(row.get("speedup_ci95_reason") or ("-" if not v else f"{v[0]:.2f}-{v[1]:.2f}"))
         elif key == "speedup":
-            cells.append(_fmt(v) + ("*" if row.get("speedup_ci95_spans_1") else ""))
+            cells.append(_fmt(v) + ("*" if row.get("speedup_ci95_spans_1") or row.get("speedup_ci95_reason") else ""))
         elif key == "requests":
             expected = row.get("requests_expected")
             failed = f" ({row['failed']} failed)" if row.get("failed") else ""
@@ -348,10 +367,11 @@ LEGEND = ("T: temperature; requests: requests summarised "
           "tokens: output tokens of those requests; time s: the time any of them was in flight (one at a time: "
           "their summed end-to-end latency); TPOT ms: mean time "
           "per output token after the first; speedup: geometric mean over prompts of plain decoding's TPOT / "
-          "this system's, paired by prompt (* when its 95% interval spans 1: no clear speedup or slowdown); "
-          "95% CI: a bootstrap interval of the speedup over prompts; AL: acceptance length, tokens per verify "
-          "round; accept: accepted / proposed draft tokens; rounds: verify rounds; = plain: greedy outputs equal "
-          "to plain decoding's, of those compared")
+          "this system's, paired by prompt (* when its 95% interval spans 1 or it has none: no clear speedup or "
+          "slowdown); 95% CI: a Student t interval of the speedup over prompts (on the log ratios), none from "
+          f"fewer than {MIN_PAIRS} prompt pairs (too few to rule out chance); AL: acceptance length, tokens per "
+          "verify round; accept: accepted / proposed draft tokens; rounds: verify rounds; = plain: greedy outputs "
+          "equal to plain decoding's, of those compared")
 LEGEND_OF = {"max_concurrency": "c: requests in flight at most (a sweep's level; speedups are against plain "
                                 "decoding at the same c)",
              "contended_requests": "busy: requests timed while other processes competed for the cores (tasks "
@@ -372,7 +392,8 @@ SWEEP_LEGEND = ("c: most requests in flight; req/s, out tok/s: completed request
                 "the time any request was in flight (vllm bench serve's request_throughput, output_throughput); "
                 "TTFT, TPOT, ITL: means over requests (ITL over every gap between streamed chunks); speedup: "
                 "per-prompt TPOT speedup over plain decoding at the same c (geometric mean, * when its 95% interval "
-                "spans 1); tok/s ratio: output throughput over plain decoding's at the same c")
+                f"spans 1 or it has none: fewer than {MIN_PAIRS} prompt pairs); tok/s ratio: output throughput over "
+                "plain decoding's at the same c")
 
 
 def sweep_cells(row: dict) -> list[str]:
@@ -391,7 +412,7 @@ def sweep_cells(row: dict) -> list[str]:
 def contention_line(summary: dict) -> str:
     """The line a table's title gets when requests were timed on a busy machine."""
     return (f"CONTENTION: {summary['contended_requests']} of {summary['contention_measured']} requests timed on a busy "
-            "machine (busy column); speedup intervals widened")
+            "machine (busy column)" + ("; speedup intervals widened" if summary.get("contention_widened") else ""))
 
 
 def markdown(summary: dict, title: str) -> str:
@@ -432,10 +453,11 @@ def to_csv(summary: dict) -> str:
 
 def summarize_folder(run_dir: Path) -> dict:
     """The summary of a run folder's requests (read only: a torn last line is skipped, not cut), held
-    against the plan and core count in its manifest."""
+    against the plan and core count in its manifest, its systems in the order `--systems` gave them."""
     manifest_file = Path(run_dir) / MANIFEST
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
     summary = summarize(read_requests(run_dir), manifest.get("requests_expected"),
-                        (manifest.get("provenance") or {}).get("cores"), read_waves(run_dir))
+                        (manifest.get("provenance") or {}).get("cores"), read_waves(run_dir),
+                        (manifest.get("options") or {}).get("systems"))
     summary["run_dir"] = str(Path(run_dir).resolve())
     return summary | {"warnings": warnings(summary)}

@@ -74,19 +74,21 @@ def fit(console: Console, table: Table, width: int) -> Table | None:
 
 
 def _column_ranges(console: Console, table: Table) -> tuple[list[int], list[int], list[int]]:
-    """Per column: the width it must have (a no_wrap column's widest cell; a name column's longest
-    name, up to NAME_FLOOR), the width its header's longest word needs, and the width that puts
-    every cell and the header on one line."""
+    """Per column: the width it must have (a no_wrap column's widest cell, or the longest word of a
+    cell of words that may wrap there, `words`; a name column's longest name, up to NAME_FLOOR), the
+    width its header's longest word needs, and the width that puts every cell and the header on one
+    line."""
     opts = console.options.update_width(10_000)
     floor, word, natural = [], [], []
     for c in table.columns:
-        cells = [Measurement.get(console, opts, cell) for cell in c.cells] or [Measurement(1, 1)]
+        cells = [(Measurement.get(console, opts, cell), cell) for cell in c.cells] or [(Measurement(1, 1), "")]
         head = Measurement.get(console, opts, c.header)
-        widest = max(m.maximum for m in cells)
+        widest = max(m.maximum for m, _ in cells)
+        whole = max(m.minimum if isinstance(cell, Text) and cell.no_wrap is False else m.maximum for m, cell in cells)
         one_line = max(widest, head.maximum)
         if c.max_width is not None:
             one_line = min(one_line, c.max_width)
-        need = widest if c.no_wrap else min(widest, NAME_FLOOR, one_line)
+        need = whole if c.no_wrap else min(widest, NAME_FLOOR, one_line)
         floor.append(need)
         word.append(max(need, min(head.minimum, one_line)))
         natural.append(max(need, one_line))
@@ -105,6 +107,17 @@ def _overhead(console: Console, table: Table) -> int:
     return width - len(table.columns)
 
 
+def words(cell: str) -> Text:
+    """A cell of words in a column of figures (a speedup's "too few prompts (2) for an interval"): it may
+    wrap between its words where the table is too wide for it on one line; the figures never do."""
+    return Text(cell, no_wrap=False, justify="left")
+
+
+def _row(row: dict, cells: list[str], keys: list[str]) -> list:
+    """A summary row's cells for a table, the reason a speedup has no interval as `words`."""
+    return [words(c) if key == "speedup_ci95" and row.get("speedup_ci95_reason") else c for c, key in zip(cells, keys)]
+
+
 def summary_table(summary: dict, title: str, category: str = "overall") -> Table:
     """The comparison table of a run: one row per system x temperature of `category`, the legend under it,
     and INCOMPLETE in the title while requests are missing."""
@@ -119,7 +132,7 @@ def summary_table(summary: dict, title: str, category: str = "overall") -> Table
                      overflow="fold")
     for row in summary["rows"]:
         if row["category"] == category:
-            t.add_row(*cells(row, cols))
+            t.add_row(*_row(row, cells(row, cols), [key for _, key in cols]))
     return t
 
 
@@ -132,12 +145,13 @@ def sweep_table(summary: dict, title: str) -> Table:
                      overflow="fold")
     for row in summary["rows"]:
         if row["category"] == "overall":
-            t.add_row(*sweep_cells(row))
+            t.add_row(*_row(row, sweep_cells(row), [key for _, key in SWEEP_COLUMNS]))
     return t
 
 
 DELTAS_LEGEND = ("each figure A -> B; change: B - A (TPOT: B / A, above 1 when B is slower); CIs overlap: whether "
-                 "the two speedups' 95% intervals overlap (yes: the change may be noise)")
+                 "the two speedups' 95% intervals overlap (yes: the change may be noise; too few prompts (A: n): "
+                 "a run's speedup has no interval, from n prompt pairs)")
 
 
 def deltas_table(result: dict, names: tuple[str, str], title: str) -> Table:
@@ -158,6 +172,9 @@ def deltas_table(result: dict, names: tuple[str, str], title: str) -> Table:
         t.add_column(h, justify="left" if h == "system" else "right", no_wrap=h != "system", overflow="fold")
     for r in result["rows"]:
         overlap = {None: "-", True: "yes", False: "no"}[r["intervals_overlap"]]
+        few = [f"{name}: {n}" for name, n, why in zip(names, r["speedup_pairs"], r["speedup_ci95_reason"]) if why]
+        if few:
+            overlap = words(f"too few prompts ({', '.join(few)})")
         t.add_row(r["system"], f"{r['temperature']:g}", *([str(r["max_concurrency"])] if swept else []),
                   two(r["speedup"]), num(r["speedup_diff"], "+.2f"), overlap,
                   two(r["acceptance_length"]), num(r["acceptance_length_diff"], "+.2f"),
