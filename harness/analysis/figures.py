@@ -295,8 +295,8 @@ def paired_speedup(runs: Runs):
         ci = row["speedup_ci95"] if isinstance(row["speedup_ci95"], (list, tuple)) else (mean, mean)
         shown += list(ci)
         ax.errorbar([i + 0.15], [mean], yerr=[[mean - ci[0]], [ci[1] - mean]], fmt="D", color="black", capsize=4)
-        reason = row.get("speedup_ci95_reason")  # (too few prompts: the diamond alone, and why)
-        note = "\n" + reason.replace(" for an", "\nfor an") if isinstance(reason, str) else ""
+        few = isinstance(row.get("speedup_ci95_reason"), str)  # (too few prompts: the diamond alone, and why)
+        note = f"\ntoo few\nprompts ({row['speedup_pairs']:.0f})" if few else ""
         ax.annotate(f"{mean:.2f}x{note}", (i + 0.22, mean), fontsize=8, va="center")
     ax.set_xticks(range(len(groups)), [_tick(dict(zip(("run", "system", "temperature", "max_concurrency"), k)),
                                              several) for k, _ in groups], fontsize=8)

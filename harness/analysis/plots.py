@@ -36,8 +36,8 @@ def plot(summary: dict, path: Path, title: str) -> None:
     right.bar(range(len(values)), values, yerr=errors, capsize=3, color="tab:blue")
     for i, r in enumerate(drafted):
         if r.get("speedup_ci95_reason"):  # (no interval to draw: say why on the bar)
-            right.annotate(r["speedup_ci95_reason"].replace(" for an", "\nfor an"), (i, values[i]), ha="center",
-                           va="bottom", fontsize=6)
+            right.annotate(f"too few\nprompts ({r['speedup_pairs']})", (i, values[i]), ha="center", va="bottom",
+                           fontsize=6)
     right.axhline(1.0, color="grey", linewidth=0.8, label="plain decoding")
     right.set_xticks(range(len(values)), labels, fontsize=7)
     right.set(ylabel="speedup over plain (TPOT)", title="speedup, 95 % interval")
