@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from dspark import formats
@@ -26,7 +26,7 @@ from dspark.config import AnyDraftConfig, Eagle3Config, TargetConfig, draft_conf
 from dspark.draft import DraftModel
 from dspark.eagle3 import Eagle3Draft
 from dspark.errors import DSparkError
-from dspark.formats.common import KeyTable
+from dspark.formats.common import KeyTable, save_safetensors
 from dspark.formats.eagle3.common import weights_signature
 from dspark.target import Qwen3Target
 
@@ -333,7 +333,7 @@ def save_target(model: Qwen3Target, out: Path, extra_config: dict | None = None)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight")
-    save_file(state, out / "model.safetensors")
+    save_safetensors(state, out / "model.safetensors")
 
 
 def save_draft(model: DraftModel | Eagle3Draft, out: Path, fmt: str, target_config: TargetConfig | None = None,

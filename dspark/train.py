@@ -375,11 +375,16 @@ def save_checkpoint(draft: DraftModel | Eagle3Draft, opt: torch.optim.Optimizer,
     shutil.rmtree(out / "checkpoint.old", ignore_errors=True)
 
 
-def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel | Eagle3Draft, int, dict] | None:
-    """(draft, step, optimizer state) of the last checkpoint under `out_dir`, or None. A save cut off
-    between its two renames leaves only the previous checkpoint, as checkpoint.old: that one is used."""
-    path = next((p for p in (Path(out_dir) / "checkpoint", Path(out_dir) / "checkpoint.old")
+def checkpoint_path(out_dir) -> Path | None:
+    """The folder of the last complete checkpoint under `out_dir`, or None. A save cut off between its
+    two renames leaves only the previous checkpoint, as checkpoint.old: that one is it."""
+    return next((p for p in (Path(out_dir) / "checkpoint", Path(out_dir) / "checkpoint.old")
                  if (p / "trainer_state.pt").is_file()), None)
+
+
+def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel | Eagle3Draft, int, dict] | None:
+    """(draft, step, optimizer state) of the last checkpoint under `out_dir` (`checkpoint_path`), or None."""
+    path = checkpoint_path(out_dir)
     if path is None:
         return None
     state = torch.load(path / "trainer_state.pt", weights_only=True, map_location=target.lm_head.weight.device)

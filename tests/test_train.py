@@ -319,3 +319,52 @@ def test_train_draft_command_trains_an_eagle3_draft_over_the_datas_vocabulary(ti
     assert code == 2 and "--ttt-length is for --method eagle3" in err
     code, _, err = run_cli(monkeypatch, capfd, *common[:-4], "--method", "dspark", "--steps", "4", "--resume")
     assert code == 2 and "is of method eagle3; resume it with --method eagle3" in err
+
+
+def test_train_draft_resume_without_a_checkpoint_is_refused_before_loading(tiny_dir, tmp_path, monkeypatch, capfd):
+    """--resume on a folder with no checkpoint (none yet, or a typo) would train from scratch and say
+    nothing: it is refused in one line, with nothing written."""
+    import json
+
+    from cli_runner import run_cli
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6, i]}) + "\n" for i in range(4)))
+    out = tmp_path / "draft"
+    for made in (False, True):  # a folder that does not exist, then an empty one
+        if made:
+            out.mkdir()
+        code, stdout, err = run_cli(monkeypatch, capfd, "train-draft", "--target", tiny_dir / "target", "--data",
+                                    data, "--out", out, "--steps", "2", "--batch", "2", "--device", "cpu", "--resume")
+        assert code == 2 and stdout == "" and len(err.strip().splitlines()) == 1, err
+        assert f"--resume: {out} holds no checkpoint" in err and "leave out --resume" in err
+        assert out.exists() == made and not any(tmp_path.glob("draft/*"))
+
+
+def test_the_readmes_train_draft_example_runs_as_written(tmp_path, monkeypatch, capfd):
+    """The README's `train-draft` example on the shipped data (`--data demo`: the demo target's own answers,
+    shipped beside it), as written but for its --out (a fresh folder here): it trains a draft of the demo
+    target that loads for it, its weights readable as its config is."""
+    import os
+    import shlex
+    from pathlib import Path
+
+    from cli_runner import run_cli
+
+    from dspark.checkpoint import load_draft, load_target
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    shown = [line for line in readme.splitlines() if line.startswith("dspark-bench train-draft ") and "--data demo" in line]
+    assert shown, "the README shows no train-draft example on the shipped data (--data demo)"
+    args = shlex.split(shown[0])[1:]
+    args[args.index("--out") + 1] = str(tmp_path / "draft")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capfd, *args)
+    steps = args[args.index("--steps") + 1] if "--steps" in args else "1000"
+    assert code == 0 and f"draft saved to {tmp_path / 'draft'} (deepspec format, dspark, {steps} steps)" in out, err
+    draft = load_draft(tmp_path / "draft", load_target("demo").model)
+    assert (draft.config.method, draft.config.format) == ("dspark", "deepspec")
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "draft" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name

@@ -4,6 +4,7 @@ parse for every format), tensor key tables, and writing a draft's config and ten
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,17 @@ def draft_state(model: nn.Module, with_embeddings: bool) -> dict[str, Tensor]:
 
 def write(out: Path, hf: dict, state: dict[str, Tensor]) -> None:
     (out / "config.json").write_text(json.dumps(hf, indent=2))
-    save_file(state, out / "model.safetensors")
+    save_safetensors(state, out / "model.safetensors")
+
+
+def save_safetensors(state: dict[str, Tensor], path: Path) -> None:
+    """`save_file`, the file given the mode any new file gets (0644 under the usual umask): safetensors
+    writes a private temporary file (0600) and renames it, which left the weights unreadable to the
+    group and others beside a readable config."""
+    save_file(state, path)
+    umask = os.umask(0o022)  # (reading the umask means setting it; it is put back at once)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def full_attention(num_layers: int) -> list[str]:

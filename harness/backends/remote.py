@@ -37,7 +37,8 @@ class OpenAIBackend(TargetFiles, ServedBackend):
         try:
             import aiohttp  # noqa: F401  (the client)
         except ImportError:
-            raise DSparkError("the openai backend needs aiohttp; install it: pip install aiohttp") from None
+            raise DSparkError("the openai backend needs aiohttp; install the extra: pip install "
+                              "'dspark-bench[serve]'") from None
         if profiled:
             raise DSparkError("a server someone else runs cannot be profiled from here; profile with --backend "
                               "native or vllm")

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from dspark.errors import DSparkError
+from harness.cli import paths
 from harness.cli.render import err, out, show
 
 
@@ -35,6 +36,9 @@ def calibrate(
     as_json: bool = typer.Option(False, "--json", help="Print the tables (and the fit) as JSON."),
 ):
     """Calibration of the draft's confidence head: reliability, ECE and Brier score per position; STS."""
+    for path, flag, example in ((fit_sts, "--fit-sts", "sts.json"), (plot, "--plot", "reliability.png")):
+        if path is not None:
+            paths.output_file(path, flag, example)
     from harness.analysis import calibration
     from harness.analysis.frames import load_runs
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from harness.cli import paths
 from harness.cli.render import out
 
 
@@ -16,6 +17,7 @@ def make_tiny_cmd(
     """Save a small random-weight Qwen3 target and drafts in every real format (smoke tests, timing)."""
     from dspark.tiny import make_tiny
 
-    paths = make_tiny(out_dir, seed)
-    for name, path in paths.items():
+    paths.output_folder(out_dir, "OUT_DIR")
+    written = make_tiny(out_dir, seed)
+    for name, path in written.items():
         out.print(f"{name:20s} {path}", highlight=False, soft_wrap=True)

@@ -11,6 +11,7 @@ import typer
 
 from dspark.errors import DSparkError
 from harness.analysis.records import MANIFEST
+from harness.cli import paths
 from harness.cli.render import deltas_table, out, show
 from harness.cli.run import print_summary
 
@@ -28,10 +29,12 @@ def report(
 ):
     """Print the comparison tables of saved runs again (recomputed from their requests); --html writes the
     report notebooks' figures for them."""
-    from harness.analysis.summary import summarize_folder
-
     if (profile or engine_bench) and html is None:
         raise DSparkError("--profile and --engine-bench go into the HTML report; add --html OUT")
+    if html is not None:
+        paths.output_file(html, "--html", "report.html")
+    from harness.analysis.summary import summarize_folder
+
     for p in profile or []:
         if not p.exists():
             raise DSparkError(f"--profile {p}: no such folder or file")

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dspark.errors import DSparkError
-from harness.cli import options
+from harness.cli import options, paths
 from harness.cli.render import err, out, show, summary_table, sweep_table
 from harness.runs.plan import RunOptions
 
@@ -37,6 +37,7 @@ def run(
         raise DSparkError(f"--profiled {profiled}: nsys or torch")
     if out_dir and resume:
         raise DSparkError("give --out for a new run or --resume for an unfinished one, not both")
+    paths.run_folder(out_dir, resume)
     opts = options.run_options_from(run_options, out=out_dir, resume=resume, profiled=profiled)
     given = options.given_fields(ctx)
     if options_file is not None:  # a profile's child: the parent's options, then what its command line sets

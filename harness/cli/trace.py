@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from dspark.errors import DSparkError
+from harness.cli import paths
 from harness.cli.render import err, print_comparison, print_operators, print_trace_summary
 from harness.specs.experiments import METHODS
 
@@ -31,6 +32,7 @@ def trace_summarize(
     from harness.profiling.compare import summarize_any
     from harness.profiling.traces import missing_propose
 
+    check_exports([file])
     if expect_method is not None and expect_method not in SPECULATIVE:
         raise DSparkError(f"--expect-method {expect_method} is not a speculative method; give one of "
                           f"{', '.join(SPECULATIVE)}")
@@ -58,9 +60,22 @@ def trace_compare(
     decoded token and the profiler's overhead. Inputs of the same name are told apart by their folders."""
     from harness.profiling.compare import compare, load_inputs
 
+    check_exports(inputs)
     result = compare(load_inputs(inputs))
     if as_json:
         print(json.dumps(result))
     else:
         print_comparison(result, "comparison")
         print_operators(result)
+
+
+def check_exports(files: list[Path]) -> None:
+    """A .nsys-rep is read through its SQLite export, written beside it first: refused at once when that
+    file cannot be written, not after nsys has exported for minutes."""
+    from harness.profiling.compare import export_due
+    from harness.profiling.nsys import sqlite_export
+
+    for f in files:
+        if f.suffix == ".nsys-rep" and f.is_file() and export_due(f):
+            paths.output_file(sqlite_export(f), f"{f.name}'s export", fix="copy the .nsys-rep into a folder where "
+                              "files can be created and read it there")

@@ -9,15 +9,17 @@ from typing import Optional
 import typer
 
 from dspark.errors import DSparkError
-from harness.cli import options
+from harness.cli import options, paths
 from harness.cli.render import err, out
 
 METHODS = ("dspark", "dflash", "eagle3")
+DEMO_DATA = "chats.jsonl"  # `--data demo`, beside the demo models (made by experiments/demo/chats.py)
 
 
 def train_draft(
     target: str = typer.Option(..., help="Target model: local folder or hub id (Qwen3)."),
-    data: Path = typer.Option(..., help="JSONL: prompt_ids/response_ids rows, or chat rows with messages."),
+    data: Path = typer.Option(..., help="JSONL: prompt_ids/response_ids rows, or chat rows with messages; demo: "
+                              "64 of the demo target's own answers to its instructions (for --target demo)."),
     out_dir: Path = typer.Option(..., "--out", help="Folder for checkpoints and the final draft (DeepSpec format; "
                                  "EAGLE-3: the EAGLE authors' layout, the one vLLM loads)."),
     method: str = typer.Option("dspark", "--method", "--mode", help="dspark (Markov head, confidence head), dflash "
@@ -49,12 +51,13 @@ def train_draft(
     """Train a DSpark or DFlash-mode draft (DeepSpec's objective) or an EAGLE-3 draft for a Qwen3 target."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from dspark.checkpoint import load_target, save_draft
+    from dspark.checkpoint import DEMO_DIR, load_target, save_draft
     from dspark.train import (
         LossConfig,
         TrainArgs,
         TrainingStopped,
         checkpoint_format,
+        checkpoint_path,
         load_checkpoint,
         read_examples,
         stop_requested,
@@ -71,6 +74,14 @@ def train_draft(
         raise DSparkError(f"--layers {layers}: an EAGLE-3 draft has one layer (every published one does); leave it out")
     if ttt_length is not None and ttt_length < 1:
         raise DSparkError(f"--ttt-length {ttt_length}: give at least 1 step")
+    paths.output_folder(out_dir, "--out")
+    if resume and checkpoint_path(out_dir) is None:
+        raise DSparkError(f"--resume: {out_dir} holds no checkpoint (checkpoint/trainer_state.pt) to continue from; "
+                          "leave out --resume to start training there")
+    if not resume and ((out_dir / "checkpoint").exists() or checkpoint_path(out_dir) is not None):
+        raise DSparkError(f"{out_dir} already holds a checkpoint; pass --resume or choose another --out")
+    if str(data) == "demo":
+        data = DEMO_DIR / DEMO_DATA
     dev = options.device(device)
     loaded = load_target(target, dev, "float32")
     tcfg = loaded.model.config
@@ -101,8 +112,6 @@ def train_draft(
             raise DSparkError(f"--method {method}: the checkpoint in {out_dir} is of method {draft.config.method}; "
                               f"resume it with --method {draft.config.method}")
     else:
-        if (out_dir / "checkpoint").exists() and not resume:
-            raise DSparkError(f"{out_dir} already holds a checkpoint; pass --resume or choose another --out")
         draft = _random_draft(dcfg, loaded.model, examples, seed)
     columns = [TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[stats]}"), TimeRemainingColumn()]

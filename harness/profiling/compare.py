@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.analysis.records import read_requests, trace_name
-from harness.profiling.nsys import export_sqlite, find_nsys
+from harness.profiling.nsys import export_sqlite, find_nsys, sqlite_export
 from harness.profiling.torch_trace import SUFFIXES, summarize_torch
 from harness.profiling.traces import summarize
 
@@ -28,11 +28,16 @@ def summarize_any(path: Path, expect_method: str | None = None, engine: str | No
     if path.name.endswith(SUFFIXES):
         return summarize_torch(path, expect_method)  # (vLLM's: its worker's own trace)
     if path.suffix == ".nsys-rep":
-        sqlite_path = path.parent / (path.name.removesuffix(".nsys-rep") + ".sqlite")
-        if not sqlite_path.is_file() or sqlite_path.stat().st_mtime < path.stat().st_mtime:
+        if export_due(path):
             export_sqlite(find_nsys(), path)
-        path = sqlite_path
+        path = sqlite_export(path)
     return summarize(path, expect_method, engine)
+
+
+def export_due(report: Path) -> bool:
+    """Whether reading `report` (a .nsys-rep) writes its export first: none yet, or one older than it."""
+    sqlite_path = sqlite_export(report)
+    return not sqlite_path.is_file() or sqlite_path.stat().st_mtime < report.stat().st_mtime
 
 
 STEP_RANGES = ("prefill", "target_verify", "decode_sample", "ar_decode")

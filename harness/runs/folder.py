@@ -25,9 +25,13 @@ class RunFolder:
         f = self.path / MANIFEST
         return json.loads(f.read_text()) if f.is_file() else None
 
-    def create(self, manifest: dict) -> None:
+    def check_new(self) -> None:
+        """Exit (DSparkError) if a run was started here: a new run never writes into another's folder."""
         if (self.path / MANIFEST).exists() or (self.path / REQUESTS).exists():
             raise DSparkError(f"{self.path} already holds a run; use --resume {self.path} or another --out")
+
+    def create(self, manifest: dict) -> None:
+        self.check_new()
         self.path.mkdir(parents=True, exist_ok=True)
         self.write_json(MANIFEST, manifest)
 

@@ -237,9 +237,12 @@ def request_seed(run_seed: int, question_id: str, turn: int, temperature: float)
     return int(digest[:12], 16)
 
 
+RESULTS = Path("results")  # where a run without --out writes its folder (relative to the working folder)
+
+
 def default_out(settings: dict) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    base = Path("results") / f"{settings['experiment']}-{settings['split']}-{stamp}"
+    base = RESULTS / f"{settings['experiment']}-{settings['split']}-{stamp}"
     out, n = base, 1
     while out.exists():  # never write into an earlier run
         n += 1

@@ -1,0 +1,81 @@
+"""Output paths checked before any work: a command that would fail to write its result after minutes of
+work (or with a traceback) is refused at once instead, in one line naming the path, the problem and the
+fix. The check is real, not a reading of permission bits (which say nothing to root, to a read-only
+mount or to /proc): a file is created and removed in the nearest folder that exists. Nothing else is
+made; missing folders are created later by the command that writes there."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from dspark.errors import DSparkError
+
+
+def output_file(path: str | Path, flag: str, example: str = "out", fix: str | None = None) -> Path:
+    """`path`, a file the command will write (`flag` names where it came from), refused unless it can be:
+    not a folder, under no file, in a folder that exists or can be made, where files can be created.
+    `example`: a file name to suggest when a folder is given; `fix`: what to do instead (default: choose
+    another `flag`)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise DSparkError(f"{flag} {path}: is a folder; {fix or f'give a file name, e.g. {path / example}'}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise DSparkError(f"{flag} {path}: the file exists and cannot be written; {fix or f'choose another {flag}'}")
+    _check_place(path.parent, path, flag, fix)
+    return path
+
+
+def output_folder(path: str | Path, flag: str, fix: str | None = None) -> Path:
+    """`path`, a folder the command will write into (made if missing), refused unless it can be: not a
+    file, under no file, in a place where files can be created. `fix`: what to do instead (default:
+    choose another `flag`)."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise DSparkError(f"{flag} {path}: is a file, not a folder; {fix or f'give a folder path to {flag}'}")
+    _check_place(path, path, flag, fix)
+    return path
+
+
+def _check_place(folder: Path, path: Path, flag: str, fix: str | None = None) -> None:
+    """Refuse `path` unless `folder` (its own folder, or itself for a folder output) is or can become a
+    folder where files can be created: its nearest existing ancestor must be a folder that takes a file."""
+    fix = fix or f"choose another {flag}"
+    where = f"{flag} {path}" if flag else str(path)
+    base = folder.absolute()
+    while not os.path.exists(base) and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise DSparkError(f"{where}: {base} is a file, so no folder can be made under it; {fix}")
+    try:
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".dspark-bench-write-check-")
+    except OSError as exc:
+        raise DSparkError(f"{where}: cannot create files in {base} ({exc.strerror or type(exc).__name__}); "
+                          f"{fix}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def out_folder(out: str | None) -> Path:
+    """The folder given to `--out`, else `results/`, where a default one goes (made in the working folder):
+    checked as `output_folder`."""
+    from harness.runs.plan import RESULTS
+
+    if out:
+        return output_folder(out, "--out")
+    return output_folder(RESULTS, "", "run from a folder where files can be created, or give --out")
+
+
+def run_folder(out: str | None, resume: str | None) -> None:
+    """`run`'s folder, before anything loads: `--resume DIR` must take files; `--out DIR` must be a folder
+    that can be made and holds no run yet (`RunFolder.check_new`); without either, `results/` must be
+    possible (`out_folder`)."""
+    from harness.runs.folder import RunFolder
+
+    if resume:
+        output_folder(resume, "--resume", "give the folder of the run to finish")
+        return
+    folder = out_folder(out)
+    if out:
+        RunFolder(folder).check_new()
