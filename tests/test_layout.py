@@ -88,9 +88,10 @@ ALLOWED = {
     "harness.analysis": ("dspark.errors", "harness.analysis"),
     "harness.backends": ("dspark", "harness.specs", "harness.backends"),
     "harness.runs": ("dspark", "harness.specs", "harness.backends", "harness.analysis", "harness.runs"),
-    # (and the capture window's protocol with the child it profiles: its file names and variables)
+    # (and the capture window's protocol with the child it profiles: its file names and variables; and how a
+    # child in a process group of its own is stopped, as the vLLM servers are)
     "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.backends.capture",
-                          "harness.profiling"),
+                          "harness.backends.process_group", "harness.profiling"),
     # (and, for engine-bench --against vllm, what starts a vLLM engine and reads its counters; the step timing and
     # round-cost measurement it shares with the native backend, which measures the scheduler's costs at start)
     "harness.microbench": ("dspark", "harness.backends.vllm", "harness.backends.vllm_drafts",
