@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call's work on the H200 after the bring-up (README "vLLM on an offline GPU host": the parts
+# One device call's work on the H200 after the bring-up (docs/gpu.md, "vLLM on an offline GPU host": the parts
 # copied to /tmp/vp, one a call). Usage, from the project root on the GPU machine:
 #   bash benchmarks/vllm_h200.sh REVISION STAGE...
 # Stages: install, demo (the demo pair through vLLM against our engine, float32, parity), demo-bf16 (the
