@@ -81,3 +81,8 @@ def test_every_option_of_every_command_is_on_its_docs_page():
                         if f"`{o}`" not in text and f"`{o} " not in text and f"`{o}=" not in text]
     assert not missing, "options no docs page lists: " + ", ".join(missing)
     assert seen == set(group.list_commands(ctx))  # a new command gets a page too
+
+
+def test_every_test_file_is_in_the_inventory():
+    inventory = (ROOT / "docs" / "tests.md").read_text()
+    assert [p.name for p in sorted((ROOT / "tests").glob("test_*.py")) if f"`tests/{p.name}`" not in inventory] == []
