@@ -292,6 +292,53 @@ def test_every_option_of_every_command_has_help_and_flags_take_no_value(monkeypa
     assert err.startswith("error: Got unexpected extra argument(s) (true); a flag takes no value")
 
 
+def test_dash_h_is_help_on_every_command_and_version_is_the_programs(monkeypatch, capfd):
+    """`-h` answers as `--help` on the program, on every group and on every command; `--version` prints the
+    installed version (and the checkout's commit) and exits 0; on a command it is refused in one line
+    that says where it belongs."""
+    from importlib import metadata
+
+    import typer
+
+    from harness.cli import app
+    from harness.runs.provenance import git_revision
+
+    root = typer.main.get_command(app)
+    groups = [("dspark-bench",)] + [("dspark-bench", n) for n, c in root.commands.items() if hasattr(c, "commands")]
+    paths = [tuple(p.split()) for p, _ in _commands(root)] + groups
+    assert len(paths) >= 12 and ("dspark-bench", "trace", "summarize") in paths
+    for path in paths:
+        code, out, err = run_cli(monkeypatch, capfd, *path[1:], "-h")
+        assert code == 0 and out.startswith(f"Usage: {' '.join(path)} ") and err == "", (path, out, err)
+        assert "-h, --help" in out
+    code, out, err = run_cli(monkeypatch, capfd, "--version")
+    assert code == 0 and err == "" and out.startswith(f"dspark-bench {metadata.version('dspark-bench')}")
+    assert (git_revision()["commit"] or "")[:12] in out and len(out.splitlines()) == 1
+    code, out, err = run_cli(monkeypatch, capfd, "trace", "summarize", "--version")
+    assert code == 2 and err == ("error: --version is the program's option, not dspark-bench trace summarize's: give "
+                                 "it alone, dspark-bench --version\n")
+
+
+def test_the_command_line_loads_no_torch_until_a_command_runs(tmp_path):
+    """Importing the CLI, and refusing a bad option, an unparsable value or one the experiment does not
+    have, load no torch (which takes seconds): each is one line and exit 2, in a fresh interpreter."""
+    probe = ("import sys\nfrom harness.cli import main\ntry:\n    main()\nfinally:\n"
+             "    print('torch' in sys.modules, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", "import sys, harness.cli; print('torch' in sys.modules)"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "False\n", proc.stderr
+    for args, message in ((["run", "--nope"], "No such option: --nope"),
+                          (["run", "--temperature", "x"], "--temperature must be numbers separated by commas"),
+                          (["run", "--max-concurrency", "x"], "--max-concurrency must be whole numbers"),
+                          (["run", "--systems", "nope"], "'nope' is not in experiment demo"),
+                          (["run", "--output-len", "0"], "--output-len is 0"),
+                          (["report", "--nope"], "No such option: --nope")):
+        proc = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=tmp_path)
+        error, loaded = proc.stderr.splitlines()
+        assert proc.returncode == 2 and error.startswith("error: ") and message in error, (args, proc.stderr)
+        assert loaded == "False", (args, proc.stderr)
+
+
 def test_systems_help_lists_the_demo_experiments_systems(monkeypatch, capfd):
     from harness.specs.experiments import load_experiment
 

@@ -112,5 +112,29 @@ def test_off_a_terminal_progress_is_plain_lines(monkeypatch):
         at(40, p.advance)  # 19 s since the last line
         now[0] = 41
     assert buf.getvalue().splitlines() == [
-        "[0/3 requests, 0 s] plain T=0 (warm-up)", "[2/3 requests, 20 s] plain T=0",
-        "[2/3 requests, 21 s] dspark T=0 coding", "[3/3 requests, 40 s] dspark T=0", "[3/3 requests, 41 s] finished"]
+        "[0/3 requests, 0 s] plain T=0 (warm-up)", "[2/3 requests, 20 s] plain T=0 coding",
+        "[2/3 requests, 21 s] dspark T=0 coding", "[3/3 requests, 40 s] dspark T=0 coding",
+        "[3/3 requests, 41 s] finished"]
+
+
+def test_progress_lines_name_the_system_and_category_and_the_time_left(monkeypatch):
+    """As a run of alternating systems logs it: the periodic line names the request running now (its system
+    and category, not only the temperature) and, from the third request done, the time left: the mean
+    time between requests after the first (which waited for the warm-up) times those to come."""
+    buf = io.StringIO()
+    now = [0.0]
+    monkeypatch.setattr("harness.runs.progress.time.monotonic", lambda: now[0])
+    with RunProgress(Console(file=buf, width=80), 12, interval_s=5) as p:
+        p.step("warm-up plain T=0", "(untimed)")
+        now[0] = 30.0  # the warm-ups
+        for i in range(12):
+            p.step("T=0", f"{'coding' if i < 6 else 'humanities'} {'plain' if i % 2 == 0 else 'dspark'}")
+            now[0] += 2.0 if i else 1.0  # the first request ends 1 s after the warm-ups, then one every 2 s
+            p.advance()
+    lines = buf.getvalue().splitlines()
+    assert lines[:4] == ["[0/12 requests, 0 s] warm-up plain T=0 (untimed)",
+                         "[0/12 requests, 30 s] T=0 coding plain",
+                         "[3/12 requests, 35 s, about 18 s left] T=0 coding plain",  # 2 s a request, 9 to come
+                         "[6/12 requests, 41 s, about 12 s left] T=0 coding dspark"]
+    assert lines[4:] == ["[9/12 requests, 47 s, about 6 s left] T=0 humanities plain",
+                         "[12/12 requests, 53 s] T=0 humanities dspark", "[12/12 requests, 53 s] finished"]

@@ -225,7 +225,7 @@ def test_dry_run_of_the_qwen3_8b_experiment_against_stand_ins(tmp_path):
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     proc = _process(["run", "--experiment", "qwen3-8b", "--dry-run", "--json"], tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {r["system"]: r for r in json.loads(proc.stdout)}
+    rows = {r["system"]: r for r in json.loads(proc.stdout)["systems"]}
     assert list(rows) == ["plain", "dspark-deepseek", "dspark-dogacel", "dflash-deepseek", "dflash-zlab",
                           "eagle3-redhat", "eagle3-angelslim", "eagle3-tengyunw", "eagle3-deepseek", "ngram"]
     assert [(rows[s]["format"], rows[s]["method"], rows[s]["num_speculative_tokens"]) for s in rows] == [
@@ -237,7 +237,7 @@ def test_dry_run_of_the_qwen3_8b_experiment_against_stand_ins(tmp_path):
     # the same systems on vLLM: the same drafts, formats and methods resolve
     proc = _process(["run", "--experiment", "qwen3-8b-vllm", "--dry-run", "--json"], tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert [{k: r[k] for k in ("system", "format", "method")} for r in json.loads(proc.stdout)] == \
+    assert [{k: r[k] for k in ("system", "format", "method")} for r in json.loads(proc.stdout)["systems"]] == \
         [{k: r[k] for k in ("system", "format", "method")} for r in rows.values()]
     # a draft that does not fit (another vocabulary) is reported, and the dry run exits 1
     bad = replace(dspark, backbone=replace(small, vocab_size=1000), mask_token_id=999)
@@ -246,6 +246,71 @@ def test_dry_run_of_the_qwen3_8b_experiment_against_stand_ins(tmp_path):
     save_draft(random_draft(bad, other), next(path.iterdir()), "deepspec", tcfg)
     proc = _process(["run", "--experiment", "qwen3-8b", "--dry-run"], tmp_path, env)
     assert proc.returncode == 1 and "NO" in proc.stdout
+
+
+@needs_demo
+def test_dry_run_sizes_the_run_and_estimates_its_time_from_an_earlier_run(tmp_path, monkeypatch, capfd):
+    """`run --dry-run` says how big the run is (prompts x temperatures x systems = requests; output tokens,
+    a bound unless --ignore-eos) and how long its timed part should take: no estimate while nothing like
+    it ran on a machine of this kind; after a run in results/, that run's time per output token of each
+    system (at the nearest temperature) times this run's tokens, the run named."""
+    monkeypatch.chdir(tmp_path)
+    exp = tmp_path / "mine.toml"  # the demo pair under a target name no committed run has
+    exp.write_text(f'name = "mine"\ntarget = "{DEMO_DIR / "target"}"\ndataset = "demo"\n[sampling]\n'
+                   'temperatures = [0.0, 1.0]\noutput_len = 8\n[[systems]]\nname = "baseline"\nmethod = "plain"\n'
+                   '[[systems]]\nname = "spark"\ndraft = "demo-dspark"\nmethod = "dspark"\n')
+    args = ["run", "--experiment", exp, "--category", "coding", "--device", "cpu"]
+    code, out, err = run_cli(monkeypatch, capfd, *args, "--num-prompts", "3", "--dry-run")
+    assert code == 0, err
+    assert ("size: 3 prompts x 2 temperatures x 2 systems = 12 requests; at most 96 output tokens (8 a request, "
+            "fewer where a reply ends sooner)") in out
+    assert "time: no estimate: no earlier run of" in out and "a short run (--num-prompts 2) makes one" in out
+
+    code, _, err = run_cli(monkeypatch, capfd, *args, "--num-prompts", "2", "--temperature", "0", "--out",
+                           "results/first")
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capfd, *args, "--num-prompts", "3", "--ignore-eos", "--dry-run", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert [r["system"] for r in plan["systems"]] == ["baseline", "spark"]
+    assert {k: plan["size"][k] for k in ("prompts", "user_turns", "requests", "output_tokens", "output_tokens_exact")} \
+        == {"prompts": 3, "user_turns": 3, "requests": 12, "output_tokens": 96, "output_tokens_exact": True}
+    guess, first = plan["estimate"], (tmp_path / "results" / "first").resolve()
+    assert guess["ways"] == ["earlier runs"] and [s["path"] for s in guess["sources"]] == [str(first)]
+    assert (guess["requests"], guess["of"], guess["missing"]) == (12, 12, [])
+    rows = json.loads((first / "summary.json").read_text())["rows"]
+    per_token = {r["system"]: r["duration_s"] / r["output_tokens"] for r in rows if r["category"] == "overall"}
+    expected = 2 * 3 * 8 * (per_token["baseline"] + per_token["spark"])  # both temperatures from the run's T = 0
+    assert guess["seconds"] == pytest.approx([expected, expected])
+    code, out, _ = run_cli(monkeypatch, capfd, *args, "--num-prompts", "3", "--dry-run")
+    assert code == 0 and "time: about " in out and "from earlier runs on a machine like this one" in out
+    assert "  results/first (measured " in out and "loading, warm-up and a server's start are not counted" in out
+
+
+def test_a_dry_runs_estimate_from_engine_bench_step_costs():
+    """With no earlier run, our engine's time comes from an engine-bench measurement on this GPU of a target
+    of the same shape (the committed H200 ones, for Qwen3-8B): plain decoding a decode step per token; a
+    draft of the bench's method and block between a round per block + 1 tokens and a round per token; a
+    system of another kind gets no figure, and says so."""
+    from dspark.presets import TARGETS
+    from harness.runs.estimate import estimate
+
+    settings = {"backend": "native", "target": "Qwen/Qwen3-8B", "device": "cuda", "dtype": "auto",
+                "output_len": 2048, "ignore_eos": False}
+    systems = [{"system": "plain", "method": "plain", "num_speculative_tokens": 0},
+               {"system": "dspark", "method": "dspark", "num_speculative_tokens": 7},
+               {"system": "ngram", "method": "ngram", "num_speculative_tokens": 7}]
+    jobs = [(s["system"], 1, 0.0, None, 0) for s in systems for _ in range(2)]  # two prompts each
+    guess = estimate(settings, jobs, systems, TARGETS["qwen3-8b"], {"gpu": "NVIDIA H200"}, "bfloat16")
+    assert guess["ways"] == ["engine-bench"] and guess["missing"] == ["ngram T=0"]
+    assert (guess["requests"], guess["of"]) == (4, 6)
+    (source,) = guess["sources"]
+    bench = json.loads(Path(source["path"]).read_text())
+    assert bench["provenance"]["gpu"] == "NVIDIA H200" and bench["provenance"]["arguments"]["target"] == "qwen3-8b"
+    tokens = 2 * 2048
+    assert guess["seconds"] == pytest.approx([tokens * (bench["decode_ms"] + bench["round_ms"] / 8) / 1e3,
+                                              tokens * (bench["decode_ms"] + bench["round_ms"]) / 1e3])
+    assert any("engine-bench times a step alone" in c for c in guess["caveats"])
 
 
 @needs_demo

@@ -311,6 +311,13 @@ def test_requests_at_a_rate_are_sent_on_the_gamma_schedule(external):
     sent = sorted(r["start_utc"] for r in records)
     assert [round(t - sent[0], 1) for t in sent] == pytest.approx([round(t, 1) for t in planned], abs=0.11)
     assert sent[-1] - sent[0] > 0.1  # spread over time, not all at once
+    # its terminal table carries vllm bench serve's headline figures of the level: out tok/s, TTFT and ITL med, p99
+    row = next(r for r in json.loads((external["paced_dir"] / "summary.json").read_text())["rows"]
+               if r["category"] == "overall")
+    sweep = external["paced"].stdout.split("concurrency sweep (overall rows)")[1]
+    line = next(line for line in sweep.splitlines() if line.startswith("│ ngram"))
+    assert all(f" {row[k]:.1f} " in line for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms",
+                                                    "median_itl_ms", "p99_itl_ms")), line
 
 
 def _servers_of(pid: int) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
@@ -15,6 +16,7 @@ from harness.analysis.compare_runs import deltas, settings_diff, settings_line
 from harness.analysis.plots import run_caption
 from harness.analysis.summary import cells, columns, summarize, sweep_cells
 from harness.cli.render import deltas_table, show, summary_table, sweep_table
+from harness.cli.run import print_summary
 
 LONG = "dspark-with-a-rather-long-system-name"
 
@@ -150,3 +152,47 @@ def test_a_settings_diff_of_lists_prints_its_brackets(tmp_path, monkeypatch, cap
     run_b = _run(tmp_path / "b", records, categories=["coding", "math"])
     code, out, _ = run_cli(monkeypatch, capfd, "report", run_a, run_b)
     assert code == 0 and "categories [coding] vs [coding, math]" in out, out
+
+
+SERVED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "serving_cpu" / "summary.json"  # a real CPU sweep
+
+
+def _serving_figures(row: dict) -> list[str]:
+    """vllm bench serve's headline figures of one level, as the table prints them: output tok/s, then TTFT
+    and ITL, each median and p99 (ms)."""
+    return [f"{row[k]:.1f}" for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+                                      "p99_itl_ms")]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_served_runs_terminal_table_has_vllm_bench_serves_headline_figures(width):
+    """The summary of a real served sweep (plain and n-gram on vLLM, CPU, c = 1, 4, 16): the terminal shows
+    each level's output tok/s and TTFT and ITL medians and p99s, whole; a served run at one level shows
+    them too; a run that streamed nothing (our engine) shows no serving table."""
+    summary = json.loads(SERVED.read_text())
+    overall = [r for r in summary["rows"] if r["category"] == "overall"]
+    assert {r["max_concurrency"] for r in overall} == {1, 4, 16} and all(r["median_itl_ms"] for r in overall)
+    table = sweep_table(summary, "sweep")
+    headers = [c.header for c in table.columns]
+    assert headers[3:11] == ["req/s", "out tok/s", "TTFT med", "TTFT p99", "TPOT med", "TPOT p99", "ITL med",
+                             "ITL p99"]
+    console = Console(width=width, force_terminal=True, record=True, file=io.StringIO())
+    print_summary(summary, "served", console=console)
+    text = console.export_text()
+    assert "concurrency sweep (overall rows)" in text and "…" not in text
+    for row in overall:
+        shown = sweep_cells(row)
+        assert [shown[i] for i in (4, 5, 6, 9, 10)] == _serving_figures(row)
+        assert _has_row(text, shown[1:]), (shown, text)
+
+    one_level = summary | {"max_concurrency": [1], "rows": [r for r in summary["rows"] if r["max_concurrency"] == 1]}
+    console = Console(width=width, force_terminal=True, record=True, file=io.StringIO())
+    print_summary(one_level, "served at c = 1", console=console)
+    text = console.export_text()
+    assert "serving (overall rows)" in text
+    for row in (r for r in one_level["rows"] if r["category"] == "overall"):
+        assert _has_row(text, sweep_cells(row)[1:]), text
+
+    console = Console(width=width, force_terminal=True, record=True, file=io.StringIO())
+    print_summary(_summary(), "native", console=console)
+    assert "serving" not in console.export_text() and "sweep" not in console.export_text()

@@ -383,14 +383,14 @@ def legend(summary: dict) -> str:
     """The legend of `columns(summary)`: LEGEND and the definitions of the columns this run adds."""
     return "; ".join([LEGEND] + [LEGEND_OF[key] for _, key in columns(summary) if key in LEGEND_OF])
 
-SWEEP_COLUMNS = [("system", "system"), ("T", "temperature"), ("c", "max_concurrency"),
-                 ("req/s", "request_throughput"), ("out tok/s", "output_throughput"), ("TTFT ms", "mean_ttft_ms"),
-                 ("TPOT ms", "mean_tpot_ms"), ("p99 TPOT ms", "p99_tpot_ms"), ("ITL ms", "mean_itl_ms"),
-                 ("AL", "spec_decode_acceptance_length"), ("speedup", "speedup"), ("95% CI", "speedup_ci95"),
-                 ("tok/s ratio", "throughput_speedup")]
-SWEEP_LEGEND = ("c: most requests in flight; req/s, out tok/s: completed requests and output tokens per second of "
-                "the time any request was in flight (vllm bench serve's request_throughput, output_throughput); "
-                "TTFT, TPOT, ITL: means over requests (ITL over every gap between streamed chunks); speedup: "
+SWEEP_COLUMNS = [("system", "system"), ("T", "temperature"), ("c", "max_concurrency"), ("req/s", "request_throughput"),
+                 ("out tok/s", "output_throughput"), ("TTFT med", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
+                 ("TPOT med", "median_tpot_ms"), ("TPOT p99", "p99_tpot_ms"), ("ITL med", "median_itl_ms"),
+                 ("ITL p99", "p99_itl_ms"), ("AL", "spec_decode_acceptance_length"), ("speedup", "speedup"),
+                 ("95% CI", "speedup_ci95"), ("tok/s ratio", "throughput_speedup")]  # vllm bench serve's, then ours
+SWEEP_LEGEND = ("c: most requests in flight; req/s, out tok/s: completed requests and output tokens per second of the "
+                "time any request was in flight; TTFT, TPOT, ITL med, p99: their median and 99th percentile over "
+                "requests in ms (ITL over every gap between streamed chunks), all as vllm bench serve's; speedup: "
                 "per-prompt TPOT speedup over plain decoding at the same c (geometric mean, * when its 95% interval "
                 f"spans 1 or it has none: fewer than {MIN_PAIRS} prompt pairs); tok/s ratio: output throughput over "
                 "plain decoding's at the same c")

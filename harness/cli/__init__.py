@@ -27,9 +27,43 @@ from harness.cli.train_draft import train_draft as train_draft_command
 # typer re-exports BadParameter; its base is the usage error, of click or of the copy of click that newer typer ships.
 UsageError = typer.BadParameter.__mro__[1]
 
-# Plain (click) help: flags read as `--ngram` or `--ignore-eos / --no-ignore-eos`, and it reads in a log.
+# Plain (click) help: flags read as `--ngram` or `--ignore-eos / --no-ignore-eos`, and it reads in a log. `-h` is
+# `--help` on every command (click hands help_option_names down to each subcommand's context).
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Measure how much DSpark speculative decoding speeds up a model, and where GPU time goes.")
+
+
+def version_text() -> str:
+    """`dspark-bench --version`: the installed package's version, and the commit of the checkout it runs
+    from (with a mark when that has uncommitted changes), as every run's provenance records it."""
+    from importlib import metadata
+
+    from harness.runs.provenance import git_revision
+
+    try:
+        text = f"dspark-bench {metadata.version('dspark-bench')}"
+    except metadata.PackageNotFoundError:
+        text = "dspark-bench (not installed: run from its source tree)"
+    git = git_revision()
+    if git["commit"]:
+        text += f", git {git['commit'][:12]}" + (" with uncommitted changes" if git["dirty"] else "")
+    return text
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        print(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _program(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                          help="Print the version (and a checkout's git commit) and exit.")):
+    """(The program's own options; each command has its own.) `--version` belongs to the program alone, as
+    `git --version`: a command's options say what it does."""
+
+
 app.command("generate")(generate_command)  # the names keep the command modules reachable as harness.cli.<name>
 app.command("inspect")(inspect_command)
 app.command("engine-bench")(engine_bench_command)
@@ -66,6 +100,8 @@ def main() -> None:
             sys.exit(exc.exit_code)
         command = exc.ctx.command_path if exc.ctx is not None else "dspark-bench"
         hint = ""
+        if exc.format_message().startswith("No such option: --version"):  # (click would suggest another option)
+            _refuse(f"--version is the program's option, not {command}'s: give it alone, dspark-bench --version")
         if "unexpected extra argument" in exc.format_message() and re.search(r"\((true|false|yes|no|1|0)\b",
                                                                            exc.format_message(), re.I):
             hint = "; a flag takes no value (write --ignore-eos, not --ignore-eos true)"

@@ -111,20 +111,25 @@ def given_fields(ctx: typer.Context) -> set[str]:
             if ctx.get_parameter_source(name).name != "DEFAULT"}
 
 
-def run_options_from(values: dict, **where) -> RunOptions:
-    """RunOptions from the run options' values (text parsed, the device resolved) and `where` (out,
-    resume, profiled)."""
+def run_options_from(values: dict, resolve_device: bool = True, **where) -> RunOptions:
+    """RunOptions from the run options' values (text parsed, then the device resolved, which loads torch:
+    with `resolve_device` False it stays as given) and `where` (out, resume, profiled)."""
     if values["turns"] not in (None, "first", "all"):
         raise DSparkError(f"--turns {values['turns']}: use first or all")
     fields = {FIELDS.get(k, k): v for k, v in values.items()}
     fields |= {"categories": names(values["category"]), "systems": names(values["systems"], "--systems"),
-               "temperatures": temperatures(values["temperature"]), "device": device(values["device"]),
+               "temperatures": temperatures(values["temperature"]),
                "vllm_args": list(values["vllm_arg"]) if values["vllm_arg"] else None,
                "max_concurrency": levels(values["max_concurrency"])}
+    if resolve_device:
+        fields["device"] = device(values["device"])
     return RunOptions(**fields, **where)
 
 
 def device(text: str) -> str:
+    """`--device` checked against this machine, `auto` resolved: the CPU needs no check (nor torch)."""
+    if text == "cpu":
+        return text
     import torch
 
     if text == "auto":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -23,38 +24,50 @@ def run(
     out_dir: Optional[str] = typer.Option(None, "--out", help="Run folder (default: results/<experiment>-<split>-<time>)."),
     resume: Optional[str] = typer.Option(None, help="Finish the unfinished run in this folder, with the options it "
                                          "was started with (an option given as well must equal the run's)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve every system (format, fit, method); generate "
-                                 "nothing (a flag)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary (or the dry run) as JSON."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve every system (format, fit, method), count the "
+                                 "run (prompts, requests, output tokens) and estimate its time from earlier "
+                                 "measurements on this kind of machine; generate nothing (a flag)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary (or the dry run: systems, size, estimate) "
+                                 "as JSON."),
     options_file: Optional[Path] = typer.Option(None, hidden=True, help="Set by `profile`: the run options as JSON."),
     profiled: Optional[str] = typer.Option(None, hidden=True, help="Set by `profile` for its child runs."),
 ):
     """Run SPEED-Bench prompts through every system of an experiment and compare them."""
-    from harness.runs.plan import resume_options
-    from harness.runs.runner import run as run_all
+    from harness.runs.plan import check_options, resolve_settings, resume_options
+    from harness.specs.experiments import load_experiment
 
     if profiled not in (None, "nsys", "torch"):
         raise DSparkError(f"--profiled {profiled}: nsys or torch")
     if out_dir and resume:
         raise DSparkError("give --out for a new run or --resume for an unfinished one, not both")
     paths.run_folder(out_dir, resume)
-    opts = options.run_options_from(run_options, out=out_dir, resume=resume, profiled=profiled)
+    # Option mistakes answer at once: the values parsed and held against the experiment before torch loads (to
+    # resolve --device), the rest of the settings before the run's own code loads.
+    opts = options.run_options_from(run_options, resolve_device=False, out=out_dir, resume=resume, profiled=profiled)
     given = options.given_fields(ctx)
+    new = not resume and options_file is None
+    if new:
+        experiment = load_experiment(opts.experiment)
+        check_options(opts, experiment)
     if options_file is not None:  # a profile's child: the parent's options, then what its command line sets
         if not options_file.is_file():
             raise DSparkError(f"--options-file {options_file}: no such file (profile writes it for its children)")
         recorded = RunOptions(**json.loads(options_file.read_text()), out=out_dir, resume=resume, profiled=profiled)
         opts = RunOptions(**{f: getattr(opts if f in given else recorded, f) for f in vars(recorded)})
-    if resume:
-        opts = resume_options(opts, given)
-    options.device(opts.device)  # a recorded or handed-over device must be here too
+    if resume:  # (a --device given is compared resolved; the run's own is recorded resolved)
+        opts = resume_options(replace(opts, device=options.device(opts.device)) if "device" in given else opts, given)
+    opts = replace(opts, device=options.device(opts.device))  # `auto` resolved; a recorded device must be here too
+    if new:
+        resolve_settings(opts, experiment)
     if dry_run:
-        rows = _dry_run(opts, err if as_json else out)
+        plan = _dry_run(opts, err if as_json else out)
         if as_json:
-            print(json.dumps(rows))
-        if not all(r["fits_target"] for r in rows):
+            print(json.dumps(plan))
+        if not all(r["fits_target"] for r in plan["systems"]):
             raise typer.Exit(1)
         return
+    from harness.runs.runner import run as run_all
+
     path, summary = run_all(opts, err)
     if as_json:
         print(json.dumps({"run_dir": str(path), **summary}))
@@ -65,22 +78,29 @@ def run(
 
 
 def print_summary(summary: dict, title: str, category: str = "overall", console: Console = out) -> None:
-    """The comparison table, then what a reader must know before trusting it."""
+    """The comparison table; for a served run (its requests streamed: inter-token latencies) or a sweep, the
+    serving figures per level as `vllm bench serve` reports them; then what a reader must know before
+    trusting them."""
     show(console, summary_table(summary, title, category))
-    if summary.get("max_concurrency", [1]) != [1]:
-        show(console, sweep_table(summary, "concurrency sweep (overall rows)"))
+    swept = summary.get("max_concurrency", [1]) != [1]
+    if swept or any(r.get("median_itl_ms") is not None for r in summary["rows"]):
+        show(console, sweep_table(summary, "concurrency sweep (overall rows)" if swept else "serving (overall rows)"))
     for line in summary.get("warnings", []):
         console.print(f"warning: {line}", style="yellow", highlight=False, soft_wrap=True)
     if summary["baseline"] is None and summary["rows"]:
         console.print("no speedup: plain decoding was not among the systems", style="dim")
 
 
-def _dry_run(opts: RunOptions, console: Console) -> list[dict]:
-    """Resolve every system of the experiment against the target's config, reading no weights."""
-    from dspark.checkpoint import read_config, resolve_path
+def _dry_run(opts: RunOptions, console: Console) -> dict:
+    """Resolve every system of the experiment against the target's config, reading no weights; then the
+    run's size (prompts, requests, output tokens) and an estimate of its time (`harness.runs.estimate`):
+    {systems, size, estimate}."""
+    from dspark.checkpoint import pick_dtype, read_config, resolve_path
     from dspark.config import TargetConfig
+    from harness.backends.registry import backend_class
     from harness.backends.systems import resolve_system
-    from harness.runs.plan import resolve_settings
+    from harness.runs import estimate
+    from harness.runs.plan import load_dataset, plan_jobs, resolve_settings, select_prompts, user_turns
     from harness.specs.experiments import load_experiment
 
     exp = load_experiment(opts.experiment)
@@ -95,4 +115,69 @@ def _dry_run(opts: RunOptions, console: Console) -> list[dict]:
         t.add_row(r["system"], r["draft"] or "-", r["format"] or "-", r["method"] or "-",
                   str(r.get("num_speculative_tokens", "-")), "yes" if r["fits_target"] else "NO", r["problem"] or "")
     show(console, t)
-    return rows
+    try:
+        data, unread = load_dataset(opts, exp, settings), None
+    except DSparkError as exc:  # the hub out of reach (offline, say): the size per prompt only
+        if settings["dataset"] != "hub":
+            raise
+        data, unread = None, str(exc)
+    prompts = None if data is None else select_prompts(data, settings)
+    jobs = None if prompts is None else plan_jobs(settings, prompts, user_turns(prompts, settings["turns"]),
+                                                  backend_class(settings["backend"]).capabilities.interleaves)
+    size = estimate.run_size(settings, jobs, None if prompts is None else len(prompts)) | {"dataset_unread": unread}
+    dtype = str(pick_dtype(opts.dtype, opts.device)).removeprefix("torch.")
+    guess = None if jobs is None else estimate.estimate(settings, jobs, rows, target_cfg,
+                                                        estimate.machine_of(opts.device), dtype)
+    for line in _size_lines(size) + _estimate_lines(guess, settings, opts.device):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    return {"systems": rows, "size": size, "estimate": guess}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _size_lines(size: dict) -> list[str]:
+    """The dry run's size: prompts x temperatures x systems (x levels) = requests, and the output tokens."""
+    per = [_count(size["temperatures"], "temperature"), _count(size["systems"], "system")] + (
+        [_count(size["concurrency_levels"], "concurrency level")] if size["concurrency_levels"] > 1 else [])
+    each = (f"{size['output_len']:,} a request" + ("" if size["output_tokens_exact"] else
+                                                    ", fewer where a reply ends sooner"))
+    bound = "" if size["output_tokens_exact"] else "at most "
+    if size["requests"] is None:
+        return [f"size: prompts not known ({size['dataset_unread']}); per prompt: "
+                f"{' x '.join(per)} = {_count(size['requests_per_prompt_turn'], 'request')} a turn, {bound}"
+                f"{size['requests_per_prompt_turn'] * size['output_len']:,} output tokens ({each})"]
+    turns = "" if size["user_turns"] == size["prompts"] else f" ({_count(size['user_turns'], 'user turn')})"
+    return [f"size: {' x '.join([_count(size['prompts'], 'prompt') + turns] + per)} = "
+            f"{_count(size['requests'], 'request')}; {bound}{size['output_tokens']:,} output tokens ({each})"]
+
+
+def _estimate_lines(guess: dict | None, settings: dict, device: str) -> list[str]:
+    """The dry run's time estimate, where it came from and how rough it is; or why there is none."""
+    from harness.runs.progress import duration
+
+    if guess is None:
+        return ["time: no estimate without the prompts"]
+    machine = ", ".join(f"{v} cores" if k == "cores" else str(v) for k, v in guess["machine"].items())
+    if guess["seconds"] is None:
+        return [f"time: no estimate: no earlier run of {settings['target']} on {settings['backend']} ({device}, "
+                f"{settings['dtype']}) on a machine like this one ({machine}) in results/ or benchmarks/"
+                + (", and no engine-bench measurement of its shape here" if settings["backend"] == "native" else "")
+                + "; a short run (--num-prompts 2) makes one"]
+    low, high = guess["seconds"]
+    figure = f"about {duration(low)}" if high <= 1.05 * low else f"between {duration(low)} and {duration(high)}"
+    part = "" if guess["requests"] == guess["of"] else f" for {guess['requests']:,} of the {guess['of']:,} requests"
+    lines = [f"time: {figure}{part}, from {' and '.join(guess['ways'])} on a machine like this one ({machine}):"]
+    lines += [f"  {_shown(s['path'])} (measured {s['measured_utc'][:10] or 'at an unrecorded time'})"
+              for s in guess["sources"]]
+    if guess["missing"]:
+        lines.append(f"  no figure for {', '.join(guess['missing'])}: not measured here before")
+    lines.append(f"  rough: {'; '.join(guess['caveats'])}")
+    return lines
+
+
+def _shown(path: str) -> str:
+    """A path as short as it reads: relative to the working folder where it lies under it."""
+    p = Path(path)
+    return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(p)

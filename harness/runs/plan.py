@@ -14,6 +14,7 @@ from dspark.errors import DSparkError
 from harness.backends.registry import CLASSES, backend_class
 from harness.runs import threads
 from harness.runs.folder import RunFolder
+from harness.specs import datasets
 from harness.specs.experiments import Experiment, System
 
 
@@ -100,10 +101,50 @@ def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
 
 def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     """Everything that decides which requests run and how: compared on --resume."""
+    checked = check_options(opts, exp)
+    backend, systems, engine_args = checked["backend"], checked["systems"], checked["engine_args"]
+    levels = served_levels(opts, backend)
+    if backend == "openai" and len(systems) != 1:
+        raise DSparkError(f"--backend openai measures the one system the server at {opts.base_url} runs; name it "
+                          f"with --systems (one of {', '.join(systems)})")
+    settings = {
+        "experiment": exp.name, "experiment_sha256": exp.sha256, "target": exp.target, "backend": backend,
+        "split": opts.split, "categories": opts.categories, "dataset_path": opts.dataset_path,
+        "dataset": "files" if opts.dataset_path else exp.dataset,
+        "dataset_revision": opts.dataset_revision or exp.dataset_revision,
+        "systems": systems, "num_prompts": opts.num_prompts if opts.num_prompts is not None else exp.num_prompts,
+        "output_len": checked["output_len"], "temperatures": checked["temperatures"],
+        "turns": opts.turns or exp.turns, "ignore_eos": opts.ignore_eos,
+        "seed": exp.seed if opts.seed is None else opts.seed,
+        "shuffle": exp.shuffle and not opts.disable_shuffle, "device": opts.device, "dtype": opts.dtype,
+    }
+    if engine_args:  # (only when given: older runs' settings have no such key, and still resume)
+        settings["engine_args"] = engine_args
+    if levels != [1]:
+        settings["max_concurrency"] = levels
+    for key in ("request_rate", "base_url", "model", "request_timeout"):
+        if getattr(opts, key) is not None:
+            settings[key] = getattr(opts, key)
+    if opts.burstiness != 1.0:
+        settings["burstiness"] = opts.burstiness
+    if opts.record_margins:
+        settings["record_margins"] = True
+    if backend != "native":
+        for name in systems:
+            problem = vllm_policy_problem(exp.system(name), backend, opts.device)
+            if problem:
+                raise DSparkError(f"system '{name}': {problem}")
+    return settings
+
+
+def check_options(opts: RunOptions, exp: Experiment) -> dict:
+    """The options held against the experiment as far as that needs neither the device nor a backend's
+    code (so neither torch nor vLLM): `run` checks them first, so that a mistyped option answers at once.
+    Returns what they resolve to: backend, systems (the baseline first), temperatures, output_len and
+    engine_args. The rest (concurrency levels, policies) is checked by `resolve_settings`."""
     backend = opts.backend or exp.backend
     if backend not in CLASSES:
         raise DSparkError(f"--backend {backend} is not available yet; use {', '.join(CLASSES)}")
-    levels = served_levels(opts, backend)
     systems = [s.name for s in exp.systems]
     if opts.systems:
         unknown = [s for s in opts.systems if s not in systems]
@@ -126,39 +167,11 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         where = "--vllm-arg" if opts.vllm_args else f"experiment {exp.name}'s [engine_args]"
         raise DSparkError(f"{where} sets vLLM's engine arguments; this run's backend is {backend} (add --backend "
                           f"vllm, or drop {'--vllm-arg' if opts.vllm_args else 'the table'})")
-    settings = {
-        "experiment": exp.name, "experiment_sha256": exp.sha256, "target": exp.target, "backend": backend,
-        "split": opts.split, "categories": opts.categories, "dataset_path": opts.dataset_path,
-        "dataset": "files" if opts.dataset_path else exp.dataset,
-        "dataset_revision": opts.dataset_revision or exp.dataset_revision,
-        "systems": systems, "num_prompts": opts.num_prompts if opts.num_prompts is not None else exp.num_prompts,
-        "output_len": output_len, "temperatures": [float(t) for t in temps], "turns": opts.turns or exp.turns,
-        "ignore_eos": opts.ignore_eos, "seed": exp.seed if opts.seed is None else opts.seed,
-        "shuffle": exp.shuffle and not opts.disable_shuffle, "device": opts.device, "dtype": opts.dtype,
-    }
-    if engine_args:  # (only when given: older runs' settings have no such key, and still resume)
-        settings["engine_args"] = engine_args
-    if levels != [1]:
-        settings["max_concurrency"] = levels
-    for key in ("request_rate", "base_url", "model", "request_timeout"):
-        if getattr(opts, key) is not None:
-            settings[key] = getattr(opts, key)
-    if opts.burstiness != 1.0:
-        settings["burstiness"] = opts.burstiness
-    if backend == "openai" and len(systems) != 1:
-        raise DSparkError(f"--backend openai measures the one system the server at {opts.base_url} runs; name it "
-                          f"with --systems (one of {', '.join(systems)})")
-    if opts.record_margins:
-        if backend != "native":
-            raise DSparkError(f"--record-margins records our engine's draft margins; the {backend} backend has none "
-                              "to give (record them on the native run you compare against)")
-        settings["record_margins"] = True
-    if backend != "native":
-        for name in systems:
-            problem = vllm_policy_problem(exp.system(name), backend, opts.device)
-            if problem:
-                raise DSparkError(f"system '{name}': {problem}")
-    return settings
+    if opts.record_margins and backend != "native":
+        raise DSparkError(f"--record-margins records our engine's draft margins; the {backend} backend has none "
+                          "to give (record them on the native run you compare against)")
+    return {"backend": backend, "systems": systems, "temperatures": [float(t) for t in temps],
+            "output_len": output_len, "engine_args": engine_args}
 
 
 def vllm_policy_problem(system: System, backend: str, device: str) -> str | None:
@@ -230,6 +243,35 @@ def engine_arguments(items: list[str] | None, base: dict) -> dict:
             value = raw
         args[key.strip()] = value
     return args
+
+
+def load_dataset(opts: RunOptions, exp: Experiment, settings: dict) -> datasets.Dataset:
+    """The run's dataset: its --dataset-path, else the experiment's (the demo suite, or the hub)."""
+    return datasets.load(opts.split, Path(opts.dataset_path) if opts.dataset_path else None, exp.dataset,
+                         settings["dataset_revision"])
+
+
+def select_prompts(data: datasets.Dataset, settings: dict) -> list[datasets.Row]:
+    """The rows of `data` the run's settings select (categories, how many, the seeded shuffle)."""
+    return datasets.select(data.rows, settings["split"], settings["categories"], settings["num_prompts"],
+                           settings["seed"], settings["shuffle"])
+
+
+def user_turns(rows: list[datasets.Row], turns: str) -> dict[str, list[str]]:
+    """The user turns the run sends of each prompt (by question id): its first, or all of them."""
+    return {r.question_id: (list(r.turns) if turns == "all" else [r.turns[0]]) for r in rows}
+
+
+def plan_jobs(settings: dict, rows: list[datasets.Row], turns_of: dict[str, list[str]],
+              interleaved: bool) -> list[tuple]:
+    """Every request of the run, (system, concurrency, temperature, row, turn), in run order: systems
+    alternating on each prompt (`interleaved`), else one system after another."""
+    levels = settings.get("max_concurrency", [1])
+    if interleaved:  # the systems alternate on each prompt, plain decoding first
+        return [(name, conc, temp, row, turn) for conc in levels for temp in settings["temperatures"]
+                for row in rows for turn in range(len(turns_of[row.question_id])) for name in settings["systems"]]
+    return [(name, conc, temp, row, turn) for name in settings["systems"] for conc in levels
+            for temp in settings["temperatures"] for row in rows for turn in range(len(turns_of[row.question_id]))]
 
 
 def request_seed(run_seed: int, question_id: str, turn: int, temperature: float) -> int:

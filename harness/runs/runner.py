@@ -41,7 +41,8 @@ from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
 from harness.runs import contention, threads
 from harness.runs.folder import RunFolder
-from harness.runs.plan import RunOptions, default_out, recorded_options, request_seed, resolve_settings
+from harness.runs.plan import (RunOptions, default_out, load_dataset, plan_jobs, recorded_options, request_seed,
+                               resolve_settings, select_prompts, user_turns)
 from harness.runs.progress import Interrupted, RunProgress
 from harness.runs.provenance import provenance
 from harness.specs import datasets
@@ -111,10 +112,8 @@ class Session:
         folder = RunFolder(Path(opts.resume) if opts.resume else Path(opts.out) if opts.out else default_out(settings))
         if opts.resume:
             folder.check_resume(settings)
-        data = datasets.load(opts.split, Path(opts.dataset_path) if opts.dataset_path else None, exp.dataset,
-                             settings["dataset_revision"])
-        rows = datasets.select(data.rows, opts.split, settings["categories"], settings["num_prompts"],
-                               settings["seed"], settings["shuffle"])
+        data = load_dataset(opts, exp, settings)
+        rows = select_prompts(data, settings)
         if settings["num_prompts"] is not None and len(rows) < settings["num_prompts"]:
             console.print(f"notice: {settings['num_prompts']} prompts asked for, but {opts.split} "
                           f"{', '.join(settings['categories'] or ['(all categories)'])} has {len(rows)}: running "
@@ -129,15 +128,8 @@ class Session:
         tokenizer = AutoTokenizer.from_pretrained(backend.tokenizer_path)
         if not getattr(tokenizer, "chat_template", None):
             raise DSparkError(f"{exp.target}: the tokenizer has no chat template; SPEED-Bench prompts need one")
-        turns_of = {r.question_id: (list(r.turns) if settings["turns"] == "all" else [r.turns[0]]) for r in rows}
-        levels = settings.get("max_concurrency", [1])
-        if backend.capabilities.interleaves:  # the systems alternate on each prompt, plain decoding first
-            jobs = [(name, conc, temp, row, turn) for conc in levels for temp in settings["temperatures"]
-                    for row in rows for turn in range(len(turns_of[row.question_id])) for name in settings["systems"]]
-        else:
-            jobs = [(name, conc, temp, row, turn) for name in settings["systems"] for conc in levels
-                    for temp in settings["temperatures"] for row in rows
-                    for turn in range(len(turns_of[row.question_id]))]
+        turns_of = user_turns(rows, settings["turns"])
+        jobs = plan_jobs(settings, rows, turns_of, backend.capabilities.interleaves)
         prepared = {name: backend.prepare(exp.system(name)) for name in settings["systems"]}
         models = backend.models()
         for p in prepared.values():
