@@ -18,6 +18,7 @@ from cli_runner import run_cli
 from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
 from harness.analysis.records import read_requests
+from harness.backends.process_group import descendants, running, stop_group
 from harness.profiling.nsys import PRESETS, find_nsys, nsys_command, plan_flags
 from harness.profiling.orchestrate import child_run_args
 
@@ -394,6 +395,23 @@ def test_on_the_way_out_a_running_child_keeps_what_it_finished_and_a_hung_one_is
     assert waiting.proc.returncode != 0
 
 
+def test_stopping_a_child_stops_what_it_started_in_other_sessions_too(tmp_path):
+    """nsys runs the program it profiles in a group of its own, and a run starts vLLM servers in theirs:
+    on the H200 a SIGKILL to nsys's group alone left our run and vLLM's EngineCore running. Here a child
+    that ignores SIGTERM starts a grandchild in a session of its own that ignores it too: both end."""
+    script = ("import signal, subprocess, sys, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'], start_new_session=True)\n"
+              "print('started', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline() == "started\n"
+    (grandchild,) = descendants(proc.pid)
+    assert os.getpgid(grandchild) != os.getpgid(proc.pid)  # out of reach of a signal to the child's group
+    stop_group(proc, grace_s=0.5)
+    assert proc.returncode == -signal.SIGKILL and not running(grandchild)
+
+
 def test_a_child_started_ahead_holds_its_lines_until_its_turn(tmp_path):
     """The next system loads while the current one is profiled: its lines wait until its turn, so the
     console reads one child at a time (they reach its log at once)."""
@@ -427,19 +445,6 @@ def test_vllm_profiles_take_the_lean_preset_unless_asked_and_say_so():
     assert choose_preset("default", vllm=True) == ("default", None)  # asked for: given, no notice
 
 
-def _children(pid: int) -> dict[int, str]:
-    """The processes whose parent is `pid`: {pid: command line}."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
 def _profile(out: Path, systems: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "harness.cli", "profile", "--torch", "--category", "coding",
                              "--systems", systems, "--num-prompts", "1", "--output-len", "8", "--temperature", "0",
@@ -451,20 +456,13 @@ def _stop_child(parent: subprocess.Popen, system: str, deadline_s: float = 120) 
     """SIGSTOP the child run of `system` (a real stall: it neither speaks nor writes) once it exists."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline and parent.poll() is None:
-        for pid, cmd in _children(parent.pid).items():
+        for pid in descendants(parent.pid):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             if f"--systems {system} " in cmd:
                 os.kill(pid, signal.SIGSTOP)
                 return pid
         time.sleep(0.05)
     raise AssertionError(f"no child run of {system} appeared")
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")
 
 
 @needs_demo
@@ -478,7 +476,7 @@ def test_a_stalled_child_is_ended_and_the_profile_says_which_keeping_what_finish
     assert "profiling dspark stalled: no output, request or file growth for 15 s" in line
     assert "--preset lean" in line and "--stall-timeout" in line and str(out / "dspark.log") in line
     assert f"kept: the profiles of plain in {out}" in err and (out / "plain.summary.json").is_file()
-    assert _gone(child)
+    assert not running(child)
 
 
 @needs_demo
@@ -489,4 +487,4 @@ def test_sigterm_ends_a_profile_whose_child_is_stalled_and_the_child_with_it(tmp
     parent.send_signal(signal.SIGTERM)
     _, err = parent.communicate(timeout=60)  # the child's grace, then SIGKILL to its group
     assert parent.returncode == 130 and "Traceback" not in err and err.strip().endswith("interrupted"), err
-    assert _gone(child)
+    assert not running(child)

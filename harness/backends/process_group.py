@@ -1,27 +1,76 @@
-"""Stopping a child started in a process group of its own (`start_new_session=True`): a vLLM server with
-its EngineCore and workers, a profiled run under nsys. Signalling the group reaches every process of
-it, which signalling the child alone would not."""
+"""Stopping a child and everything it started: a vLLM server with its EngineCore and workers, a profiled
+run under nsys. Signalling the child's process group is not enough: nsys runs the program it profiles
+in a group of its own, and a run started under it starts vLLM's engine processes and servers, so a
+SIGKILL to nsys's group left our run and vLLM's EngineCore running on the H200. The whole tree of
+descendants is found (through /proc, where there is one) before each signal and signalled too."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _parents() -> dict[int, int]:
+    """{pid: parent pid} of every process still running (zombies, already ended, left out)."""
+    parents = {}
+    for stat in PROC.glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state not in ("Z", "X"):
+            parents[int(stat.parent.name)] = int(ppid)
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, that are still running (none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (not ended, not a zombie waiting for its parent)."""
+    try:
+        state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _signal(pids: list[int], group: int, sig: int) -> None:
+    for send, target in [(os.killpg, group)] + [(os.kill, p) for p in pids]:
+        try:
+            send(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float, kill_wait_s: float = 10.0) -> None:
-    """SIGTERM to `proc`'s process group (a child of ours takes it as Ctrl-C: it keeps what it finished),
-    SIGKILL to the group if `proc` has not ended after `grace_s` (hung, or stopped: a stopped process
-    holds SIGTERM until it runs again, SIGKILL ends it all the same)."""
+    """SIGTERM to `proc`'s process group and to every process it started (a run of ours takes it as
+    Ctrl-C: it keeps what it finished and stops its servers), then SIGKILL to whatever of them still runs
+    after `grace_s` (hung, or stopped: a stopped process holds SIGTERM until it runs again, SIGKILL ends
+    it all the same). The tree is taken before the signals, as orphans are no longer found under `proc`."""
     if proc.poll() is not None:
         return
+    tree = descendants(proc.pid)
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        tree += [p for p in descendants(proc.pid) if p not in tree]
+        _signal(tree, proc.pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not any(running(p) for p in tree):
+                return
+            time.sleep(0.05)
