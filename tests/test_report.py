@@ -8,7 +8,8 @@ import io
 import pytest
 from rich.console import Console
 
-from harness.analysis.summary import COLUMNS, LEGEND, expected_requests, markdown, summarize, warnings
+from harness.analysis.summary import expected_requests, summarize, warnings
+from harness.analysis.summary_text import COLUMNS, LEGEND, markdown
 from harness.cli.render import show
 from harness.cli.render import summary_table as table
 from harness.runs.progress import RunProgress

@@ -10,7 +10,8 @@ import statistics
 import pytest
 
 from harness.analysis.metrics import acceptance_from_totals
-from harness.analysis.summary import busy_seconds, markdown, summarize
+from harness.analysis.summary import busy_seconds, summarize
+from harness.analysis.summary_text import markdown
 from harness.backends.base import Schedule
 from harness.backends.server_metrics import delta, engine_counters, spec_counters
 from harness.backends.vllm_server import cli_args

@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from dspark.errors import DSparkError
-from harness.analysis.metrics import bootstrap, percentile, wilson
+from harness.analysis.metrics import bootstrap, wilson
 from harness.analysis.records import MANIFEST, REQUESTS, read_requests, read_waves, trace_name
 from harness.analysis.summary import BASELINE, summarize_folder
 

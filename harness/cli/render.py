@@ -15,7 +15,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from harness.analysis.summary import SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, contention_line, legend, sweep_cells
+from harness.analysis.summary_text import SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, contention_line, legend, sweep_cells
 
 out = Console()  # results
 err = Console(stderr=True)  # progress, notices, refusals

@@ -35,7 +35,8 @@ from dspark.tokenizer import chat_prompt_ids, conversation
 from harness.analysis.metrics import first_difference, request_latencies
 from harness.analysis.plots import plot, plot_sweep, run_caption
 from harness.analysis.records import MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key
-from harness.analysis.summary import expected_requests, markdown, summarize_folder, to_csv
+from harness.analysis.summary import expected_requests, summarize_folder
+from harness.analysis.summary_text import markdown, to_csv
 from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
