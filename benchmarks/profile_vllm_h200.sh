@@ -2,8 +2,8 @@
 # Issue 41 on the H200: `profile --nsys --backend vllm` of the demo pair (plain and DSpark) with the
 # defaults (no --preset: vLLM takes the lean set, with a notice), and SIGTERM in the middle of a vLLM
 # profile (how long until it and every child have ended, what it kept). Run from the project root on the
-# GPU machine once the vLLM 0.26 parts (tools/vllm_offline/build.py --part-mb 28) are in /tmp/vp and
-# .carry/nsys-lib in /tmp/nsys-lib, one part per call:
+# GPU machine once the vLLM 0.26 parts (tools/vllm_offline/build.py --part-mb 11 --out .carry/vs: 14 parts
+# beside a 54 MB working tree) are in /tmp/vp and .carry/nsys-lib in /tmp/nsys-lib, one part per call:
 #   bash benchmarks/profile_vllm_h200.sh REVISION [default] [sigterm]   (both when none is named)
 # Results: /tmp/r/profile-vllm-default (its run folders, summaries, logs; traces left out) packed to $OUT.
 set -u
@@ -17,7 +17,7 @@ R=/tmp/r
 OUT=${OUT:-/tmp/out}
 mkdir -p "$R" "$OUT"
 CLI=(python3 -m harness.cli)
-[ -d "$SITE/vllm" ] || python3 tools/vllm_offline/install.py /tmp/vp/vllm-* --target "$SITE" >"$R/install.log" 2>&1
+[ -d "$SITE/vllm" ] || python3 tools/vllm_offline/install.py ${PARTS:-/tmp/vp/*} --target "$SITE" >"$R/install.log" 2>&1
 tail -1 "$R/install.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$R/device.txt"
 
@@ -43,7 +43,7 @@ wait $pid
 rc=$?
 t1=$(date +%s.%N)
 sleep 1
-ps -eo pid,pgid,ppid,stat,args | grep -E "harness.cli|nsys|VLLM|vllm" | grep -v grep >"$R/left-after-sigterm.txt"
+ps -eo pid,pgid,ppid,stat,args | grep -E "harness.cli|nsys|VLLM|vllm" | grep -v -e grep -e profile_vllm_h200 >"$R/left-after-sigterm.txt"
 left=$(wc -l <"$R/left-after-sigterm.txt")
 echo "profile-vllm-sigterm rc=$rc ended $(python3 -c "print(f'{$t1 - $t0:.1f}')") s after SIGTERM, processes left: $left" \
   | tee -a "$R/stages.txt"
