@@ -172,10 +172,10 @@ def test_runs_that_asked_for_different_requests_are_refused_and_others_compared_
     """Two real demo runs, 16 and 8 tokens: refused in one line naming the setting and its fix, not
     "the targets disagree" at token 8; a run of more prompts is compared over the prompt both ran,
     the difference named in the header."""
-    common = ["run", "--category", "coding", "--systems", "plain", "--temperature", "0", "--device", "cpu"]
-    for name, extra in (("a", ["--num-prompts", "1", "--output-len", "16"]),
-                        ("b", ["--num-prompts", "1", "--output-len", "8"]),
-                        ("c", ["--num-prompts", "2", "--output-len", "16"])):
+    common = ["run", "--category", "coding", "--temperature", "0", "--device", "cpu"]
+    for name, extra in (("a", ["--systems", "plain", "--num-prompts", "1", "--output-len", "16"]),
+                        ("b", ["--systems", "plain", "--num-prompts", "1", "--output-len", "8"]),
+                        ("c", ["--systems", "plain,dspark", "--num-prompts", "2", "--output-len", "16"])):
         code, _, err = run_cli(monkeypatch, capfd, *common, *extra, "--out", tmp_path / name)
         assert code == 0, err[-2000:]
     a, b, c = (tmp_path / n for n in "abc")
@@ -187,9 +187,10 @@ def test_runs_that_asked_for_different_requests_are_refused_and_others_compared_
         parity(a, b)
     code, out, err = run_cli(monkeypatch, capfd, "parity", a, c)
     assert code == 0, err
-    assert "settings differ (A vs B): num_prompts 1 vs 2: the requests both ran are compared" in " ".join(out.split())
+    assert "settings differ (A vs B): systems [plain] vs [plain, dspark]; num_prompts 1 vs 2: the requests " \
+           "both ran are compared" in " ".join(out.split())  # (the lists printed as they are, not read as markup)
     assert "1/1 prompts with equal prompt ids, 1/1 greedy outputs equal" in " ".join(out.split())
-    assert parity(a, c)["settings_differ"] == [["num_prompts", "1", "2"]]
+    assert parity(a, c)["settings_differ"] == [["systems", "[plain]", "[plain, dspark]"], ["num_prompts", "1", "2"]]
 
 
 def test_a_system_defined_differently_in_the_two_runs_is_refused(tmp_path):

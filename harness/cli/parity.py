@@ -36,11 +36,11 @@ def parity(
     names = [f"{label}: {r['backend']}" + (f" {r['version']}" if r["version"] else "") for label, r in
              zip("AB", (a, b))]
     out.print(f"A = {a['path']} ({a['backend']}, {a['device']}); B = {b['path']} ({b['backend']}, {b['device']}); "
-              f"float error taken as a top-2 logit margin below {result['float_error']:g}", highlight=False,
+              f"float error taken as a top-2 logit margin below {result['float_error']:g}", highlight=False, markup=False,
               soft_wrap=True)
     differ = result["settings_differ"]
     out.print(settings_line(differ) + (": the requests both ran are compared, prompt by prompt" if differ else ""),
-              highlight=False, soft_wrap=True)
+              highlight=False, markup=False, soft_wrap=True)
     for g in result["groups"]:
         level = "" if g["max_concurrency"] == 1 else f", concurrency {g['max_concurrency']}"
         title = f"{g['system']} ({g['method']}) at T={g['temperature']:g}{level}: {g['prompt_ids_equal']}/{g['prompts']} " \
@@ -75,14 +75,14 @@ def parity(
         for d in g["divergences"]:
             at = "" if d["round"] is None else f" at round {d['round']} (token {d['token']})"
             out.print(f"  {d['kind']}: {d['question_id'][:12]} turn {d['turn']}{at}: {d['detail']}",
-                      highlight=False, soft_wrap=True)
+                      highlight=False, markup=False, soft_wrap=True)
     for s in result["sampled"]:
-        out.print(sampled_line(s, result["same_engine"]), highlight=False, soft_wrap=True)
+        out.print(sampled_line(s, result["same_engine"]), highlight=False, markup=False, soft_wrap=True)
     for i, missing in enumerate(result["only_in"]):
         for system, temp, conc in missing:
             level = "" if conc == 1 else f", concurrency {conc}"
             out.print(f"only in {'AB'[i]} (or no prompt in common): {system} at T={temp:g}{level}", style="dim",
-                      highlight=False)
+                      highlight=False, markup=False)
 
 
 def sampled_line(s: dict, same_engine: bool) -> str:
