@@ -372,7 +372,7 @@ def test_on_the_way_out_a_running_child_keeps_what_it_finished_and_a_hung_one_is
 
     from rich.console import Console
 
-    from harness.profiling.orchestrate import Child
+    from harness.profiling.child import Child
 
     keeps = ("import pathlib, signal, sys, time\n"
              "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path(sys.argv[1]).write_text('kept'), sys.exit(130)))\n"
@@ -421,7 +421,7 @@ def test_a_child_started_ahead_holds_its_lines_until_its_turn(tmp_path):
 
     from rich.console import Console
 
-    from harness.profiling.orchestrate import Child
+    from harness.profiling.child import Child
 
     text = io.StringIO()
     console = Console(file=text, width=200)
@@ -466,7 +466,10 @@ def _stop_child(parent: subprocess.Popen, system: str, deadline_s: float = 120) 
 
 
 @needs_demo
-def test_a_stalled_child_is_ended_and_the_profile_says_which_keeping_what_finished(tmp_path):
+def test_a_stalled_child_is_ended_and_the_profile_says_which_keeping_what_finished_and_resumes(tmp_path):
+    """A child that stops making progress is ended with one line naming it; the profile that finished
+    stays; `profile --resume` profiles only the rest, and summarises a finished child's trace without
+    profiling it again."""
     out = tmp_path / "prof"
     parent = _profile(out, "plain,dspark", "--stall-timeout", "15")  # (a child loads in silence for seconds)
     child = _stop_child(parent, "dspark")
@@ -475,8 +478,23 @@ def test_a_stalled_child_is_ended_and_the_profile_says_which_keeping_what_finish
     (line,) = [line for line in err.splitlines() if line.startswith("error:")]
     assert "profiling dspark stalled: no output, request or file growth for 15 s" in line
     assert "--preset lean" in line and "--stall-timeout" in line and str(out / "dspark.log") in line
-    assert f"kept: the profiles of plain in {out}" in err and (out / "plain.summary.json").is_file()
-    assert not running(child)
+    assert f"kept in {out}: the profiles of plain; finish it with: dspark-bench profile --resume {out}" in err
+    assert (out / "plain.summary.json").is_file() and not running(child)
+    plain_trace = (out / "plain" / "trace.torch.json.gz").stat()
+    resumed = subprocess.run([sys.executable, "-m", "harness.cli", "profile", "--resume", str(out), "--json"],
+                             capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {out}: dspark" in resumed.stderr and "profiling plain" not in resumed.stderr
+    assert [r["name"] for r in json.loads(resumed.stdout)["rows"]] == ["plain", "dspark"]
+    assert (out / "plain" / "trace.torch.json.gz").stat().st_mtime_ns == plain_trace.st_mtime_ns  # kept as it was
+    (out / "dspark.summary.json").unlink()  # as if the profile had stopped while it summarised dspark's trace
+    again = subprocess.run([sys.executable, "-m", "harness.cli", "profile", "--resume", str(out)], capture_output=True,
+                           text=True, timeout=180)
+    assert again.returncode == 0 and f"resuming {out}: dspark (summarised only)" in again.stderr, again.stderr
+    assert "profiling dspark" not in again.stderr and (out / "dspark.summary.json").is_file()
+    refused = subprocess.run([sys.executable, "-m", "harness.cli", "profile", "--resume", str(out), "--num-prompts",
+                              "3"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "leave out num_prompts" in refused.stderr
 
 
 @needs_demo

@@ -15,11 +15,12 @@ from dspark.errors import DSparkError
 from harness.backends.capture import megabytes
 from harness.cli import options, paths
 from harness.cli.render import err, out, print_comparison, print_operators
-from harness.profiling.orchestrate import STALL_S
+from harness.profiling.child import STALL_S
 
 
 @options.with_run_options
 def profile(
+    ctx: typer.Context,
     run_options: dict,
     nsys: bool = typer.Option(False, "--nsys", help="Trace each system under Nsight Systems."),
     torch_profiler: bool = typer.Option(False, "--torch", help="Use the PyTorch profiler instead (CPU or GPU)."),
@@ -43,23 +44,34 @@ def profile(
     stall_timeout: float = typer.Option(STALL_S, "--stall-timeout", help="Seconds a child may go without a "
                                         "line, a request or a file growing before it is ended as stalled (0: "
                                         "wait for ever)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Finish the profile in this folder, as it was "
+                                         "started: the systems profiled are kept, a finished child's trace is "
+                                         "summarised, the rest are profiled again (no run option may be given)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
     """Profile every system of a run (one trace each, steady state only) and compare where the time goes.
     Without --num-prompts and --temperature: 2 prompts at the experiment's first temperature."""
-    from harness.profiling.orchestrate import profile_run
+    from harness.profiling.orchestrate import profile_run, resume_profile
     from harness.runs.selection import choose
     from harness.runs.plan import default_out, recorded_options, resolve_settings
     from harness.specs.experiments import load_experiment
 
+    if stall_timeout < 0:
+        raise DSparkError(f"--stall-timeout {stall_timeout:g}: give seconds, at least 0 (0: wait for ever)")
+    if resume:
+        given = sorted(options.given_fields(ctx)) + ["--out"] * bool(out_dir)
+        if given:
+            raise DSparkError(f"--resume {resume} finishes the profile with the options it was started with; leave out "
+                              f"{', '.join(given)}")
+        folder = Path(resume)
+        _show(resume_profile(folder, err, stall_timeout), folder, None, as_json)
+        return
     if nsys == torch_profiler:
         raise DSparkError("choose one of --nsys or --torch")
     kind = "nsys" if nsys else "torch"
     opts = options.run_options_from(run_options)
     if kind == "nsys" and not opts.device.startswith("cuda"):
         raise DSparkError("profile --nsys needs a CUDA device; use --torch on the CPU")
-    if stall_timeout < 0:
-        raise DSparkError(f"--stall-timeout {stall_timeout:g}: give seconds, at least 0 (0: wait for ever)")
     if max_trace_mb < 0:
         raise DSparkError(f"--max-trace-mb {max_trace_mb:g}: give megabytes, at least 0 (0: no limit)")
     paths.out_folder(out_dir)
@@ -73,21 +85,28 @@ def profile(
         default = default_out(settings)
         folder = default.with_name(default.name + "-profile")
     timed_unprofiled = settings["backend"] == "native" if overhead is None else overhead
-    result = profile_run([], [(n, exp.system(n).method) for n in settings["systems"]], kind, folder, err,
+    names = [n for n in opts.systems or [] if n in settings["systems"]]  # in the order typed, as `run` shows them
+    names += [n for n in settings["systems"] if n not in names]
+    result = profile_run([], [(n, exp.system(n).method) for n in names], kind, folder, err,
                          preset, nsys_path, nsys_arg,
                          run_options=recorded_options(opts) | {"backend": settings["backend"]},  # (as resolved)
                          overhead=timed_unprofiled,
                          max_trace_mb=max_trace_mb if kind == "torch" else 0,
                          requests_per_system=selection.requests_per_system, note=selection.note,
                          stall_s=stall_timeout)
+    _show(result, folder, selection.question_ids, as_json)
+
+
+def _show(result: dict, folder: Path, question_ids: list[str] | None, as_json: bool) -> None:
+    """The comparison (or its JSON), the operators and what was written."""
     if as_json:
-        print(json.dumps({"profile_dir": str(folder), "question_ids": selection.question_ids, **result}))
-    else:
-        print_comparison(result, f"profile ({kind}): {folder}")
-        print_operators(result)
-        traces = result["traces"].values()
-        json_bytes = [t["json_bytes"] for t in traces if t["json_bytes"]]
-        out.print(f"wrote: {folder}/ (profile.json, run-options.json{', the unprofiled run' if timed_unprofiled else ''}"
-                  "; per system: its "
-                  f"run folder, trace, summary and log); traces: {megabytes(sum(t['bytes'] or 0 for t in traces))}"
-                  + (f" ({megabytes(sum(json_bytes))} of JSON)" if json_bytes else ""), highlight=False, soft_wrap=True)
+        print(json.dumps({"profile_dir": str(folder), "question_ids": question_ids, **result}))
+        return
+    print_comparison(result, f"profile ({result['kind']}): {folder}")
+    print_operators(result)
+    traces = result["traces"].values()
+    json_bytes = [t["json_bytes"] for t in traces if t["json_bytes"]]
+    unprofiled = ", the unprofiled run" if (folder / "unprofiled").is_dir() else ""
+    out.print(f"wrote: {folder}/ (profile.json, run-options.json{unprofiled}; per system: its run folder, trace, "
+              f"summary and log); traces: {megabytes(sum(t['bytes'] or 0 for t in traces))}"
+              + (f" ({megabytes(sum(json_bytes))} of JSON)" if json_bytes else ""), highlight=False, soft_wrap=True)

@@ -17,23 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import shutil
 import sys
-import threading
-import time
 from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.analysis.records import read_requests
-from harness.backends.capture import CAPTURE, GATE_ENV, LIMIT_ENV, TORCH_TRACE, megabytes
-from harness.backends.process_group import stop_group
+from harness.backends.capture import CAPTURE, LIMIT_ENV, TORCH_TRACE, megabytes
+from harness.profiling.child import STALL_S, Child
 from harness.profiling.compare import REFERENCE, compare, load_inputs, summarize_any
-from harness.profiling.nsys import choose_preset, export_sqlite, find_nsys, nsys_command, plan_flags
+from harness.profiling.nsys import NsysPlan, choose_preset, export_sqlite, find_nsys, nsys_command, plan_flags
 from harness.runs.folder import RunFolder
 
-QUIET = ("USDT:", "STAGE:")  # the profiler library's own log lines: kept in the log, not shown
-STALL_S = 300.0  # a child silent this long (no line, request or file growth) has stalled: vLLM under nsys can hang
-STOP_GRACE_S = 10.0  # after SIGTERM, the seconds a child has to write what it finished before SIGKILL
 
 
 def child_run_args(run_args: list[str], system: str | None, out: Path, kind: str | None) -> list[str]:
@@ -53,15 +48,16 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
     `overhead`: time the same requests unprofiled first; `max_trace_mb`: the most megabytes of JSON a
     PyTorch trace may hold (0: no limit); `requests_per_system`: for the progress lines; `note`: what
     is profiled, said once the folder is made; `stall_s`: a child silent this long is ended (0: never).
-    However it ends (a failure, a stall, Ctrl-C, SIGTERM), every child is stopped and the systems already
-    profiled stay, said in one line.
+    However it ends (a failure, a stall, Ctrl-C, SIGTERM), every child is stopped and what finished stays,
+    said in one line with the `profile --resume` that finishes the rest (`resume_profile`).
 
     `out_dir` gets, per system: the child's run folder `<system>/`, its trace (`<system>.nsys-rep` and
     `<system>.sqlite`, or `<system>/trace.torch.json.gz`), `<system>.summary.json` and `<system>.log`;
     `unprofiled/` with `unprofiled.log` (with `overhead`); and `profile.json`: what was run, with which
     nsys and flags, and what was dropped."""
     if out_dir.exists():
-        raise DSparkError(f"{out_dir} exists; profiles never overwrite earlier traces (give another --out)")
+        raise DSparkError(f"{out_dir} exists; profiles never overwrite earlier traces (give another --out, or "
+                          f"--resume {out_dir} to finish it)")
     out_dir.mkdir(parents=True)
     if note:
         console.print(note, highlight=False, soft_wrap=True)
@@ -78,20 +74,15 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
             console.print(f"notice: {notice}", style="yellow", highlight=False, soft_wrap=True)
     record = {"kind": kind, "preset": preset if plan else None, "nsys": str(plan.nsys) if plan else None,
               "nsys_version": plan.version if plan else None, "flags": plan.flags if plan else None,
-              "dropped": plan.dropped if plan else [], "commands": {}, "max_trace_mb": max_trace_mb or None,
+              "dropped": plan.dropped if plan else [], "commands": {}, "methods": dict(systems),
+              "requests_per_system": requests_per_system, "max_trace_mb": max_trace_mb or None,
               "note": "profiled timings are not comparable with unprofiled runs"}
-    env = dict(os.environ, COLUMNS="160")
-    env[LIMIT_ENV] = str(max_trace_mb or 0)
-    if vllm:  # vLLM's model runs in its worker: started by spawn, and followed by nsys across fork and exec
-        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-        record["vllm"] = {"worker_multiproc_method": env["VLLM_WORKER_MULTIPROC_METHOD"],
-                          "capture": "vLLM's profiler (LLM.start_profile/stop_profile) around the timed requests: "
-                                     + ("cudaProfilerStart/Stop in the worker" if plan else "its PyTorch profiler")}
-        if plan:  # whatever the preset or --nsys-arg said
-            plan.flags = [f for f in plan.flags if not f.startswith("--trace-fork-before-exec")]
-            plan.flags.append("--trace-fork-before-exec=true")
-            record["flags"] = plan.flags
-    jobs = []  # (label, command, run folder, requests expected, method or None for the unprofiled run)
+    if vllm and plan:  # vLLM's model runs in its worker, followed by nsys across fork and exec whatever was said
+        plan.flags = [f for f in plan.flags if not f.startswith("--trace-fork-before-exec")]
+        plan.flags.append("--trace-fork-before-exec=true")
+        record["flags"] = plan.flags
+    env = _child_env(record, vllm)
+    jobs = []  # (label, command, requests expected, method or None for the unprofiled run)
     if overhead:
         cmd = child_run_args(run_args, None, out_dir / REFERENCE, None)
         record["reference"] = {"folder": REFERENCE, "command": cmd,
@@ -105,9 +96,82 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
         record["commands"][system] = nsys_command(plan, out_dir / system, child) if plan else child
         jobs.append((system, record["commands"][system], requests_per_system, method))
     folder.write_json("profile.json", record)
+    return _profile_jobs(jobs, [], out_dir, console, record, plan, vllm, env, stall_s)
+
+
+def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
+    """Finish the profile in `out_dir` as it was started (its `profile.json`): a system with its summary is
+    kept; one whose child finished its trace is only summarised; the rest, and an unfinished unprofiled
+    run, run again (their partial files removed first: a profile never mixes two children's output)."""
+    path = out_dir / "profile.json"
+    if not path.is_file():
+        raise DSparkError(f"--resume {out_dir}: no profile.json there; give a folder written by dspark-bench profile")
+    record = json.loads(path.read_text())
+    if "methods" not in record:
+        raise DSparkError(f"--resume {out_dir}: this profile was made before profiles could be resumed; profile "
+                          "again with another --out")
+    options = out_dir / "run-options.json"
+    vllm = options.is_file() and json.loads(options.read_text()).get("backend") == "vllm"
+    plan = NsysPlan(Path(record["nsys"]), record["nsys_version"], record["flags"], record["dropped"]) \
+        if record["kind"] == "nsys" else None
+    per = record["requests_per_system"]
+    jobs, finished = [], []
+    reference = record.get("reference")
+    if reference and not _complete(out_dir / REFERENCE):
+        cmd = reference["command"]
+        if (out_dir / REFERENCE / "manifest.json").is_file():  # the run itself takes up where it stopped
+            cmd = [sys.executable, "-m", "harness.cli", "run", "--resume", str(out_dir / REFERENCE)]
+        jobs.append((REFERENCE, cmd, per * len(record["methods"]) if per else None, None))
+    for system, method in record["methods"].items():
+        if (out_dir / f"{system}.summary.json").is_file():
+            continue
+        if _complete(out_dir / system) and _trace(out_dir, system, plan) is not None:
+            finished.append((system, method))
+            continue
+        for leftover in (out_dir / system, out_dir / f"{system}.nsys-rep", out_dir / f"{system}.sqlite",
+                         out_dir / f"{system}.log", out_dir / f".{system}.open"):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        jobs.append((system, record["commands"][system], per, method))
+    left = [j[0] for j in jobs] + [f"{s} (summarised only)" for s, _ in finished]
+    console.print(f"resuming {out_dir}: " + (", ".join(left) if left else "nothing left to do"), highlight=False,
+                  soft_wrap=True)
+    return _profile_jobs(jobs, finished, out_dir, console, record, plan, vllm, _child_env(record, vllm), stall_s)
+
+
+def _child_env(record: dict, vllm: bool) -> dict:
+    """The children's environment: the trace limit, and vLLM's workers started by spawn (recorded)."""
+    env = dict(os.environ, COLUMNS="160")
+    env[LIMIT_ENV] = str(record["max_trace_mb"] or 0)
+    if vllm:  # vLLM's model runs in its worker: started by spawn, and followed by nsys across fork and exec
+        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        record["vllm"] = {"worker_multiproc_method": env["VLLM_WORKER_MULTIPROC_METHOD"],
+                          "capture": "vLLM's profiler (LLM.start_profile/stop_profile) around the timed requests: "
+                                     + ("cudaProfilerStart/Stop in the worker" if record["kind"] == "nsys"
+                                        else "its PyTorch profiler")}
+    return env
+
+
+def _complete(run_dir: Path) -> bool:
+    """Whether a child's run finished every request it was given (its summary says so)."""
+    summary = run_dir / "summary.json"
+    return summary.is_file() and json.loads(summary.read_text()).get("complete") is not False
+
+
+def _trace(out_dir: Path, system: str, plan) -> Path | None:
+    """The trace a system's child wrote, if it wrote one."""
+    found = [out_dir / f"{system}.nsys-rep"] if plan else [out_dir / system / TORCH_TRACE,
+                                                           out_dir / system / "trace.torch.json"]
+    return next((p for p in found if p.is_file()), None)
+
+
+def _profile_jobs(jobs: list[tuple], finished: list[tuple[str, str]], out_dir: Path, console, record: dict,
+                  plan, vllm: bool, env: dict, stall_s: float) -> dict:
+    """Summarise the `finished` systems' traces, then run the `jobs` in turn (the next one loading while
+    this one's trace is written and summarised), each system's trace summarised as its child ends."""
+    kind, max_trace_mb, folder = record["kind"], record["max_trace_mb"] or 0, RunFolder(out_dir)
     # The next child starts (loads, warms up) while this one writes its trace and this process summarises
     # it; its capture window opens once both are done (its gate). vLLM's window has no gate: one at a time.
-    ahead = not vllm and requests_per_system is not None
+    ahead = not vllm and record["requests_per_system"] is not None
     per_token: dict[str, float] = {}  # bytes of trace JSON per output token, of the systems profiled so far
     children: dict[str, Child] = {}
     traces: dict[str, dict] = {}  # per system: its trace's file and sizes
@@ -123,7 +187,10 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
         children[label] = Child(label, cmd, out_dir, env, console, expected, gated, stall_s, held=gated)
 
     try:
-        start(jobs[0], gated=False)
+        for system, method in finished:
+            traces[system] = _summarise(system, method, out_dir, plan, vllm, folder, per_token, console)
+        if jobs:
+            start(jobs[0], gated=False)
         for i, (label, _, _, method) in enumerate(jobs):
             upcoming = jobs[i + 1] if i + 1 < len(jobs) else None
             if upcoming and ahead:
@@ -141,11 +208,11 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
     except BaseException:
         for child in children.values():
             child.stop()
-        if traces:
-            console.print(f"kept: the profiles of {', '.join(traces)} in {out_dir} (dspark-bench trace compare "
-                          f"{out_dir} compares them)", highlight=False, soft_wrap=True)
+        done = sorted(p.name.removesuffix(".summary.json") for p in out_dir.glob("*.summary.json"))
+        console.print(f"kept in {out_dir}: " + (f"the profiles of {', '.join(done)}" if done else "no finished profile")
+                      + f"; finish it with: dspark-bench profile --resume {out_dir}", highlight=False, soft_wrap=True)
         raise
-    return compare(load_inputs([out_dir])) | {"traces": traces}
+    return compare(load_inputs([out_dir])) | {"kind": kind, "traces": traces}
 
 
 def _summarise(system: str, method: str, out_dir: Path, plan, vllm: bool, folder: RunFolder,
@@ -192,145 +259,6 @@ def _outlook(out_dir: Path, system: str, per_token: dict[str, float], max_trace_
         if max_trace_mb and expected > max_trace_mb * 1e6:
             text += f", which may pass the limit of {max_trace_mb:g} MB"
     return text
-
-
-class Child:
-    """One child run in the background, in a process group of its own (nsys, our run, vLLM's engine
-    processes), so that stopping it stops all of them. Its stdout (the run's tables) goes to
-    `<label>.log`; its stderr to the log and, line by line, to the console, unless it is `held` (a child
-    started ahead of its turn keeps its lines until `release`, so the console reads one child at a
-    time); a line per request as the child records it. A gated child holds its capture window shut
-    until `open` (`harness.backends.capture.GATE_ENV`). A child that shows no sign of progress (a line,
-    a request, a file growing) for `stall_s` seconds is ended (0: never)."""
-
-    def __init__(self, label: str, cmd: list[str], out_dir: Path, env: dict, console, expected: int | None,
-                 gated: bool, stall_s: float = 0, held: bool = False):
-        self.label, self.run_dir, self.console, self.expected = label, out_dir / label, console, expected
-        self.log_path = out_dir / f"{label}.log"
-        self.gate, self.gated, self.stall_s = out_dir / f".{label}.open", gated, stall_s
-        self.watched = [self.run_dir, out_dir / f"{label}.nsys-rep", self.log_path]  # what grows while it works
-        env = dict(env, **({GATE_ENV: str(self.gate)} if gated else {}))
-        self.log = self.log_path.open("a")
-        self.lock = threading.RLock()
-        self.held, self.pending, self.last_line = held, [], ""
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.PIPE, env=env, text=True,
-                                     errors="replace", start_new_session=True)
-        self.relay = threading.Thread(target=self._relay, daemon=True)
-        self.relay.start()
-        self.seen = 0
-        self.active, self.footprint = time.monotonic(), _footprint(self.watched)
-
-    def _relay(self) -> None:
-        for line in self.proc.stderr:
-            self.log.write(line)
-            self.log.flush()
-            with self.lock:
-                self.active = time.monotonic()
-                if line.strip():
-                    self.last_line = line.strip()
-                if line.strip() and not line.startswith(QUIET):
-                    if self.held:
-                        self.pending.append(line)
-                    else:
-                        self._requests()  # the requests recorded before this line, first
-                        self._show(line)
-
-    def _requests(self) -> None:
-        """A line for each request recorded since the last look."""
-        with self.lock:
-            seen = _new_requests(self.run_dir, self.seen, self.expected, self.console)
-            if seen != self.seen:
-                self.seen, self.active = seen, time.monotonic()
-
-    def _show(self, line: str) -> None:
-        self.console.print(f"  {self.label}: {line.rstrip()}", highlight=False, markup=False, soft_wrap=True)
-
-    def release(self) -> None:
-        """Its turn: the lines it held, then its lines as they come."""
-        with self.lock:
-            for line in self.pending:
-                self._show(line)
-            self.pending, self.held = [], False
-
-    def open(self) -> None:
-        self.active = time.monotonic()  # (waiting at its gate, it had nothing to say)
-        self.gate.touch()
-
-    def wait(self, until_requests: bool = False) -> None:
-        """Until the child ends (or, `until_requests`, has recorded every expected request), reporting
-        each request; a child that failed raises with its last line, one that stalled is ended and
-        raises with what to try."""
-        self.release()
-        while True:
-            ended = self.proc.poll() is not None
-            self._requests()
-            footprint = _footprint(self.watched)
-            if footprint != self.footprint:
-                self.footprint, self.active = footprint, time.monotonic()
-            if ended or (until_requests and self.expected and self.seen >= self.expected):
-                break
-            if self.stall_s and time.monotonic() - self.active > self.stall_s:
-                self._stalled()
-            time.sleep(0.2)
-        if not ended:
-            return
-        self.relay.join(timeout=30)  # (a process it left behind may hold its stderr open)
-        self.log.close()
-        self.gate.unlink(missing_ok=True)
-        if self.proc.returncode != 0:
-            lines = [line for line in self.log_path.read_text().splitlines() if line.strip()]
-            tail = lines[-1].strip().removeprefix("error: ") if lines else "no output"
-            raise DSparkError(f"{self._what()} failed (exit {self.proc.returncode}: {tail}); see {self.log_path}")
-
-    def _what(self) -> str:
-        return "timing unprofiled" if self.label == REFERENCE else f"profiling {self.label}"
-
-    def _stalled(self) -> None:
-        last = f" (its last line: '{self.last_line[:120]}')" if self.last_line else ""
-        self.stop(grace_s=STOP_GRACE_S)
-        raise DSparkError(f"{self._what()} stalled: no output, request or file growth for {self.stall_s:g} s"
-                          f"{last}; it was ended. Try --preset lean (nsys), fewer requests (--num-prompts, "
-                          f"--output-len), or a longer --stall-timeout (0: wait for ever); see {self.log_path}")
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """On the way out (an interrupt, a stall, another child's failure): SIGTERM to its process group,
-        which a child run takes as Ctrl-C (it writes the summaries of its finished requests and stops the
-        servers it started); SIGKILL to the group if it has not ended after `grace_s` (a stalled or hung
-        child). A child still waiting at its gate has nothing to keep and is ended at once."""
-        waiting = self.gated and not self.gate.exists()
-        stop_group(self.proc, min(grace_s, 2.0) if waiting else grace_s)
-        self.proc.wait()
-        self.relay.join(timeout=5)
-        self.release()
-        self.log.close()
-        self.gate.unlink(missing_ok=True)
-
-
-def _new_requests(run_dir: Path, seen: int, expected: int | None, console) -> int:
-    """Print a line for each request recorded since the `seen` first; returns how many there are now."""
-    records = read_requests(run_dir)
-    for i, r in enumerate(records[seen:], seen + 1):
-        if r.get("failed"):
-            what = f"failed: {r.get('error')}"
-        else:
-            tpot = f", TPOT {r['tpot_ms']:.1f} ms" if r.get("tpot_ms") is not None else ""
-            what = f"{r['output_tokens']} tokens{tpot}"
-        console.print(f"  [{i}{f'/{expected}' if expected else ''}] {r['system']} T={float(r['temperature']):g} "
-                      f"{r['question_id'][:12]}: {what}", highlight=False, markup=False, soft_wrap=True)
-    return max(seen, len(records))
-
-
-def _footprint(paths: list[Path]) -> tuple[int, int]:
-    """How many files the child has written under `paths`, and their bytes: any change is progress."""
-    files = size = 0
-    for path in paths:
-        for f in ([path] if path.is_file() else path.rglob("*") if path.is_dir() else []):
-            try:
-                size += f.stat().st_size
-                files += 1
-            except OSError:  # (gone between the listing and the look)
-                pass
-    return files, size
 
 
 def _capture(run_dir: Path) -> dict:

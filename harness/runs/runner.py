@@ -75,9 +75,11 @@ def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
                     session.serve(wave, progress.advance)
     except KeyboardInterrupt:
         write_summaries(session.folder)  # of the finished requests, marked incomplete
+        again = (f"profile --resume {session.folder.path.parent}" if opts.profiled  # (a profile's child)
+                 else f"run --resume {session.folder.path}")
         console.print(f"interrupted: {len(read_requests(session.folder.path))} finished requests and their summaries "
-                      f"are in {session.folder.path}; continue with: dspark-bench run --resume {session.folder.path}",
-                      highlight=False, soft_wrap=True)
+                      f"are in {session.folder.path}; continue with: dspark-bench {again}", highlight=False,
+                      soft_wrap=True)
         raise Interrupted from None
     finally:  # engines and servers stop with the run, whichever way it ends
         for prepared in session.prepared.values():
