@@ -30,7 +30,7 @@ import pandas as pd
 
 from dspark.errors import DSparkError
 from harness.analysis.metrics import bootstrap, wilson
-from harness.analysis.records import MANIFEST, REQUESTS, read_requests, read_waves, trace_name
+from harness.analysis.records import MANIFEST, REQUESTS, read_manifest, read_requests, read_waves, trace_name
 from harness.analysis.summary import BASELINE, summarize_folder
 
 RUN_COLUMNS = ("system", "method", "temperature", "category", "question_id", "turn")
@@ -119,7 +119,7 @@ def load_runs(paths: list[Path | str], progress=None) -> Runs:
     for path, label in zip(paths, _labels(paths)):
         if progress is not None:
             progress(path.name)
-        manifest = json.loads((path / MANIFEST).read_text()) if (path / MANIFEST).is_file() else {}
+        manifest = read_manifest(path) or {}
         summary = summarize_folder(path)
         meta.append(_meta(label, path, manifest, summary))
         notes[label] = list(summary.get("warnings") or [])
@@ -292,10 +292,9 @@ def _source(path: Path, system: str, summary: dict) -> str:
     """What recorded a profile: its folder's profile.json (the tool) and the run a system's child wrote
     (backend, device, date), else the trace's own tool version."""
     tool = f"nsys {summary['nsys_version']}" if summary.get("nsys_version") else "PyTorch profiler"
-    child = path / system / MANIFEST if path.is_dir() else None
-    if child is None or not child.is_file():
+    manifest = read_manifest(path / system) if path.is_dir() else None
+    if manifest is None:
         return f"{path.name}: {tool} trace"
-    manifest = json.loads(child.read_text())
     settings, prov = manifest.get("settings") or {}, manifest.get("provenance") or {}
     return (f"{path.name}: {tool}, {settings.get('backend', 'native')} backend on {prov.get('gpu') or prov.get('device')}, "
             f"{settings.get('target')}, {(prov.get('time_utc') or '')[:10]}")

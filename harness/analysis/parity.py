@@ -37,13 +37,12 @@ in both (method, draft, drafts per round, proposal-length policy).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.analysis.compare_runs import settings_diff
 from harness.analysis.metrics import acceptance, acceptance_from_totals, first_difference
-from harness.analysis.records import MANIFEST, read_requests
+from harness.analysis.records import MANIFEST, read_manifest, read_requests
 
 KINDS = ("accounting", "numerics", "semantics", "unclassified")
 # a greedy top-2 logit margin below this can be flipped by another engine's float error in that dtype
@@ -62,9 +61,10 @@ FIX = {"output_len": "--output-len", "ignore_eos": "--ignore-eos", "dataset_path
 
 def load_run(path: Path) -> tuple[dict, list[dict]]:
     path = Path(path)
-    if not (path / MANIFEST).is_file():
+    manifest = read_manifest(path)
+    if manifest is None:
         raise DSparkError(f"{path}: no {MANIFEST}; not a run folder (give the folders two `run`s wrote)")
-    return json.loads((path / MANIFEST).read_text()), read_requests(path)
+    return manifest, read_requests(path)
 
 
 def _describe(path: Path, manifest: dict) -> dict:

@@ -17,15 +17,14 @@ import json
 import math
 from pathlib import Path
 
-from harness.analysis.records import read_requests
+from harness.analysis.records import read_manifest, read_requests
 
 
 def policy_pairs(runs: list[Path]) -> list[tuple[str, str]]:
     """(system verifying every draft, system with a policy) of the same draft, from the runs' manifests."""
     pairs: list[tuple[str, str]] = []
     for run in runs:
-        path = run / "manifest.json"
-        manifest = json.loads(path.read_text()) if path.is_file() else {}
+        manifest = read_manifest(run) or {}
         ran = set((manifest.get("settings") or {}).get("systems") or [])
         # (a run from before systems were recorded in the manifest, or a bare folder, has no policy to pair)
         systems = [s for s in (manifest.get("experiment") or {}).get("systems") or [] if s["name"] in ran]

@@ -1,5 +1,5 @@
-"""Reading a run folder's records: the file names, a request's key, and the finished requests of
-`requests.jsonl` (a torn last line skipped). Used by the run that writes the folder and by every
+"""Reading a run folder's records: the file names, a request's key, the manifest, and the finished
+requests of `requests.jsonl` (a torn last line skipped). Used by the run that writes the folder and by every
 reader of it (report, summaries, profiles, notebooks)."""
 
 from __future__ import annotations
@@ -16,6 +16,27 @@ def request_key(record: dict) -> tuple:
     """(system, question, turn, temperature, concurrency): a request of a sweep is one of these, once."""
     return (record["system"], record["question_id"], record["turn"], float(record["temperature"]),
             int(record.get("max_concurrency", 1)))
+
+
+def read_manifest(run_dir: Path) -> dict | None:
+    """A run folder's manifest (None when it has none): every reader of one reads it here, so a damaged
+    file (not JSON, empty, or JSON but not an object) is refused in one line, never a traceback."""
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise DSparkError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    try:
+        manifest = json.loads(text)
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        what = "empty" if not text.strip() else "not JSON" if manifest is None else "not a JSON object"
+        raise DSparkError(f"{path}: damaged ({what}), so the run's record of what produced it is lost; restore the "
+                          "file from a copy, or run again into a new folder")
+    return manifest
 
 
 def read_waves(run_dir: Path, repair: bool = False) -> list[dict]:

@@ -4,14 +4,13 @@ CSV). Imports neither torch nor rich, so notebooks can use it."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from harness.analysis.metrics import (MIN_PAIRS, acceptance, acceptance_from_totals, latency_stats, percentile,
                                       speedup_with_contention)
-from harness.analysis.records import MANIFEST, read_requests, read_waves
+from harness.analysis.records import read_manifest, read_requests, read_waves
 
 BASELINE = "plain"  # the method of the baseline system
 NO_SPEEDUP = {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0, "speedup_ci95_reason": None}
@@ -309,8 +308,7 @@ def warnings(summary: dict) -> list[str]:
 def summarize_folder(run_dir: Path) -> dict:
     """The summary of a run folder's requests (read only: a torn last line is skipped, not cut), held
     against the plan and core count in its manifest, its systems in the order `--systems` gave them."""
-    manifest_file = Path(run_dir) / MANIFEST
-    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    manifest = read_manifest(run_dir) or {}
     summary = summarize(read_requests(run_dir), manifest.get("requests_expected"),
                         (manifest.get("provenance") or {}).get("cores"), read_waves(run_dir),
                         (manifest.get("options") or {}).get("systems"))

@@ -20,6 +20,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from dspark.errors import DSparkError
+from harness.analysis.records import read_manifest
 from harness.runs.plan import RESULTS
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # the source tree, when this runs from one (not an installed wheel)
@@ -68,11 +70,12 @@ def earlier_runs(settings: dict, machine: dict) -> list[dict]:
     runs = []
     for root in _roots():
         for summary_file in root.rglob("summary.json"):
-            manifest_file = summary_file.with_name("manifest.json")
-            try:
-                manifest = json.loads(manifest_file.read_text())
+            try:  # (a damaged earlier run is no source: skipped)
+                manifest = read_manifest(summary_file.parent)
                 summary = json.loads(summary_file.read_text())
-            except (OSError, ValueError):
+            except (DSparkError, OSError, ValueError):
+                continue
+            if manifest is None or not isinstance(summary, dict):
                 continue
             was, prov = manifest.get("settings") or {}, manifest.get("provenance") or {}
             if manifest.get("profiled") or not _same_machine(prov, machine) or any(
