@@ -68,6 +68,24 @@ def test_run_refuses_an_output_it_cannot_write_before_loading_anything(tmp_path,
     _refused(monkeypatch, capfd, *RUN, "--out", done, says=f"{done} already holds a run; use --resume")
 
 
+def test_run_refuses_a_folder_holding_other_files_and_takes_an_empty_one(tmp_path, monkeypatch, capfd):
+    """`run --out` at a folder of the user's (files that are not a run) would write the run's files among
+    them: refused in one line, the folder untouched, also for a dry run; an empty folder, or a new one, is
+    a run's."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    for extra in ([], ["--dry-run"]):
+        _refused(monkeypatch, capfd, *RUN, "--out", mine, *extra,
+                 says=f"--out {mine}: the folder holds other files, not a run; choose an empty or new folder (or "
+                      "--resume DIR to finish an unfinished run)")
+    assert _tree(tmp_path) == ["mine", "mine/notes.txt"]
+    (tmp_path / "empty").mkdir()
+    paths.run_folder(str(tmp_path / "empty"), None)
+    paths.run_folder(str(tmp_path / "new" / "run"), None)
+    assert _tree(tmp_path) == ["empty", "mine", "mine/notes.txt"]
+
+
 def test_profile_refuses_an_output_it_cannot_write(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     _refused(monkeypatch, capfd, "profile", "--torch", "--device", "cpu", "--out", NOWHERE / "p",
@@ -84,6 +102,11 @@ def test_report_html_is_refused_before_the_notebooks_run(tmp_path, monkeypatch, 
              says=f"--html {tmp_path}: is a folder; give a file name, e.g. {tmp_path / 'report.html'}")
     _refused(monkeypatch, capfd, "report", run, "--html", NOWHERE / "r.html",
              says="--html /proc/nope/r.html: cannot create files in /proc")
+    # a page is HTML whatever its name says: a name that promises another format is refused, not written as HTML
+    _refused(monkeypatch, capfd, "report", run, "--html", tmp_path / "r.pdf",
+             says=f"--html {tmp_path / 'r.pdf'}: the suffix .pdf names no format --html writes; end the name in "
+                  f".html, .htm, e.g. {tmp_path / 'r.html'}")
+    _refused(monkeypatch, capfd, "report", run, "--html", tmp_path / "report", says="the name has no suffix")
     assert _tree(tmp_path) == before
 
 
@@ -96,7 +119,28 @@ def test_calibrate_refuses_its_outputs_before_reading_the_runs(tmp_path, monkeyp
     _refused(monkeypatch, capfd, "calibrate", run, "--fit-sts", NOWHERE / "s.json", says="--fit-sts /proc/nope/s.json")
     _refused(monkeypatch, capfd, "calibrate", run, "--plot", a_file / "x.png", says="a-file is a file, so no folder")
     _refused(monkeypatch, capfd, "calibrate", run, "--fit-sts", tmp_path, says="is a folder; give a file name, e.g.")
+    # a figure's suffix names its format: one matplotlib does not write is refused before the runs are read
+    _refused(monkeypatch, capfd, "calibrate", run, "--plot", tmp_path / "x.txt",
+             says=f"--plot {tmp_path / 'x.txt'}: the suffix .txt names no format --plot writes; end the name in .png, "
+                  f".pdf, .svg")
     assert _tree(tmp_path) == before
+
+
+def test_every_figure_suffix_allowed_is_one_matplotlib_writes(tmp_path):
+    """The fixed list `--plot` is held to (so the check needs no matplotlib) is within what matplotlib's
+    Agg canvas writes here: each suffix is saved as a real figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    assert {s.lstrip(".") for s in paths.FIGURE_SUFFIXES} <= set(fig.canvas.get_supported_filetypes())
+    for suffix in paths.FIGURE_SUFFIXES:
+        fig.savefig(tmp_path / f"f{suffix}")
+        assert (tmp_path / f"f{suffix}").stat().st_size > 0
+    plt.close(fig)
+    assert paths.output_file(tmp_path / "R.PNG", "--plot", suffixes=paths.FIGURE_SUFFIXES) == tmp_path / "R.PNG"
 
 
 def test_make_tiny_and_train_draft_refuse_their_folders_before_building(tmp_path, monkeypatch, capfd):

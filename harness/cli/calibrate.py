@@ -32,13 +32,15 @@ def calibrate(
                                            "system and temperature) and write its temperatures here as JSON."),
     held_out: float = typer.Option(0.5, min=0.05, max=0.95, help="With --fit-sts: the fraction of prompts (by a "
                                    "hash of their question id) held out to judge the fit."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the reliability diagrams here (PNG)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the reliability diagrams here, in the format its "
+                                        "suffix names (.png, .pdf, .svg ...)."),
     as_json: bool = typer.Option(False, "--json", help="Print the tables (and the fit) as JSON."),
 ):
     """Calibration of the draft's confidence head: reliability, ECE and Brier score per position; STS."""
-    for path, flag, example in ((fit_sts, "--fit-sts", "sts.json"), (plot, "--plot", "reliability.png")):
+    for path, flag, example, suffixes in ((fit_sts, "--fit-sts", "sts.json", ()),
+                                          (plot, "--plot", "reliability.png", paths.FIGURE_SUFFIXES)):
         if path is not None:
-            paths.output_file(path, flag, example)
+            paths.output_file(path, flag, example, suffixes=suffixes)
     from harness.analysis import calibration
     from harness.analysis.frames import load_runs
 

@@ -13,14 +13,25 @@ from pathlib import Path
 from dspark.errors import DSparkError
 
 
-def output_file(path: str | Path, flag: str, example: str = "out", fix: str | None = None) -> Path:
+# The suffixes a file of each kind may end in, which decide its format: a figure's, those matplotlib writes without
+# extra software (its Agg canvas; pgf needs LaTeX, raw and rgba are bare pixels); a page's, HTML.
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".eps", ".ps")
+HTML_SUFFIXES = (".html", ".htm")
+
+
+def output_file(path: str | Path, flag: str, example: str = "out", fix: str | None = None,
+                suffixes: tuple[str, ...] = ()) -> Path:
     """`path`, a file the command will write (`flag` names where it came from), refused unless it can be:
-    not a folder, under no file, in a folder that exists or can be made, where files can be created.
-    `example`: a file name to suggest when a folder is given; `fix`: what to do instead (default: choose
-    another `flag`)."""
+    not a folder, under no file, in a folder that exists or can be made, where files can be created, and
+    named with one of `suffixes` when given (the file's format: a figure's, a page's). `example`: a file
+    name to suggest when a folder is given; `fix`: what to do instead (default: choose another `flag`)."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise DSparkError(f"{flag} {path}: is a folder; {fix or f'give a file name, e.g. {path / example}'}")
+    if suffixes and path.suffix.lower() not in suffixes:
+        what = f"the suffix {path.suffix} names no format {flag} writes" if path.suffix else "the name has no suffix"
+        raise DSparkError(f"{flag} {path}: {what}; end the name in {', '.join(suffixes)}, e.g. "
+                          f"{path.with_name(path.stem + Path(example).suffix)}")
     if path.exists() and not os.access(path, os.W_OK):
         raise DSparkError(f"{flag} {path}: the file exists and cannot be written; {fix or f'choose another {flag}'}")
     _check_place(path.parent, path, flag, fix)
@@ -69,7 +80,7 @@ def out_folder(out: str | None) -> Path:
 
 def run_folder(out: str | None, resume: str | None) -> None:
     """`run`'s folder, before anything loads: `--resume DIR` must take files; `--out DIR` must be a folder
-    that can be made and holds no run yet (`RunFolder.check_new`); without either, `results/` must be
+    that can be made and is new or empty (`RunFolder.check_new`); without either, `results/` must be
     possible (`out_folder`)."""
     from harness.runs.folder import RunFolder
 
@@ -78,4 +89,4 @@ def run_folder(out: str | None, resume: str | None) -> None:
         return
     folder = out_folder(out)
     if out:
-        RunFolder(folder).check_new()
+        RunFolder(folder).check_new(named=True)

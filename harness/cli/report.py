@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from dspark.errors import DSparkError
-from harness.analysis.records import MANIFEST
+from harness.analysis.records import read_manifest
 from harness.cli import paths
 from harness.cli.render import deltas_table, out, show
 from harness.cli.run import print_summary
@@ -32,7 +32,7 @@ def report(
     if (profile or engine_bench) and html is None:
         raise DSparkError("--profile and --engine-bench go into the HTML report; add --html OUT")
     if html is not None:
-        paths.output_file(html, "--html", "report.html")
+        paths.output_file(html, "--html", "report.html", suffixes=paths.HTML_SUFFIXES)
     from harness.analysis.summary import summarize_folder
 
     for p in profile or []:
@@ -75,7 +75,7 @@ def print_deltas(dir_a: Path, dir_b: Path, summary_a: dict, summary_b: dict, nam
     """What differs between two runs' settings, then B's figures against A's, and the rows only one has."""
     from harness.analysis.compare_runs import deltas, settings_diff, settings_line
 
-    manifests = [json.loads((d / MANIFEST).read_text()) if (d / MANIFEST).is_file() else {} for d in (dir_a, dir_b)]
+    manifests = [read_manifest(d) or {} for d in (dir_a, dir_b)]
     diff = settings_line(settings_diff(*manifests), names)
     out.print(diff, style="yellow" if diff.startswith("settings differ") else None, highlight=False, markup=False,
               soft_wrap=True)

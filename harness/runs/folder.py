@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.analysis.records import MANIFEST, REQUESTS
+from harness.analysis.records import MANIFEST, REQUESTS, read_manifest
 
 
 class RunFolder:
@@ -22,13 +22,17 @@ class RunFolder:
         self.path = Path(path)
 
     def manifest(self) -> dict | None:
-        f = self.path / MANIFEST
-        return json.loads(f.read_text()) if f.is_file() else None
+        return read_manifest(self.path)
 
-    def check_new(self) -> None:
-        """Exit (DSparkError) if a run was started here: a new run never writes into another's folder."""
+    def check_new(self, named: bool = False) -> None:
+        """Exit (DSparkError) if a run was started here: a new run never writes into another's folder. A
+        folder the user `named` (checked before anything is written; a backend may write its logs there
+        before the manifest) must also hold nothing else: a run's files never mix with someone else's."""
         if (self.path / MANIFEST).exists() or (self.path / REQUESTS).exists():
             raise DSparkError(f"{self.path} already holds a run; use --resume {self.path} or another --out")
+        if named and self.path.is_dir() and any(self.path.iterdir()):
+            raise DSparkError(f"--out {self.path}: the folder holds other files, not a run; choose an empty or new "
+                              "folder (or --resume DIR to finish an unfinished run)")
 
     def create(self, manifest: dict) -> None:
         self.check_new()
