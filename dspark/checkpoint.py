@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from dspark import formats
 from dspark.config import AnyDraftConfig, Eagle3Config, TargetConfig, draft_config_from_hf
 from dspark.draft import DraftModel
+from dspark.dtypes import dtype_name
 from dspark.eagle3 import Eagle3Draft
 from dspark.errors import DSparkError
 from dspark.formats.common import KeyTable, save_safetensors
@@ -166,13 +167,9 @@ def _assign(module: nn.Module, tensors: dict[str, Tensor], where: str, optional:
 def pick_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype == "auto":
+    if dtype_name(dtype) == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
-    if dtype not in table:
-        raise DSparkError(f"unknown dtype '{dtype}'; use one of auto, {', '.join(table)}")
-    return table[dtype]
+    return getattr(torch, dtype_name(dtype))
 
 
 @dataclass

@@ -329,6 +329,10 @@ def test_the_command_line_loads_no_torch_until_a_command_runs(tmp_path):
     assert proc.returncode == 0 and proc.stdout == "False\n", proc.stderr
     for args, message in ((["run", "--nope"], "No such option: --nope"),
                           (["run", "--temperature", "x"], "--temperature must be numbers separated by commas"),
+                          (["run", "--temperature", "nan"], "--temperature nan: give temperatures from 0"),
+                          (["run", "--device", "gpu"], "--device gpu: unknown device"),
+                          (["run", "--dtype", "fp17"], "--dtype fp17: unknown dtype"),
+                          (["run", "--split", "qualitativ"], "unknown split 'qualitativ'"),
                           (["run", "--max-concurrency", "x"], "--max-concurrency must be whole numbers"),
                           (["run", "--systems", "nope"], "'nope' is not in experiment demo"),
                           (["run", "--output-len", "0"], "--output-len is 0"),
@@ -337,6 +341,91 @@ def test_the_command_line_loads_no_torch_until_a_command_runs(tmp_path):
         error, loaded = proc.stderr.splitlines()
         assert proc.returncode == 2 and error.startswith("error: ") and message in error, (args, proc.stderr)
         assert loaded == "False", (args, proc.stderr)
+
+
+def test_an_unknown_device_is_one_line_on_every_command_that_takes_one(tmp_path, monkeypatch, capfd):
+    """`--device` is read in one place for every command: a name we do not run on (`gpu`, `mps`, a malformed
+    `cuda:x`, printed as typed) is refused in one line before anything loads or is made, not a traceback
+    from torch after the folder was made."""
+    commands = [["run", "--dry-run"], ["run", "--out", tmp_path / "run"], ["profile", "--torch", "--out", tmp_path / "p"],
+                ["generate", "--target", "demo", "--no-draft", "--prompt-ids", "1,2"], ["engine-bench"],
+                ["train-draft", "--target", "demo", "--data", "demo", "--out", tmp_path / "d", "--steps", "1"]]
+    for command in commands:
+        for name in ("gpu", "mps", "cuda:x", "CUDA", "cuda:"):
+            code, out, err = run_cli(monkeypatch, capfd, *command, "--device", name)
+            assert code == 2 and out == "" and err == f"error: --device {name}: unknown device; use auto, cpu, cuda " \
+                                                       "or cuda:N\n", (command, name, err)
+    assert list(tmp_path.iterdir()) == []
+    from harness.cli.options import device
+
+    assert device("cpu") == "cpu" and device("cuda:12", resolve=False) == "cuda:12"  # (the name; the machine later)
+    if not torch.cuda.is_available():
+        with pytest.raises(Exception, match="--device cuda:0: no CUDA device is visible; use --device cpu"):
+            device("cuda:0")
+    else:
+        with pytest.raises(Exception, match=f"--device cuda:{torch.cuda.device_count()}: this machine shows"):
+            device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_list_options_refuse_empty_items_repeats_and_values_out_of_range(monkeypatch, capfd):
+    """Each list option names each value once, with no empty item; a temperature is a number from 0 to 2 (nan
+    ran every token as id 0, inf read as acceptance 8.00, `0,0` compared plain with itself); a concurrency
+    level is at least 1, refused for its value rather than blamed on the backend. One line each, at the
+    options (a dry run prints nothing before it)."""
+    cases = [(["--temperature", "nan"], "--temperature nan: give temperatures from 0 (greedy) to 2, e.g. 0,1"),
+             (["--temperature", "inf"], "--temperature inf: give temperatures from 0 (greedy) to 2"),
+             (["--temperature", "1e9"], "--temperature 1e+09: give temperatures from 0 (greedy) to 2"),
+             (["--temperature", "-0.5"], "--temperature -0.5: give temperatures from 0 (greedy) to 2"),
+             (["--temperature", "0,0"], "--temperature '0,0' gives '0' twice; give each once"),
+             (["--temperature", "0,0.0"], "--temperature '0,0.0' gives '0' and '0.0', the same value; give each once"),
+             (["--temperature", "0,,1"], "--temperature '0,,1' has an empty item; give values separated by single "
+                                         "commas, e.g. 0,1"),
+             (["--temperature", ","], "--temperature ',' names no temperature"),
+             (["--systems", "plain,"], "--systems 'plain,' has an empty item"),
+             (["--systems", "plain,plain"], "--systems 'plain,plain' gives 'plain' twice; give each once"),
+             (["--systems", ","], "--systems ',' names nothing"),
+             (["--category", "coding, coding"], "--category 'coding, coding' gives 'coding' twice"),
+             (["--max-concurrency", "0"], "--max-concurrency 0: give levels of at least 1, e.g. 1,4,16,32"),
+             (["--max-concurrency", "4,4"], "--max-concurrency '4,4' gives '4' twice"),
+             (["--max-concurrency", "1,,4"], "--max-concurrency '1,,4' has an empty item")]
+    for extra, message in cases:
+        code, out, err = run_cli(monkeypatch, capfd, "run", "--dry-run", "--device", "cpu", *extra)
+        assert code == 2 and out == "" and err.startswith(f"error: {message}") and len(err.splitlines()) == 1, \
+            (extra, err)
+    code, _, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--sweep-context", "128,0")
+    assert code == 2 and err == "error: --sweep-context 0: give context lengths of at least 1, e.g. 1024,4096,16384\n"
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--dry-run", "--device", "cpu", "--systems", "plain",
+                             "--temperature", "0,2", "--num-prompts", "1")
+    assert code == 0 and "1 prompt x 2 temperatures x 1 system = 2 requests" in out, err  # the bounds themselves run
+
+
+def test_a_damaged_manifest_is_one_line_for_every_reader(tmp_path, monkeypatch, capfd):
+    """`manifest.json` not JSON, empty, or JSON but no object: report, parity, calibrate and run --resume
+    (each reads it through `read_manifest`) name the file and what to do in one line, exit 2."""
+    import run_folders
+
+    good = run_folders.plain_only(tmp_path / "good")
+    bad = run_folders.plain_only(tmp_path / "bad")
+    for text, what in (("{not", "not JSON"), ("", "empty"), ("[]", "not a JSON object")):
+        (bad / "manifest.json").write_text(text)
+        for args in (["report", bad], ["report", good, bad], ["parity", bad, good], ["calibrate", bad],
+                     ["run", "--resume", bad]):
+            code, out, err = run_cli(monkeypatch, capfd, *args)
+            assert code == 2 and out == "" and err == (
+                f"error: {bad / 'manifest.json'}: damaged ({what}), so the run's record of what produced it is "
+                "lost; restore the file from a copy, or run again into a new folder\n"), (args, err)
+
+
+def test_commands_are_listed_in_the_order_a_user_needs_them(monkeypatch, capfd):
+    """`dspark-bench --help` lists run, report, profile, trace, parity and calibrate first (the trace group
+    among them, not last), each summary whole where it fits: train-draft's names EAGLE-3."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_cli(monkeypatch, capfd, "--help")
+    listed = re.findall(r"^  ([a-z-]+)  ", out.split("Commands:")[1], re.M)
+    assert code == 0 and listed[:6] == ["run", "report", "profile", "trace", "parity", "calibrate"]
+    assert sorted(listed) == sorted(["run", "report", "profile", "trace", "parity", "calibrate", "generate",
+                                     "engine-bench", "train-draft", "inspect", "make-tiny"])
+    assert re.search(r"^  train-draft +Train a DSpark, DFlash or EAGLE-3 draft for a Qwen3 target\.$", out, re.M)
 
 
 def test_systems_help_lists_the_demo_experiments_systems(monkeypatch, capfd):

@@ -186,6 +186,42 @@ def test_run_refuses_bad_arguments(tmp_path, monkeypatch, capfd):
     assert code == 2 and err.strip() == "error: --category cooking: not in this run; it has overall, coding"
 
 
+@needs_demo
+def test_selection_and_dtype_mistakes_answer_before_the_table_and_the_models(tmp_path, monkeypatch, capfd):
+    """A mistyped category, split, data file or dtype is refused in one line before a dry run prints its
+    systems table, and before a run loads its models (the runner's session is never opened)."""
+    from harness.runs import runner
+
+    def never(*args, **kwargs):
+        raise AssertionError("the run loaded its models before checking the prompts")
+
+    monkeypatch.setattr(runner.Session, "open", never)
+    cases = [(["--category", "codng"], "unknown category 'codng' for qualitative; valid: coding, humanities"),
+             (["--split", "qualitativ"], "unknown split 'qualitativ'; use one of qualitative, throughput_1k"),
+             (["--dataset-path", tmp_path / "nothere.jsonl"], f"--dataset-path {tmp_path / 'nothere.jsonl'}: no such "
+                                                              "file or folder"),
+             (["--dtype", "fp17"], "--dtype fp17: unknown dtype; use one of auto, float32")]
+    for extra, message in cases:
+        for mode in (["--dry-run"], ["--out", tmp_path / "run"]):
+            code, out, err = run_cli(monkeypatch, capfd, "run", "--device", "cpu", *mode, *extra)
+            assert code == 2 and out == "" and err.startswith(f"error: {message}") and len(err.splitlines()) == 1, \
+                (extra, mode, out, err)
+    assert not (tmp_path / "run").exists()
+
+
+@needs_demo
+def test_resume_names_an_option_the_run_was_not_given_as_such(tmp_path, monkeypatch, capfd):
+    """`--resume R --num-prompts 4` where R ran without --num-prompts says the run took the experiment's
+    default (not that the option 'was null')."""
+    run = tmp_path / "r"
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--category", "coding", "--systems", "plain", "--output-len", "2",
+                           "--temperature", "0", "--device", "cpu", "--out", run)
+    assert code == 0, err
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", run, "--num-prompts", "4")
+    assert code == 2 and err == (f"error: --resume {run}: --num-prompts was not given (the experiment's default, 8) "
+                                 "in this run, now 4; drop --num-prompts to continue the run as it was started\n")
+
+
 def _hub_snapshot(cache: Path, repo: str) -> Path:
     """A folder laid out as the Hugging Face cache holds a downloaded repository."""
     root = cache / f"models--{repo.replace('/', '--')}"

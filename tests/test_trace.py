@@ -241,6 +241,20 @@ def test_an_export_without_a_product_version_is_refused_in_one_line(tmp_path, mo
     assert code == 2 and "not an Nsight Systems export" in err and len(err.strip().splitlines()) == 1
 
 
+def test_an_empty_file_is_said_to_be_empty(tmp_path, monkeypatch, capfd):
+    """SQLite opens an empty file as an empty database: an empty export (an interrupted `nsys export`) is
+    called empty, not 'an SQLite file but not an Nsight Systems export'."""
+    from cli_runner import run_cli
+
+    for name in ("empty.sqlite", "empty"):
+        (tmp_path / name).write_bytes(b"")
+        for command in ("summarize", "compare"):
+            code, _, err = run_cli(monkeypatch, capfd, "trace", command, tmp_path / name)
+            assert code == 2 and err == (f"error: {tmp_path / name}: the file is empty, not a trace; export the "
+                                         ".nsys-rep again with `nsys export --type sqlite -o FILE.sqlite "
+                                         "FILE.nsys-rep`\n"), err
+
+
 def _kineto(path: Path, ops: list[tuple[str, float, float]]) -> Path:
     """A minimal PyTorch profiler Chrome trace: one prefill range around host operators (name, ts, dur)."""
     import gzip

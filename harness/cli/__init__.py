@@ -8,6 +8,7 @@ import signal
 import sys
 
 import typer
+import typer.core
 
 from dspark.errors import DSparkError
 from harness.cli.calibrate import calibrate as calibrate_command
@@ -27,10 +28,17 @@ from harness.cli.train_draft import train_draft as train_draft_command
 # typer re-exports BadParameter; its base is the usage error, of click or of the copy of click that newer typer ships.
 UsageError = typer.BadParameter.__mro__[1]
 
+class _Listed(typer.core.TyperGroup):
+    """The program's command group, its commands listed in `COMMANDS`' order (typer puts groups last)."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return [name for name in COMMANDS if name in self.commands]
+
+
 # Plain (click) help: flags read as `--ngram` or `--ignore-eos / --no-ignore-eos`, and it reads in a log. `-h` is
 # `--help` on every command (click hands help_option_names down to each subcommand's context).
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  context_settings={"help_option_names": ["-h", "--help"]},
+                  cls=_Listed, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Measure how much DSpark speculative decoding speeds up a model, and where GPU time goes.")
 
 
@@ -64,17 +72,17 @@ def _program(version: bool = typer.Option(False, "--version", is_eager=True, cal
     `git --version`: a command's options say what it does."""
 
 
-app.command("generate")(generate_command)  # the names keep the command modules reachable as harness.cli.<name>
-app.command("inspect")(inspect_command)
-app.command("engine-bench")(engine_bench_command)
-app.command("train-draft")(train_draft_command)
-app.command("make-tiny")(make_tiny_cmd)
-app.command("run")(run_command)
-app.command("report")(report_command)
-app.command("profile")(profile_command)
-app.command("parity")(parity_command)
-app.command("calibrate")(calibrate_command)
-app.add_typer(trace_app, name="trace")
+# The commands in the order a user needs them, as `--help` lists them: measure, read, profile, compare, then the
+# tools. (The imported names keep the command modules reachable as harness.cli.<name>.)
+COMMANDS = {"run": run_command, "report": report_command, "profile": profile_command, "trace": trace_app,
+            "parity": parity_command, "calibrate": calibrate_command, "generate": generate_command,
+            "engine-bench": engine_bench_command, "train-draft": train_draft_command, "inspect": inspect_command,
+            "make-tiny": make_tiny_cmd}
+for _name, _command in COMMANDS.items():
+    if isinstance(_command, typer.Typer):
+        app.add_typer(_command, name=_name)
+    else:
+        app.command(_name)(_command)
 
 
 def _terminated(signum, frame) -> None:
@@ -115,5 +123,5 @@ def main() -> None:
 
 
 def _refuse(message: str) -> None:
-    err.print(f"error: {' '.join(message.split())}", highlight=False, markup=False, soft_wrap=True)
+    err.print(f"error: {' '.join(message.split())}", highlight=False, markup=False, emoji=False, soft_wrap=True)
     sys.exit(2)

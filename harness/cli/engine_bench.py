@@ -47,6 +47,7 @@ def engine_bench(
     GPU's own copy bandwidth). On a CPU it times the demo pair's shapes, eagerly with the wall clock,
     against the CPU's copy bandwidth, on the threads a CPU run of them would use (seconds); its
     `round_over_decode` draws the speed notebook's predicted-speedup curve for a CPU run."""
+    from dspark.dtypes import dtype_name
     from harness.cli.options import device as resolve_device
     from harness.cli.options import number_list
     from harness.microbench.engine import (CPU_DEFAULTS, GPU_DEFAULTS, SWEEP, BenchArgs, dumps, eagle3_rows,
@@ -55,17 +56,15 @@ def engine_bench(
     from harness.runs import threads
 
     device = resolve_device(device)
+    dtype_name(dtype, "--dtype")
     contexts = tuple(number_list(sweep_context or None, "--sweep-context", int, "whole numbers", "context length",
-                                 "1024,4096,16384") or ())
-    if any(c < 1 for c in contexts):
-        raise DSparkError(f"--sweep-context {sweep_context}: every context length must be at least 1")
+                                 "1024,4096,16384", least=1) or ())
     if against not in (None, "vllm"):
         raise DSparkError(f"--against {against}: the only peer engine is vllm")
-    levels = tuple(number_list(concurrency or None, "--concurrency", int, "whole numbers", "level", "1,4,16,32") or ())
+    levels = tuple(number_list(concurrency or None, "--concurrency", int, "whole numbers", "level", "1,4,16,32",
+                               least=1) or ())
     if levels and against is None:
         raise DSparkError("--concurrency sets vLLM's batch sizes; add --against vllm")
-    if any(c < 1 for c in levels):
-        raise DSparkError(f"--concurrency {concurrency}: every level must be at least 1")
     defaults = GPU_DEFAULTS if device.startswith("cuda") else CPU_DEFAULTS
     given = {"target": target, "draft": draft, "context_len": context_len, "repeats": repeats,
              "eagle3": None if eagle3 == "none" else eagle3}

@@ -38,6 +38,7 @@ def generate(
 ):
     """Generate from one prompt, plainly or speculatively, and report the rounds."""
     from dspark.checkpoint import load_target
+    from dspark.dtypes import dtype_name
     from dspark.engine import Engine, GenerationConfig
     from dspark.tokenizer import chat_prompt_ids, conversation
     from harness.backends.systems import make_drafter
@@ -49,6 +50,7 @@ def generate(
     if chat and prompt is None:
         raise DSparkError("--chat applies to --prompt text; --prompt-ids are used exactly as given")
     dev = options.device(device)
+    dtype_name(dtype, "--dtype")  # (before the weights are read)
     loaded = load_target(target, dev, dtype)
     n_threads, _ = choose_threads(threads, dev, loaded.path)
     apply_threads(n_threads)

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import typing
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from dspark.dtypes import dtype_name
 from dspark.errors import DSparkError
 from harness.runs.plan import RunOptions
+from harness.specs.experiments import MAX_TEMPERATURE
 
 THREADS_HELP = ("Intra-op CPU threads (default: OMP_NUM_THREADS when set; else on the CPU 1 for a target of at "
                 "most 200 MB of weights, as the demo, every core for a larger one).")
@@ -52,8 +55,8 @@ RUN_OPTIONS = [
     ("seed", Optional[int], typer.Option(None, help="Shuffle and sampling seed (default: the experiment's).")),
     ("output_len", Optional[int], typer.Option(None, help="Most tokens generated per request, at least 1 (default: "
                                                "the experiment's).")),
-    ("temperature", Optional[str], typer.Option(None, help="Temperatures, comma-separated (default: the "
-                                                "experiment's).")),
+    ("temperature", Optional[str], typer.Option(None, help=f"Temperatures, comma-separated, each from 0 (greedy) "
+                                                f"to {MAX_TEMPERATURE:g} (default: the experiment's).")),
     ("turns", Optional[str], typer.Option(None, help="first: each row's first turn; all: every turn, with the "
                                           "model's own replies as history (default: the experiment's).")),
     ("ignore_eos", bool, typer.Option(False, "--ignore-eos", help="Generate output-len tokens whatever the stop "
@@ -112,62 +115,105 @@ def given_fields(ctx: typer.Context) -> set[str]:
 
 
 def run_options_from(values: dict, resolve_device: bool = True, **where) -> RunOptions:
-    """RunOptions from the run options' values (text parsed, then the device resolved, which loads torch:
-    with `resolve_device` False it stays as given) and `where` (out, resume, profiled)."""
+    """RunOptions from the run options' values (text parsed, the device and dtype checked by name, then the
+    device resolved, which loads torch: with `resolve_device` False it stays as given) and `where` (out,
+    resume, profiled)."""
     if values["turns"] not in (None, "first", "all"):
         raise DSparkError(f"--turns {values['turns']}: use first or all")
+    dtype_name(values["dtype"], "--dtype")
     fields = {FIELDS.get(k, k): v for k, v in values.items()}
-    fields |= {"categories": names(values["category"]), "systems": names(values["systems"], "--systems"),
+    fields |= {"categories": names(values["category"], "--category", "coding,math"),
+               "systems": names(values["systems"], "--systems", "plain,dspark"),
                "temperatures": temperatures(values["temperature"]),
                "vllm_args": list(values["vllm_arg"]) if values["vllm_arg"] else None,
-               "max_concurrency": levels(values["max_concurrency"])}
-    if resolve_device:
-        fields["device"] = device(values["device"])
+               "max_concurrency": levels(values["max_concurrency"]),
+               "device": device(values["device"], resolve_device)}
     return RunOptions(**fields, **where)
 
 
-def device(text: str) -> str:
-    """`--device` checked against this machine, `auto` resolved: the CPU needs no check (nor torch)."""
-    if text == "cpu":
+DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")  # the devices we run on (mps and others: no kernels of ours)
+
+
+def device(text: str, resolve: bool = True) -> str:
+    """`--device`, refused unless it names one we run on (without torch); then, with `resolve`, checked
+    against this machine and `auto` resolved: the CPU needs no check (nor torch)."""
+    if not DEVICE.fullmatch(text):
+        raise DSparkError(f"--device {text}: unknown device; use auto, cpu, cuda or cuda:N")
+    if text == "cpu" or not resolve:
         return text
     import torch
 
     if text == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if text.startswith("cuda") and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise DSparkError(f"--device {text}: no CUDA device is visible; use --device cpu")
+    count = torch.cuda.device_count()
+    if ":" in text and int(text.partition(":")[2]) >= count:
+        raise DSparkError(f"--device {text}: this machine shows {count} CUDA device{'s' if count > 1 else ''} "
+                          f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}); give one of them")
     return text
 
 
-def names(text: str | None, flag: str = "--category") -> list[str] | None:
-    if text is None:
-        return None
-    values = [c.strip() for c in text.split(",") if c.strip()]
-    if not values:
-        raise DSparkError(f"{flag} '{text}' names nothing; give one or more names separated by commas")
+def items(text: str, flag: str, none: str, example: str) -> list[str]:
+    """The comma-separated items of `text`, stripped; refused in one line when it names none (`none`: what
+    it names then, e.g. "no level"), or has an empty item (`0,,1`, `plain,`), with an `example`."""
+    parts = [t.strip() for t in text.split(",")]
+    if not any(parts):
+        raise DSparkError(f"{flag} '{text}' names {none}; give one or more separated by commas, e.g. {example}")
+    if not all(parts):
+        raise DSparkError(f"{flag} '{text}' has an empty item; give values separated by single commas, e.g. "
+                          f"{example}")
+    return parts
+
+
+def distinct(values: list, parts: list[str], flag: str, text: str) -> list:
+    """`values` (parsed from `parts`), refused when one is given twice: a list option names each value
+    once (a system, a temperature or a level run twice would be compared against itself)."""
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            first = parts[values.index(value)]
+            twice = f"'{first}' twice" if first == parts[i] else f"'{first}' and '{parts[i]}', the same value"
+            raise DSparkError(f"{flag} '{text}' gives {twice}; give each once")
     return values
 
 
-def number_list(text: str | None, flag: str, convert, kind: str, noun: str, example: str) -> list | None:
-    """A comma-separated list of numbers (`convert`: int or float), refused in one line when a value is
-    not one (`kind`) or when it names none (`noun`, with an `example`)."""
+def names(text: str | None, flag: str, example: str) -> list[str] | None:
+    """A comma-separated list of names (categories, systems), each once."""
     if text is None:
         return None
+    parts = items(text, flag, "nothing", example)
+    return distinct(parts, parts, flag, text)
+
+
+def number_list(text: str | None, flag: str, convert, kind: str, noun: str, example: str,
+                least: float | None = None) -> list | None:
+    """A comma-separated list of numbers (`convert`: int or float), each once, refused in one line when a
+    value is not one (`kind`), is below `least`, or when it names none (`noun`, with an `example`)."""
+    if text is None:
+        return None
+    parts = items(text, flag, f"no {noun}", example)
     try:
-        values = [convert(t) for t in text.split(",") if t.strip()]
+        values = [convert(t) for t in parts]
     except ValueError:
         raise DSparkError(f"{flag} must be {kind} separated by commas, got '{text}'") from None
-    if not values:
-        raise DSparkError(f"{flag} '{text}' names no {noun}; give one or more, e.g. {example}")
-    return values
+    low = next((t for t, v in zip(parts, values) if least is not None and v < least), None)
+    if low is not None:
+        raise DSparkError(f"{flag} {low}: give {noun}s of at least {least:g}, e.g. {example}")
+    return distinct(values, parts, flag, text)
 
 
 def temperatures(text: str | None) -> list[float] | None:
-    return number_list(text, "--temperature", float, "numbers", "temperature", "0,1")
+    """`--temperature`: numbers from 0 (greedy) to MAX_TEMPERATURE (so finite), each once."""
+    values = number_list(text, "--temperature", float, "numbers", "temperature", "0,1")
+    bad = next((t for t in values or [] if not 0 <= t <= MAX_TEMPERATURE), None)  # (nan compares false: here too)
+    if bad is not None:
+        raise DSparkError(f"--temperature {bad:g}: give temperatures from 0 (greedy) to {MAX_TEMPERATURE:g}, e.g. 0,1")
+    return values
 
 
 def levels(text: str | None) -> list[int] | None:
-    return number_list(text, "--max-concurrency", int, "whole numbers", "level", "1,4,16,32")
+    """`--max-concurrency`: whole numbers of requests in flight, at least 1, each once."""
+    return number_list(text, "--max-concurrency", int, "whole numbers", "level", "1,4,16,32", least=1)
 
 
 def token_ids(text: str, flag: str = "--prompt-ids") -> list[int]:

@@ -15,6 +15,7 @@ from dspark.errors import DSparkError
 from harness.cli import options, paths
 from harness.cli.render import err, out, show, summary_table, sweep_table
 from harness.runs.plan import RunOptions
+from harness.specs.experiments import Experiment
 
 
 @options.with_run_options
@@ -33,7 +34,7 @@ def run(
     profiled: Optional[str] = typer.Option(None, hidden=True, help="Set by `profile` for its child runs."),
 ):
     """Run SPEED-Bench prompts through every system of an experiment and compare them."""
-    from harness.runs.plan import check_options, resolve_settings, resume_options
+    from harness.runs.plan import check_options, load_dataset, resolve_settings, resume_options, select_prompts
     from harness.specs.experiments import load_experiment
 
     if profiled not in (None, "nsys", "torch"):
@@ -57,18 +58,21 @@ def run(
     if resume:  # (a --device given is compared resolved; the run's own is recorded resolved)
         opts = resume_options(replace(opts, device=options.device(opts.device)) if "device" in given else opts, given)
     opts = replace(opts, device=options.device(opts.device))  # `auto` resolved; a recorded device must be here too
-    if new:
-        resolve_settings(opts, experiment)
+    if not new:  # the run's own experiment: as recorded (--resume), or as the profile gave it
+        experiment = load_experiment(opts.experiment)
+    settings = resolve_settings(opts, experiment)
     if dry_run:
-        plan = _dry_run(opts, err if as_json else out)
+        plan = _dry_run(opts, experiment, settings, err if as_json else out)
         if as_json:
             print(json.dumps(plan))
         if not all(r["fits_target"] for r in plan["systems"]):
             raise typer.Exit(1)
         return
+    data = load_dataset(opts, experiment, settings)
+    select_prompts(data, settings)  # a split, category or data file mistake answers before the models load
     from harness.runs.runner import run as run_all
 
-    path, summary = run_all(opts, err)
+    path, summary = run_all(opts, err, data)
     if as_json:
         print(json.dumps({"run_dir": str(path), **summary}))
         return
@@ -91,20 +95,25 @@ def print_summary(summary: dict, title: str, category: str = "overall", console:
         console.print("no speedup: plain decoding was not among the systems", style="dim")
 
 
-def _dry_run(opts: RunOptions, console: Console) -> dict:
-    """Resolve every system of the experiment against the target's config, reading no weights; then the
-    run's size (prompts, requests, output tokens) and an estimate of its time (`harness.runs.estimate`):
-    {systems, size, estimate}."""
+def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console) -> dict:
+    """The prompts selected (a mistake there answers before anything is printed); every system of the
+    experiment resolved against the target's config, reading no weights; then the run's size (prompts,
+    requests, output tokens) and an estimate of its time (`harness.runs.estimate`): {systems, size,
+    estimate}."""
     from dspark.checkpoint import pick_dtype, read_config, resolve_path
     from dspark.config import TargetConfig
     from harness.backends.registry import backend_class
     from harness.backends.systems import resolve_system
     from harness.runs import estimate
-    from harness.runs.plan import load_dataset, plan_jobs, resolve_settings, select_prompts, user_turns
-    from harness.specs.experiments import load_experiment
+    from harness.runs.plan import load_dataset, plan_jobs, select_prompts, user_turns
 
-    exp = load_experiment(opts.experiment)
-    settings = resolve_settings(opts, exp)
+    try:
+        data, unread = load_dataset(opts, exp, settings), None
+    except DSparkError as exc:  # the hub out of reach (offline, say): the size per prompt only
+        if settings["dataset"] != "hub":
+            raise
+        data, unread = None, str(exc)
+    prompts = None if data is None else select_prompts(data, settings)
     target_path = resolve_path(exp.target)
     target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
     rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
@@ -115,13 +124,6 @@ def _dry_run(opts: RunOptions, console: Console) -> dict:
         t.add_row(r["system"], r["draft"] or "-", r["format"] or "-", r["method"] or "-",
                   str(r.get("num_speculative_tokens", "-")), "yes" if r["fits_target"] else "NO", r["problem"] or "")
     show(console, t)
-    try:
-        data, unread = load_dataset(opts, exp, settings), None
-    except DSparkError as exc:  # the hub out of reach (offline, say): the size per prompt only
-        if settings["dataset"] != "hub":
-            raise
-        data, unread = None, str(exc)
-    prompts = None if data is None else select_prompts(data, settings)
     jobs = None if prompts is None else plan_jobs(settings, prompts, user_turns(prompts, settings["turns"]),
                                                   backend_class(settings["backend"]).capabilities.interleaves)
     size = estimate.run_size(settings, jobs, None if prompts is None else len(prompts)) | {"dataset_unread": unread}

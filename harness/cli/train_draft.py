@@ -48,7 +48,9 @@ def train_draft(
         "continue with --resume). Ctrl-C or SIGTERM does the same."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
 ):
-    """Train a DSpark or DFlash-mode draft (DeepSpec's objective) or an EAGLE-3 draft for a Qwen3 target."""
+    """Train a DSpark, DFlash or EAGLE-3 draft for a Qwen3 target.
+
+    DSpark and DFlash-mode drafts learn DeepSpec's block objective; an EAGLE-3 draft, its training-time test."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from dspark.checkpoint import DEMO_DIR, load_target, save_draft

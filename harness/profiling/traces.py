@@ -65,6 +65,9 @@ def api_name(name: str) -> str:
 def connect(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise DSparkError(f"{path}: no such trace file")
+    if path.stat().st_size == 0:  # (SQLite reads an empty file as an empty database)
+        raise DSparkError(f"{path}: the file is empty, not a trace; export the .nsys-rep again with "
+                          "`nsys export --type sqlite -o FILE.sqlite FILE.nsys-rep`")
     try:
         conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
         conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()

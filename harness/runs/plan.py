@@ -92,8 +92,11 @@ def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
             continue
         if name == "systems" and was is None and set(now or ()) == set(settings.get("systems") or ()):
             continue
-        raise DSparkError(f"--resume {folder.path}: {flag(name)} was {json.dumps(was)} in this run, now "
-                          f"{json.dumps(now)}; drop {flag(name)} to continue the run as it was started")
+        default = settings.get(name) if name in RESOLVED else None
+        then = (json.dumps(was) if was is not None else "not given" if default is None else
+                f"not given (the experiment's default, {json.dumps(default)})")
+        raise DSparkError(f"--resume {folder.path}: {flag(name)} was {then} in this run, now {json.dumps(now)}; "
+                          f"drop {flag(name)} to continue the run as it was started")
     if count is not None:  # (the flag, if given, equals it by now; the environment must too)
         recorded["threads"] = threads.resumed(count, opts.threads if "threads" in given else None, folder.path)
     return replace(opts, **{k: v for k, v in recorded.items() if k in known})
@@ -142,6 +145,7 @@ def check_options(opts: RunOptions, exp: Experiment) -> dict:
     code (so neither torch nor vLLM): `run` checks them first, so that a mistyped option answers at once.
     Returns what they resolve to: backend, systems (the baseline first), temperatures, output_len and
     engine_args. The rest (concurrency levels, policies) is checked by `resolve_settings`."""
+    datasets.check_split(opts.split)
     backend = opts.backend or exp.backend
     if backend not in CLASSES:
         raise DSparkError(f"--backend {backend} is not available yet; use {', '.join(CLASSES)}")
@@ -152,9 +156,7 @@ def check_options(opts: RunOptions, exp: Experiment) -> dict:
             raise DSparkError(f"--systems: '{unknown[0]}' is not in experiment {exp.name}; it has {', '.join(systems)}")
         systems = [s for s in systems if s in opts.systems]
     systems.sort(key=lambda s: exp.system(s).method != "plain")  # the baseline first
-    temps = opts.temperatures if opts.temperatures is not None else list(exp.temperatures)
-    if any(t < 0 for t in temps):
-        raise DSparkError("--temperature must be >= 0")
+    temps = opts.temperatures if opts.temperatures is not None else list(exp.temperatures)  # (checked as parsed)
     output_len = exp.output_len if opts.output_len is None else opts.output_len
     if output_len < 1:
         raise DSparkError(f"--output-len is {output_len}; give at least 1")

@@ -50,10 +50,11 @@ from harness.specs import datasets
 from harness.specs.experiments import load_experiment
 
 
-def run(opts: RunOptions, console: Console) -> tuple[Path, dict]:
+def run(opts: RunOptions, console: Console, data: datasets.Dataset | None = None) -> tuple[Path, dict]:
     """Every pending request of the run, each recorded as it finishes; then the summaries. `console`
-    gets the progress and notices (the caller prints the tables)."""
-    session = Session.open(opts, console)
+    gets the progress and notices (the caller prints the tables); `data`: the run's dataset, where the
+    caller has loaded it already (to check the selection before the models load)."""
+    session = Session.open(opts, console, data)
     waves = session.waves()
     try:
         with RunProgress(console, sum(len(w.rows) for w in waves)) as progress:
@@ -105,9 +106,10 @@ class Session:
     warmed: set = field(default_factory=set)
 
     @classmethod
-    def open(cls, opts: RunOptions, console: Console) -> Session:
+    def open(cls, opts: RunOptions, console: Console, data: datasets.Dataset | None = None) -> Session:
         """Load and check everything before the first request: settings against a resumed run's, the
-        prompts, the target, the thread count, the systems; then write (or check) the manifest."""
+        prompts (of `data`, else of the dataset loaded here), the target, the thread count, the systems;
+        then write (or check) the manifest."""
         from transformers import AutoTokenizer
 
         exp = load_experiment(opts.experiment)
@@ -115,7 +117,7 @@ class Session:
         folder = RunFolder(Path(opts.resume) if opts.resume else Path(opts.out) if opts.out else default_out(settings))
         if opts.resume:
             folder.check_resume(settings)
-        data = load_dataset(opts, exp, settings)
+        data = load_dataset(opts, exp, settings) if data is None else data
         rows = select_prompts(data, settings)
         if settings["num_prompts"] is not None and len(rows) < settings["num_prompts"]:
             console.print(f"notice: {settings['num_prompts']} prompts asked for, but {opts.split} "

@@ -60,10 +60,15 @@ def categories_of(split: str) -> tuple[str, ...]:
     return QUALITATIVE if split == "qualitative" else THROUGHPUT
 
 
-def load(split: str, dataset_path: Path | None = None, source: str = "hub", revision: str | None = None) -> Dataset:
-    """The rows of one SPEED-Bench config (`split`), from `dataset_path`, the demo suite or the hub."""
+def check_split(split: str) -> None:
+    """Refuse a split that is not one of SPEED-Bench's configs (before any data is read)."""
     if split not in SPLITS:
         raise DSparkError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
+
+
+def load(split: str, dataset_path: Path | None = None, source: str = "hub", revision: str | None = None) -> Dataset:
+    """The rows of one SPEED-Bench config (`split`), from `dataset_path`, the demo suite or the hub."""
+    check_split(split)
     if dataset_path is not None:
         files = _local_files(Path(dataset_path), split)
     elif source == "demo":

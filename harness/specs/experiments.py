@@ -19,6 +19,7 @@ from dspark.errors import DSparkError
 METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram")
 BACKENDS = ("native", "vllm", "vllm-server", "openai")
 DATASETS = ("demo", "hub")
+MAX_TEMPERATURE = 2.0  # sampling temperatures run from 0 (greedy) to this, the most OpenAI-compatible APIs take
 
 
 @dataclass(frozen=True)
@@ -147,8 +148,10 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
         raise DSparkError(f"{where}: dataset '{dataset}' must be one of {', '.join(DATASETS)}")
     sampling = data.get("sampling", {})
     temps = sampling.get("temperatures", [0.0])
-    if not isinstance(temps, list) or not temps or not all(isinstance(t, (int, float)) and t >= 0 for t in temps):
-        raise DSparkError(f"{where}: sampling.temperatures must be a non-empty list of numbers >= 0")
+    if not isinstance(temps, list) or not temps or not all(isinstance(t, (int, float)) and 0 <= t <= MAX_TEMPERATURE
+                                                           for t in temps):  # (nan compares false: refused too)
+        raise DSparkError(f"{where}: sampling.temperatures must be a non-empty list of numbers from 0 to "
+                          f"{MAX_TEMPERATURE:g}")
     turns = sampling.get("turns", "first")
     if turns not in ("first", "all"):
         raise DSparkError(f"{where}: sampling.turns must be 'first' or 'all'")
