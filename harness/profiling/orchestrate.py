@@ -121,6 +121,8 @@ def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
         cmd = reference["command"]
         if (out_dir / REFERENCE / "manifest.json").is_file():  # the run itself takes up where it stopped
             cmd = [sys.executable, "-m", "harness.cli", "run", "--resume", str(out_dir / REFERENCE)]
+        else:  # (stopped before its manifest: what it left is no run to resume)
+            _remove(out_dir / REFERENCE, out_dir / f"{REFERENCE}.log")
         jobs.append((REFERENCE, cmd, per * len(record["methods"]) if per else None, None))
     for system, method in record["methods"].items():
         if (out_dir / f"{system}.summary.json").is_file():
@@ -128,14 +130,19 @@ def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
         if _complete(out_dir / system) and _trace(out_dir, system, plan) is not None:
             finished.append((system, method))
             continue
-        for leftover in (out_dir / system, out_dir / f"{system}.nsys-rep", out_dir / f"{system}.sqlite",
-                         out_dir / f"{system}.log", out_dir / f".{system}.open"):
-            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        _remove(out_dir / system, out_dir / f"{system}.nsys-rep", out_dir / f"{system}.sqlite",
+                out_dir / f"{system}.log", out_dir / f".{system}.open")
         jobs.append((system, record["commands"][system], per, method))
     left = [j[0] for j in jobs] + [f"{s} (summarised only)" for s, _ in finished]
     console.print(f"resuming {out_dir}: " + (", ".join(left) if left else "nothing left to do"), highlight=False,
                   soft_wrap=True)
     return _profile_jobs(jobs, finished, out_dir, console, record, plan, vllm, _child_env(record, vllm), stall_s)
+
+
+def _remove(*paths: Path) -> None:
+    """A stopped child's partial output, before it runs again."""
+    for path in paths:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _child_env(record: dict, vllm: bool) -> dict:
