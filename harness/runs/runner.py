@@ -86,6 +86,7 @@ def run(opts: RunOptions, console: Console, data: datasets.Dataset | None = None
     finally:  # engines and servers stop with the run, whichever way it ends
         for prepared in session.prepared.values():
             session.backend.release(prepared)
+        gc.unfreeze()  # (the warm-ups froze what loading left: collectable again, at exit too)
     return session.folder.path, write_summaries(session.folder)
 
 
