@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from dspark import formats
 from dspark.config import AnyDraftConfig, Eagle3Config, TargetConfig, draft_config_from_hf
 from dspark.draft import DraftModel
-from dspark.dtypes import dtype_name
+from dspark.dtypes import resolved_dtype
 from dspark.eagle3 import Eagle3Draft
 from dspark.errors import DSparkError
 from dspark.formats.common import KeyTable, save_safetensors
@@ -167,9 +167,7 @@ def _assign(module: nn.Module, tensors: dict[str, Tensor], where: str, optional:
 def pick_dtype(dtype: str | torch.dtype, device: torch.device | str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype_name(dtype) == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return getattr(torch, dtype_name(dtype))
+    return getattr(torch, resolved_dtype(dtype, torch.device(device).type))
 
 
 @dataclass

@@ -16,3 +16,12 @@ def dtype_name(name: str, flag: str = "dtype") -> str:
     if name != "auto" and name not in DTYPES:
         raise DSparkError(f"{flag} {name}: unknown dtype; use one of auto, {', '.join(DTYPES)}")
     return DTYPES.get(name, name)
+
+
+def resolved_dtype(name: str, device: str) -> str:
+    """torch's name for the dtype a run of `--dtype name` on `device` computes in: auto is bfloat16 on a
+    GPU (cuda), float32 elsewhere."""
+    name = dtype_name(name)
+    if name != "auto":
+        return name
+    return "bfloat16" if str(device).split(":")[0] == "cuda" else "float32"

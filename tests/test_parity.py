@@ -203,3 +203,15 @@ def test_a_system_defined_differently_in_the_two_runs_is_refused(tmp_path):
         (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DSparkError, match="system 'dspark' ran with draft demo-dspark in .* and other-dspark in"):
         parity(a, b)
+
+
+def test_a_runs_dtype_is_named_as_torch_names_it_whatever_alias_was_typed():
+    """bf16 and bfloat16 are one dtype: parity must neither call them different nor give float32's
+    tolerance a miss (its table is keyed by torch's names); auto as the engine resolves it."""
+    from harness.analysis.parity import FLOAT_ERROR, _dtype
+
+    run = {"engines": None}
+    assert _dtype(run | {"dtype": "bf16", "device": "cuda"}) == _dtype(run | {"dtype": "bfloat16", "device": "cpu"})
+    assert _dtype(run | {"dtype": "fp32", "device": "cuda"}) == "float32" in FLOAT_ERROR
+    assert _dtype(run | {"dtype": "auto", "device": "cpu"}) == "float32"
+    assert _dtype(run | {"dtype": None, "device": "cuda:1"}) == "bfloat16"

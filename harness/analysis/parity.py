@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dspark.dtypes import resolved_dtype
 from dspark.errors import DSparkError
 from harness.analysis.compare_runs import settings_diff
 from harness.analysis.metrics import acceptance, acceptance_from_totals, first_difference
@@ -75,12 +76,11 @@ def _describe(path: Path, manifest: dict) -> dict:
 
 
 def _dtype(run: dict) -> str:
-    """The dtype the run computed in: what vLLM's engines resolved, else the setting (auto: fp32 on CPU)."""
+    """The dtype the run computed in, as torch names it: what vLLM's engines resolved, else the setting
+    (an alias such as bf16 named as torch does; auto as the engine resolves it on the run's device)."""
     for engine in (run.get("engines") or {}).values():
         return str(engine.get("dtype", "")).replace("torch.", "")
-    if run["dtype"] not in (None, "auto"):
-        return run["dtype"]
-    return "float32" if str(run["device"]).startswith("cpu") else "bfloat16"
+    return resolved_dtype(run["dtype"] or "auto", run["device"])
 
 
 def _totals_only(record: dict) -> bool:
