@@ -389,10 +389,11 @@ def test_on_the_way_out_a_running_child_keeps_what_it_finished_and_a_hung_one_is
     time.sleep(0.5)
     hung.stop(grace_s=0.5)
     assert hung.proc.returncode == -signal.SIGKILL
-    waiting = Child("next", [sys.executable, "-c", keeps, str(tmp_path / "next.out")], tmp_path,
-                    dict(os.environ), console, None, gated=True)
-    waiting.stop()
-    assert waiting.proc.returncode != 0
+    waiting = Child("next", [sys.executable, "-c", deaf], tmp_path, dict(os.environ), console, None, gated=True)
+    time.sleep(0.5)
+    began = time.monotonic()
+    waiting.stop(grace_s=60)  # shut at its gate, it has nothing to keep: no grace's worth of waiting
+    assert waiting.proc.returncode == -signal.SIGKILL and time.monotonic() - began < 30
 
 
 def test_stopping_a_child_stops_what_it_started_in_other_sessions_too(tmp_path):

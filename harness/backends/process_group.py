@@ -65,7 +65,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float, kill_wait_s: float = 10.0
     it all the same). The tree is taken before the signals, as orphans are no longer found under `proc`."""
     if proc.poll() is not None:
         return
-    tree = descendants(proc.pid)
+    tree: list[int] = []
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
         tree += [p for p in descendants(proc.pid) if p not in tree]
         _signal(tree, proc.pid, sig)

@@ -18,7 +18,7 @@ from harness.cli.inspect import inspect as inspect_command
 from harness.cli.make_tiny import make_tiny_cmd
 from harness.cli.parity import parity as parity_command
 from harness.cli.profile import profile as profile_command
-from harness.cli.render import err
+from harness.cli.render import err, error_line
 from harness.cli.report import report as report_command
 from harness.cli.run import run as run_command
 from harness.cli.trace import trace_app
@@ -123,5 +123,5 @@ def main() -> None:
 
 
 def _refuse(message: str) -> None:
-    err.print(f"error: {' '.join(message.split())}", highlight=False, markup=False, emoji=False, soft_wrap=True)
+    error_line(message)
     sys.exit(2)

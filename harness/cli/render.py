@@ -20,6 +20,11 @@ from harness.analysis.summary_text import SWEEP_COLUMNS, SWEEP_LEGEND, cells, co
 out = Console()  # results
 err = Console(stderr=True)  # progress, notices, refusals
 
+
+def error_line(message: str) -> None:
+    """A refusal or failure as one line on stderr, printed as written (no markup, no emoji codes)."""
+    err.print(f"error: {' '.join(message.split())}", highlight=False, markup=False, emoji=False, soft_wrap=True)
+
 NAME_FLOOR = 8  # a wrapping column (a system's name) keeps at least this many characters a line
 # (box, show_edge, padding) tried in turn: the table as built, then no borders and two spaces, then one
 LAYOUTS = (None, (box.SIMPLE_HEAD, False, (0, 1, 0, 0)), (box.SIMPLE_HEAD, False, (0, 0)))

@@ -10,7 +10,7 @@ import typer
 
 from dspark.errors import DSparkError
 from harness.cli import paths
-from harness.cli.render import err, print_comparison, print_operators, print_trace_summary
+from harness.cli.render import error_line, print_comparison, print_operators, print_trace_summary
 from harness.specs.experiments import METHODS
 
 SPECULATIVE = [m for m in METHODS if m != "plain"]  # the methods whose draft leaves a <method>_propose range
@@ -45,8 +45,7 @@ def trace_summarize(
             print_operators({"rows": [{"name": file.name, "operators": s["host"]["operators"][:25]}]})
     missing = missing_propose(s, expect_method) if expect_method else None
     if missing:
-        err.print(f"error: {file.name}: {missing[0].lower()}{missing[1:]}", highlight=False, markup=False,
-                  soft_wrap=True)
+        error_line(f"{file.name}: {missing[0].lower()}{missing[1:]}")
         raise typer.Exit(1)
 
 

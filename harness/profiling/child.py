@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.analysis.records import read_requests
+from harness.analysis.records import REQUESTS, read_requests
 from harness.backends.capture import GATE_ENV
 from harness.backends.process_group import stop_group
 from harness.profiling.compare import REFERENCE
@@ -43,7 +43,7 @@ class Child:
                                      errors="replace", start_new_session=True)
         self.relay = threading.Thread(target=self._relay, daemon=True)
         self.relay.start()
-        self.seen = 0
+        self.seen, self.requests_bytes = 0, -1
         self.active, self.footprint = time.monotonic(), _footprint(self.watched)
 
     def _relay(self) -> None:
@@ -62,9 +62,21 @@ class Child:
                         self._show(line)
 
     def _requests(self) -> None:
-        """A line for each request recorded since the last look."""
+        """A line for each request recorded since the last look (the records read again only once their
+        file has grown: this runs at each line the child prints and 5 times a second). A record the
+        child is still writing, or a bad one, waits for the next look: the relay must keep reading."""
         with self.lock:
-            seen = _new_requests(self.run_dir, self.seen, self.expected, self.console)
+            try:
+                size = (self.run_dir / REQUESTS).stat().st_size
+            except OSError:
+                return
+            if size == self.requests_bytes:
+                return
+            try:
+                seen = _new_requests(self.run_dir, self.seen, self.expected, self.console)
+            except DSparkError:
+                return
+            self.requests_bytes = size
             if seen != self.seen:
                 self.seen, self.active = seen, time.monotonic()
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.analysis.records import read_requests
+from harness.analysis.records import MANIFEST, read_requests
 from harness.backends.capture import CAPTURE, LIMIT_ENV, TORCH_TRACE, megabytes
 from harness.profiling.child import STALL_S, Child
 from harness.profiling.compare import REFERENCE, compare, load_inputs, summarize_any
@@ -110,8 +110,7 @@ def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
     if "methods" not in record:
         raise DSparkError(f"--resume {out_dir}: this profile was made before profiles could be resumed; profile "
                           "again with another --out")
-    options = out_dir / "run-options.json"
-    vllm = options.is_file() and json.loads(options.read_text()).get("backend") == "vllm"
+    vllm = "vllm" in record  # (what the children of a vLLM profile were started with)
     plan = NsysPlan(Path(record["nsys"]), record["nsys_version"], record["flags"], record["dropped"]) \
         if record["kind"] == "nsys" else None
     per = record["requests_per_system"]
@@ -119,8 +118,8 @@ def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
     reference = record.get("reference")
     if reference and not _complete(out_dir / REFERENCE):
         cmd = reference["command"]
-        if (out_dir / REFERENCE / "manifest.json").is_file():  # the run itself takes up where it stopped
-            cmd = [sys.executable, "-m", "harness.cli", "run", "--resume", str(out_dir / REFERENCE)]
+        if (out_dir / REFERENCE / MANIFEST).is_file():  # the run itself takes up where it stopped
+            cmd = [*cmd[:cmd.index("run") + 1], "--resume", str(out_dir / REFERENCE)]
         else:  # (stopped before its manifest: what it left is no run to resume)
             _remove(out_dir / REFERENCE, out_dir / f"{REFERENCE}.log")
         jobs.append((REFERENCE, cmd, per * len(record["methods"]) if per else None, None))
@@ -166,8 +165,8 @@ def _complete(run_dir: Path) -> bool:
 
 def _trace(out_dir: Path, system: str, plan) -> Path | None:
     """The trace a system's child wrote, if it wrote one."""
-    found = [out_dir / f"{system}.nsys-rep"] if plan else [out_dir / system / TORCH_TRACE,
-                                                           out_dir / system / "trace.torch.json"]
+    found = [out_dir / f"{system}.nsys-rep"] if plan else [out_dir / system / TORCH_TRACE,  # (vLLM's profiler
+                                                           out_dir / system / "trace.torch.json"]  # writes it plain)
     return next((p for p in found if p.is_file()), None)
 
 
@@ -234,8 +233,7 @@ def _summarise(system: str, method: str, out_dir: Path, plan, vllm: bool, folder
                       f"{megabytes(_size(trace))})", highlight=False)
         written = {"file": str(report), "bytes": _size(report), "json_bytes": None}
     else:
-        trace = next((p for p in (out_dir / system / TORCH_TRACE, out_dir / system / "trace.torch.json")
-                      if p.is_file()), out_dir / system / TORCH_TRACE)  # (vLLM's profiler writes it plain)
+        trace = _trace(out_dir, system, plan) or out_dir / system / TORCH_TRACE
         tokens = sum(r["output_tokens"] for r in read_requests(out_dir / system))
         json_bytes = _capture(out_dir / system).get("json_bytes")
         if json_bytes is None:  # (a trace the child did not size: vLLM's)
