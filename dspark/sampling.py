@@ -94,3 +94,22 @@ def rejection_sample(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Te
     u = torch.rand(b, n, device=target_probs.device, generator=streams.accept)
     noise = torch.empty(b, target_probs.shape[-1], device=target_probs.device).exponential_(generator=streams.target)
     return kernels.accept(draft_tokens, draft_probs, target_probs, num_proposed, u, noise)
+
+
+def synthetic_accept(target_probs: Tensor, conditional: Tensor, streams: Streams,
+                     num_proposed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Acceptance at a chosen profile instead of the lossless rule (timing at a set acceptance; see
+    `dspark.acceptance`): slot i is accepted with probability conditional[i] [n] while every slot before it
+    was and it counts (num_proposed [B]), from the acceptance stream's uniforms, as the real rule draws
+    them; the next token is drawn from the target's distribution at the first row not accepted (the
+    rejected slot's, or the bonus row). The target has verified the whole block either way, and shapes
+    never depend on the outcome, so this runs inside a CUDA graph. Returns (accepted count [B], next token [B])."""
+    b, n = target_probs.shape[0], conditional.shape[0]
+    device = target_probs.device
+    u = torch.rand(b, n, device=device, generator=streams.accept)
+    ok = u < conditional
+    if num_proposed is not None:
+        ok &= torch.arange(n, device=device) < num_proposed[:, None]
+    accepted = ok.long().cumprod(-1).sum(-1)
+    return accepted, sample(target_probs[torch.arange(b, device=device), accepted], streams.target)
+

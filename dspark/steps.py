@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from dspark.layers import KVCache
-from dspark.sampling import Streams, draw, probs, rejection_sample
+from dspark.sampling import Streams, draw, probs, rejection_sample, synthetic_accept
 from dspark.target import Qwen3Target
 
 
@@ -92,10 +92,15 @@ class TargetSteps:
         if feats is not None:
             s.verify_feats[:, :n].copy_(feats)
 
-    def accept(self) -> None:
-        """Acceptance, residual or bonus sampling, and the move to the next anchor."""
+    def accept(self, synthetic: Tensor | None = None) -> None:
+        """Acceptance, residual or bonus sampling, and the move to the next anchor; with `synthetic`
+        (per-slot conditional rates on the device) acceptance at that profile instead of the lossless rule."""
         s = self.state
-        accepted, token = rejection_sample(s.draft_tokens, s.draft_probs, s.target_probs, self.streams, s.num_proposed)
+        if synthetic is None:
+            accepted, token = rejection_sample(s.draft_tokens, s.draft_probs, s.target_probs, self.streams,
+                                               s.num_proposed)
+        else:
+            accepted, token = synthetic_accept(s.target_probs, synthetic, self.streams, s.num_proposed)
         slots = torch.arange(s.draft_tokens.shape[1] + 1, device=token.device)
         drafts = torch.cat((s.draft_tokens[0], token))
         emitted = torch.where(slots < accepted, drafts, token)

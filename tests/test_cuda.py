@@ -62,7 +62,7 @@ SCHEDULE = {"confidence_schedule": (1.0, 1.3, 1.6, 1.9, 2.2, 2.5)}  # the pairs'
 @pytest.mark.parametrize("case,policy", [(c, {}) for c in ("dspark", "dspark-random", "dflash-fill-in", "eagle3",
                                                             "eagle3-qwen3-reduced", "ngram", "plain")]
                          + [("dspark", {"confidence_threshold": 0.5}), ("dspark-random", {"confidence_threshold": 0.5}),
-                            ("dspark-random", SCHEDULE)])
+                            ("dspark-random", SCHEDULE), ("dspark", {"synthetic_rates": (0.9, 0.8, 0.7, 0.5, 0.3)})])
 def test_graph_path_equals_eager_path(case, policy):
     target, draft = _cuda_cases().get(case, lambda: bigram_pair(dtype=torch.bfloat16))()
     target, draft = target.cuda(), draft.cuda()

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from dspark.acceptance import conditional_rates
 from dspark.drafters import Drafter
 from dspark.engine.graphs import StepRunner
 from dspark.engine.step import ACCEPT, DECODE, PREFILL, VERIFY, WARMUP, Step, propose_step
@@ -39,6 +40,9 @@ class GenerationConfig:
     # confidence logits' STS temperatures (N; empty: 1); a non-empty cost table turns it on
     confidence_schedule: tuple[float, ...] = ()
     confidence_temperatures: tuple[float, ...] = ()
+    # synthetic acceptance (`dspark.acceptance`): per-slot unconditional rates, one per draft slot; non-empty, the
+    # accept step accepts at this profile instead of by the lossless rule (timing at a set acceptance)
+    synthetic_rates: tuple[float, ...] = ()
 
 
 @dataclass
@@ -118,6 +122,7 @@ class Engine:
         self._bound_cfg: GenerationConfig | None = None
         self._bound_cut = ProposalCut()
         self._cuts: dict[tuple, ProposalCut] = {}
+        self._synthetic_tables: dict[tuple[float, ...], torch.Tensor] = {}
         self._bound: dict[Step, tuple[tuple, Callable[[], None], bool]] = {}
         self.max_len = 0
         self.cache = self.state = self._target_steps = None
@@ -166,10 +171,10 @@ class Engine:
         """Step -> (graph key, its work under `cfg`, graphable); kept until another config comes.
         The work reads the engine's buffers when it runs, so it outlives a reallocation."""
         if cfg is not self._bound_cfg:
-            t, cut = cfg.temperature, self._cut(cfg)
+            t, cut, synthetic = cfg.temperature, self._cut(cfg), self._synthetic(cfg.synthetic_rates)
             work = {DECODE: (lambda: self._target_steps.ar_decode(t), True),
                     VERIFY: (lambda: self._target_steps.verify(t), True),
-                    ACCEPT: (lambda: self._target_steps.accept(), True)}
+                    ACCEPT: (lambda: self._target_steps.accept(synthetic), True)}
             if self.drafter is not None:
                 work[self._propose] = (lambda: self.drafter.propose(self.state, t, cut, self.streams.draft,
                                                                     self._history), self.drafter.graphable)
@@ -193,6 +198,16 @@ class Engine:
         if key not in self._cuts:
             self._cuts[key] = ProposalCut(key[0], table(key[1]), table(key[2]))
         return self._cuts[key]
+
+    def _synthetic(self, rates: tuple[float, ...]) -> torch.Tensor | None:
+        """The conditional rates of a synthetic profile on the device (None: the lossless rule), made once per
+        profile and kept, as `_cut`'s tables are, for the graphs captured with them."""
+        if not rates:
+            return None
+        if rates not in self._synthetic_tables:
+            self._synthetic_tables[rates] = torch.tensor(conditional_rates(rates), dtype=torch.float32,
+                                                         device=self.device)
+        return self._synthetic_tables[rates]
 
     @torch.inference_mode()
     def warmup(self, max_len: int, cfg: GenerationConfig) -> None:
@@ -237,6 +252,14 @@ class Engine:
             raise DSparkError(f"a confidence policy (threshold or schedule) needs a draft with a confidence head; "
                               f"the {self.method} drafter has none")
         n = self.drafter.block_size if self.drafter is not None else 0
+        if cfg.synthetic_rates:
+            if self.drafter is None:
+                raise DSparkError("synthetic acceptance needs a drafter: plain decoding accepts nothing")
+            if len(cfg.synthetic_rates) != n:
+                raise DSparkError(f"{len(cfg.synthetic_rates)} synthetic acceptance rates for {n} draft slots; give {n}")
+            if policy:
+                raise DSparkError("synthetic acceptance sets what each slot accepts; a confidence policy cutting the "
+                                  "proposal would change it: turn the policy off")
         if cfg.confidence_schedule and (len(cfg.confidence_schedule) != n + 1 or min(cfg.confidence_schedule) <= 0):
             raise DSparkError(f"the schedule's cost table has {len(cfg.confidence_schedule)} entries; give {n + 1} "
                               f"positive costs, one per number of drafts verified (0 to {n})")

@@ -33,7 +33,8 @@ def propose_step(method: str) -> Step:
 
 
 VERIFY = Step("verify", "target_verify", ("temperature",))  # the target over the anchor and the proposal
-ACCEPT = Step("accept", "decode_sample")  # acceptance, the next token, the move to the next anchor
+# acceptance (lossless, or at a synthetic profile), the next token, the move to the next anchor
+ACCEPT = Step("accept", "decode_sample", ("synthetic_rates",))
 DECODE = Step("decode", "ar_decode", ("temperature",))  # plain decoding: one token
 
 HOST = "host"  # round_ms: the round's wall time that no step covers
