@@ -41,7 +41,10 @@ DEMO_DIR = Path(__file__).resolve().parent / "data" / "demo"
 
 
 def resolve_path(name_or_path: str | Path, revision: str | None = None) -> Path:
-    """A demo short name, a local folder as is, or a hub id, downloaded (config, safetensors, tokenizer files)."""
+    """A demo short name, a local folder as is, a hub id, downloaded (config, safetensors, tokenizer files),
+    or `random:<preset or any of those>`: a folder of that config whose weights are drawn at load (`random_folder`)."""
+    if str(name_or_path).startswith(RANDOM):
+        return random_folder(str(name_or_path)[len(RANDOM):], revision)
     if str(name_or_path) in DEMO_MODELS:
         path = DEMO_DIR / DEMO_MODELS[str(name_or_path)]
         if not (path / "config.json").is_file():
@@ -64,6 +67,77 @@ def resolve_path(name_or_path: str | Path, revision: str | None = None) -> Path:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DSparkError(f"{name}: not a local folder and the hub could not provide it ({first}); "
                           "pass a local path or check the id and the network") from None
+
+
+RANDOM = "random:"  # a model id's prefix: its config with seeded random weights (timing, never quality)
+RANDOM_MARKER = "random-weights.json"  # in such a folder: what it is, how its weights are drawn
+RANDOM_INIT = {"init": "normal(0, 0.02)", "target_seed": 0, "draft_seed": 1}
+RANDOM_COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+def random_folder(source: str, revision: str | None = None) -> Path:
+    """The folder that stands for `random:<source>`: the config of a preset (`dspark.presets`: a target such as
+    qwen3-8b, a draft such as dspark-qwen3-8b-block7) or of a model folder, demo name or hub id (its config and
+    tokenizer files only; the hub's tokenizer where it has one), and a marker saying its weights are drawn
+    at load. Written under $DSPARK_CACHE (default ~/.cache/dspark-bench)/random; vLLM reads it with
+    load_format="dummy"."""
+    import hashlib
+    import os
+
+    from dspark import presets
+
+    if source in presets.TARGETS:
+        cfg = presets.TARGETS[source]
+        config, files = target_hf_config(cfg, torch.bfloat16), {}
+        if cfg.eos_token_ids:
+            files["generation_config.json"] = json.dumps({"eos_token_id": list(cfg.eos_token_ids)})
+        src = presets.TOKENIZERS.get(source)
+        tokenizer = _cached_tokenizer(src) if src else None
+    elif source in presets.DRAFTS:
+        dcfg = presets.DRAFTS[source]()
+        config = formats.get(dcfg.format).hf_config(dcfg, dcfg.num_target_layers) | {"torch_dtype": "bfloat16"}
+        files, tokenizer = {}, None
+    elif source:
+        src_path = resolve_path(source, revision)
+        config, tokenizer = read_config(src_path), src_path
+        files = {}
+    else:
+        raise DSparkError(f"{RANDOM}: name a preset ({', '.join([*presets.TARGETS, *presets.DRAFTS])}) or a model "
+                          "folder or id whose config to use, e.g. random:qwen3-8b")
+    marker = {"source": RANDOM + source, **RANDOM_INIT}
+    text = json.dumps(config, indent=2, sort_keys=True)
+    digest = hashlib.sha256((text + json.dumps(files, sort_keys=True)).encode()).hexdigest()[:12]
+    root = Path(os.environ.get("DSPARK_CACHE") or Path.home() / ".cache" / "dspark-bench") / "random"
+    out = root / f"{Path(source).name.replace(':', '-') or 'model'}-{digest}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(text)
+    for name, content in files.items():
+        (out / name).write_text(content)
+    if tokenizer is not None:
+        for name in RANDOM_COPIED:
+            if (tokenizer / name).is_file() and name not in files:
+                (out / name).write_bytes((tokenizer / name).read_bytes())
+    (out / RANDOM_MARKER).write_text(json.dumps(marker, indent=2))
+    return out
+
+
+def _cached_tokenizer(hub_id: str) -> Path | None:
+    """A preset's tokenizer from the local hub cache, where someone has it (never downloaded for a random run:
+    without it the prompts are shaped by `harness.specs.shaped`)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(hub_id, allow_patterns=["tokenizer*", "vocab.json", "merges.txt", "*.jinja"],
+                                      local_files_only=True))
+    except Exception:  # not cached, or no huggingface_hub: the prompts are shaped instead
+        return None
+
+
+def random_weights(path: Path) -> dict | None:
+    """The marker of a `random:` folder (how its weights are drawn), None for a real checkpoint."""
+    marker = path / RANDOM_MARKER
+    return json.loads(marker.read_text()) if marker.is_file() else None
 
 
 def read_config(path: Path) -> dict:
@@ -183,6 +257,11 @@ def load_target(name_or_path: str | Path, device: str | torch.device = "cpu", dt
     path = resolve_path(name_or_path, revision)
     hf = read_config(path)
     cfg = TargetConfig.from_hf(hf, where=str(name_or_path))
+    if random_weights(path):
+        from dspark.presets import build_random
+
+        model = build_random(cfg, None, str(device), pick_dtype(dtype, device), seed=RANDOM_INIT["target_seed"])[0]
+        return LoadedTarget(model, path, hf, _stop_tokens(path, cfg))
     with torch.device("meta"):
         model = Qwen3Target(cfg)
     tensors = read_weights(path)
@@ -231,6 +310,10 @@ def check_draft(path: Path, cfg: AnyDraftConfig, where: str, target: TargetConfi
     """Check a draft's tensors (from file headers) against its config, and the config against `target`.
     Returns the stored names and shapes."""
     fmt = formats.get(cfg.format)
+    if random_weights(path):  # drawn at load, to the config's own shapes
+        if target is not None:
+            cfg.check_target(target, where)
+        return {fmt.KEYS.stored(k): shape for k, shape in shapes(_meta_model(cfg)).items()}
     found = weight_shapes(path, fmt.READS_BIN)
     eagle3 = weights_signature(found)
     if eagle3 and fmt.KIND != "eagle3":  # the community-draft case: EAGLE-3 weights under a DSpark/DFlash config
@@ -260,6 +343,10 @@ def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | No
     path, cfg = load_draft_config(name_or_path, revision)
     fmt = formats.get(cfg.format)
     check_draft(path, cfg, where, target.config)
+    if random_weights(path):
+        from dspark.presets import random_draft_for
+
+        return LoadedDraft(random_draft_for(target, cfg, seed=RANDOM_INIT["draft_seed"]), path, cfg, True)
     tensors = {fmt.KEYS.ours(k): v for k, v in read_weights(path, fmt.READS_BIN).items()}
     has_embed, has_head = "embed_tokens.weight" in tensors, "lm_head.weight" in tensors
     model = _meta_model(cfg)

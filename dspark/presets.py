@@ -24,6 +24,7 @@ QWEN3_4B = TargetConfig(
     tie_word_embeddings=True, max_position_embeddings=40960, eos_token_ids=(151645, 151643),
 )
 TARGETS = {"qwen3-8b": QWEN3_8B, "qwen3-4b": QWEN3_4B}
+TOKENIZERS = {"qwen3-8b": "Qwen/Qwen3-8B", "qwen3-4b": "Qwen/Qwen3-4B"}  # read from the hub cache where present
 
 
 def evenly_spaced_taps(num_target_layers: int, count: int = 5) -> tuple[int, ...]:

@@ -149,11 +149,16 @@ def summary_table(runs: Runs) -> Table:
     requests, TPOT, speedup with its interval, acceptance length with its interval, acceptance rate,
     greedy outputs equal to plain's, and requests timed under contention where there were any."""
     rows = overall_rows(runs)
+    quality = [("spec_decode_acceptance_rate", "accepted", percent), ("matches_label", "= plain", 0)]
+    if "profile_acceptance_length" in rows and rows["profile_acceptance_length"].notna().any():
+        # synthetic acceptance: the profile's AL and the realised rates stand where acceptance and equality would
+        rows = rows.assign(realised_label=["-" if not isinstance(v, list) else "/".join(
+            "-" if x is None else f"{x:.2f}" for x in v) for v in rows.get("realised_rates", [None] * len(rows))])
+        quality = [("profile_acceptance_length", "profile AL", 2), ("realised_label", "realised rates", 0)]
     return Table(rows, [*_lead_columns(runs, rows), ("requests_label", "requests", 0), ("mean_tpot_ms", "TPOT ms", 2),
                         ("speedup_label", "speedup", 0), ("speedup_ci95", "95 % CI", 2),
                         ("spec_decode_acceptance_length", "AL", 2), ("acceptance_ci95", "AL 95 % CI", 2),
-                        ("spec_decode_acceptance_rate", "accepted", percent), ("matches_label", "= plain", 0),
-                        *_contended(rows)])
+                        *quality, *_contended(rows)])
 
 
 def speed_table(runs: Runs) -> Table:
@@ -283,6 +288,9 @@ class Headline:
         names = ", ".join(self.runs.meta["run"])
         lines = [f'<header class="dspark-headline"><h1>{e(TITLE)}: {e(names)}</h1>']
         for meta in self.runs.meta.to_dict("records"):
+            if isinstance(meta.get("label"), str):  # random weights, synthetic acceptance: timing, never quality
+                lines.append(f'<p class="dspark-label-run"><strong>{e(meta["run"])}: {e(meta["label"])}</strong> '
+                             "(these figures time the systems; they say nothing of any draft's quality)</p>")
             lines.append(f'<p class="dspark-where"><strong>{e(meta["run"])}</strong>: {e(where(meta))}</p>')
         parts = [part.partition(": ") for part in verdict(self.runs).split("; ")]  # (each system's name in bold)
         sentence = "; ".join(f"<strong>{e(name)}</strong>: {e(rest)}" if rest else e(name) for name, _, rest in parts)
@@ -305,6 +313,7 @@ class Headline:
 
     def __repr__(self) -> str:
         lines = [f"{TITLE}: {', '.join(self.runs.meta['run'])}"]
+        lines += [f"{m['run']}: {m['label']}" for m in self.runs.meta.to_dict("records") if isinstance(m.get("label"), str)]
         lines += [f"{m['run']}: {where(m)}" for m in self.runs.meta.to_dict("records")]
         lines += [f"Verdict: {verdict(self.runs)}"] + ([] if overall_rows(self.runs).empty else
                                                          [repr(summary_table(self.runs))])

@@ -8,6 +8,7 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from harness.analysis.synthetic_check import add_synthetic, mismatches
 from harness.analysis.metrics import (MIN_PAIRS, acceptance, acceptance_from_totals, latency_stats, percentile,
                                       speedup_with_contention)
 from harness.analysis.records import read_manifest, read_requests, read_waves
@@ -296,6 +297,7 @@ def warnings(summary: dict) -> list[str]:
             (summary.get("load_avg_max") or 0) > summary["cores"]:  # (a run from before contention was measured)
         out.append(f"noisy timing: the load average reached {summary['load_avg_max']:.1f} on {summary['cores']} "
                    "cores while requests were timed (other work competed for the CPU); compare speedups with care")
+    out += mismatches(summary)
     few = [r for r in summary.get("rows", []) if r["category"] == "overall" and r.get("speedup_ci95_reason")]
     if few:
         named = [f"{row_name(r)} ({r['speedup_pairs']} pair{'s' if r['speedup_pairs'] != 1 else ''})" for r in few]
@@ -309,8 +311,10 @@ def summarize_folder(run_dir: Path) -> dict:
     """The summary of a run folder's requests (read only: a torn last line is skipped, not cut), held
     against the plan and core count in its manifest, its systems in the order `--systems` gave them."""
     manifest = read_manifest(run_dir) or {}
-    summary = summarize(read_requests(run_dir), manifest.get("requests_expected"),
+    records = read_requests(run_dir)
+    summary = summarize(records, manifest.get("requests_expected"),
                         (manifest.get("provenance") or {}).get("cores"), read_waves(run_dir),
                         (manifest.get("options") or {}).get("systems"))
+    summary = add_synthetic(summary, manifest.get("settings") or {}, records)
     summary["run_dir"] = str(Path(run_dir).resolve())
     return summary | {"warnings": warnings(summary)}

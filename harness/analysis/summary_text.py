@@ -29,6 +29,9 @@ COLUMNS = [("system", "system"), ("T", "temperature"), ("requests", "requests"),
 
 SWEPT = ("c", "max_concurrency")  # a column of a sweep's tables, after T
 BUSY = ("busy", "contended_requests")  # a column of a run that saw contention, after requests
+# a synthetic-acceptance run's columns where a real run's acceptance rate and greedy equality stand
+SYNTHETIC = {("accept", "spec_decode_acceptance_rate"): ("profile AL", "profile_acceptance_length"),
+             ("= plain", "matches_baseline"): ("realised rates", "realised_rates")}
 
 
 def columns(summary: dict) -> list[tuple[str, str]]:
@@ -37,6 +40,8 @@ def columns(summary: dict) -> list[tuple[str, str]]:
     cols = COLUMNS[:2] + [SWEPT] + COLUMNS[2:] if summary.get("max_concurrency", [1]) != [1] else list(COLUMNS)
     if summary.get("contended_requests"):
         cols.insert(cols.index(("requests", "requests")) + 1, BUSY)
+    if summary.get("synthetic"):
+        cols = [SYNTHETIC.get(c, c) for c in cols]
     return cols
 
 
@@ -44,8 +49,10 @@ def cells(row: dict, cols: list[tuple[str, str]] = COLUMNS) -> list[str]:
     """A summary row's cells, in `cols`' order, as the table and summary.md print them."""
     cells = []
     for _, key in cols:
-        v = row[key]
-        if key == "speedup_ci95":
+        v = row.get(key)
+        if key == "realised_rates":
+            cells.append("-" if not v else "/".join("-" if x is None else f"{x:.2f}" for x in v))
+        elif key == "speedup_ci95":
             cells.append(row.get("speedup_ci95_reason") or ("-" if not v else f"{v[0]:.2f}-{v[1]:.2f}"))
         elif key == "speedup":
             cells.append(_fmt(v) + ("*" if row.get("speedup_ci95_spans_1") or row.get("speedup_ci95_reason") else ""))
@@ -80,7 +87,12 @@ LEGEND_OF = {"max_concurrency": "c: requests in flight at most (a sweep's level;
                                 "decoding at the same c)",
              "contended_requests": "busy: requests timed while other processes competed for the cores (tasks "
                                    "waited for a core), of those measured (a speedup's interval then also covers "
-                                   "their times scaled back to a quiet machine)"}
+                                   "their times scaled back to a quiet machine)",
+             "profile_acceptance_length": "profile AL: the synthetic profile's mean acceptance length (what AL "
+                                          "should come to); realised rates: per draft slot, the share of full rounds "
+                                          "that accepted at least that many drafts (the profile's unconditional "
+                                          "rates are what they should come to); accept and = plain mean nothing "
+                                          "under synthetic acceptance and are not shown"}
 
 
 def legend(summary: dict) -> str:
@@ -119,8 +131,28 @@ def contention_line(summary: dict) -> str:
             "machine (busy column)" + ("; speedup intervals widened" if summary.get("contention_widened") else ""))
 
 
+def titled(title: str, summary: dict) -> str:
+    """A table's title with the run's label (random weights, synthetic acceptance: <profile>) when it has one."""
+    return f"{title} [{summary['label']}]" if summary.get("label") else title
+
+
+def synthetic_lines(summary: dict) -> list[str]:
+    """Each synthetic system's profile, its source and the check of its realised acceptance, as sentences."""
+    out = []
+    for name, c in (summary.get("synthetic") or {}).items():
+        test = (f"chi-square p = {c['p_value']:.3g} over {c['rounds']} full rounds: {c['verdict']}"
+                if c["p_value"] is not None else c["reason"])
+        realised = "/".join("-" if x is None else f"{x:.2f}" for x in c["realised_rates"])
+        out.append(f"{name}: profile {c['profile']} ({c['source']}); rates "
+                   f"{'/'.join(f'{x:.2f}' for x in c['rates'])} (AL {c['mean_length']:.2f}), realised {realised}; {test}")
+    return out
+
+
 def markdown(summary: dict, title: str) -> str:
-    lines = [f"# {title}", ""]
+    lines = [f"# {titled(title, summary)}", ""]
+    if summary.get("label"):
+        lines += [f"**{summary['label']}**: these figures time the systems; they say nothing of any draft's "
+                  "quality.", ""] + [f"- {line}" for line in synthetic_lines(summary)] + [""]
     if summary.get("complete") is False:
         lines += [f"INCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done", ""]
     if summary.get("contended_requests"):

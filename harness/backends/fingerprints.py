@@ -4,6 +4,7 @@ resume, so a run never mixes weights or templates."""
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from pathlib import Path
 
@@ -24,6 +25,9 @@ def model_record(path: Path) -> dict:
     """Where a model came from: its folder, the hub snapshot revision when it is one, its weights' hashes."""
     files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.pt"))
     rec = {"path": str(path), "files": {f.name: file_fingerprint(f) for f in files}}
+    marker = path / "random-weights.json"  # (dspark.checkpoint.RANDOM_MARKER: weights drawn at load, none stored)
+    if marker.is_file():
+        rec["random_weights"] = json.loads(marker.read_text())
     if path.parent.name == "snapshots":  # a hub cache snapshot folder is named by its commit
         rec["revision"] = path.name
     return rec

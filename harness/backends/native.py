@@ -21,11 +21,12 @@ from harness.backends.systems import check_system, make_drafter
 from harness.specs.experiments import System
 
 
-def _config(spec: RequestSpec) -> GenerationConfig:
+def _config(spec: RequestSpec, system: System) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed,
                             stop_token_ids=spec.stop_token_ids, confidence_threshold=spec.confidence_threshold,
                             confidence_schedule=spec.confidence_schedule,
-                            confidence_temperatures=spec.confidence_temperatures)
+                            confidence_temperatures=spec.confidence_temperatures,
+                            synthetic_rates=system.synthetic_rates)
 
 
 class NativeBackend:
@@ -84,7 +85,7 @@ class NativeBackend:
 
     def _request_config(self, prepared: Prepared, spec: RequestSpec) -> GenerationConfig:
         """The request's settings; a schedule without a cost table takes the one measured at start."""
-        cfg = _config(spec)
+        cfg = _config(spec, prepared.system)
         costs = self.costs.get(prepared.system.name)
         if prepared.system.confidence == "schedule" and not cfg.confidence_schedule:
             cfg = replace(cfg, confidence_schedule=tuple(costs) if costs else ())

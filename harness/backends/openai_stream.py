@@ -1,4 +1,4 @@
-"""One streamed chat completion against an OpenAI-compatible server, timed from the stream: what a
+"""One streamed chat completion (or a completion of token ids) against an OpenAI-compatible server, timed from the stream: what a
 serving benchmark measures per request (the definitions of `vllm bench serve`).
 
 - TTFT: request sent to the first chunk that carries output (text or token ids);
@@ -61,6 +61,15 @@ def chat_body(model: str, messages: list[dict], max_tokens: int, temperature: fl
     return body
 
 
+def completion_body(model: str, prompt: list[int], max_tokens: int, temperature: float, seed: int,
+                    stop_token_ids: list[int]) -> dict:
+    """A streamed completion of the prompt's token ids (a vLLM server started without a tokenizer, for a
+    random-weight target: the chat template was applied on our side), the token ids returned."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
+            "ignore_eos": not stop_token_ids, "stop_token_ids": stop_token_ids}
+
+
 async def stream_chat(session, url: str, body: dict, timeout_s: float) -> StreamResult:
     """POST `body` to `url` (an aiohttp session) and read its server-sent events to the end."""
     import aiohttp
@@ -91,7 +100,7 @@ async def stream_chat(session, url: str, body: dict, timeout_s: float) -> Stream
                     out.prompt_tokens = usage.get("prompt_tokens")
                 for choice in chunk.get("choices") or []:
                     now = time.perf_counter()
-                    text = (choice.get("delta") or {}).get("content") or ""
+                    text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                     ids = choice.get("token_ids")
                     if ids is not None:
                         out.token_ids = (out.token_ids or []) + list(ids)

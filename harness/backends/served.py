@@ -17,13 +17,14 @@ from pathlib import Path
 from dspark.errors import DSparkError
 from harness.backends import server_metrics
 from harness.backends.base import OnResult, Prepared, RequestResult, RequestSpec, Schedule
-from harness.backends.openai_stream import StreamResult, chat_body, stream_chat
+from harness.backends.openai_stream import StreamResult, chat_body, completion_body, stream_chat
 
 REQUEST_S = 3600.0  # one request's limit unless the run sets one: past it the request is recorded as failed
 
 
 class ServedBackend:
     vllm_extensions = True  # the server takes vLLM's request fields (token ids back, stop ids, ignore_eos)
+    sends_ids = False  # requests go as completions of our prompt ids (a server with no tokenizer), not as chats
     request_timeout_s = REQUEST_S
 
     def base_url(self, prepared: Prepared) -> str: ...
@@ -60,14 +61,16 @@ class ServedBackend:
         import aiohttp
 
         limit = asyncio.Semaphore(schedule.concurrency)
-        url = self.base_url(prepared) + "/v1/chat/completions"
+        url = self.base_url(prepared) + ("/v1/completions" if self.sends_ids else "/v1/chat/completions")
         loop = asyncio.get_running_loop()
         start = loop.time()
 
         async def one(i: int, at: float, spec: RequestSpec) -> tuple[int, StreamResult]:
             await asyncio.sleep(max(0.0, start + at - loop.time()))
-            body = chat_body(self.served_model(prepared), list(spec.messages), spec.max_new_tokens, spec.temperature,
-                             spec.seed, list(spec.stop_token_ids), self.vllm_extensions)
+            body = completion_body(self.served_model(prepared), prompts[i], spec.max_new_tokens, spec.temperature,
+                                   spec.seed, list(spec.stop_token_ids)) if self.sends_ids else chat_body(
+                self.served_model(prepared), list(spec.messages), spec.max_new_tokens, spec.temperature, spec.seed,
+                list(spec.stop_token_ids), self.vllm_extensions)
             async with limit:
                 return i, await stream_chat(session, url, body, timeout_s)
 

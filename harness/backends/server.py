@@ -47,6 +47,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
                               "run is not profiled")
         self.version = vllm.__version__
         self._load_target(target, device, dtype, revision, engine_args)
+        self.sends_ids = self.random  # (started without a tokenizer: completions of our ids)
         self.request_timeout_s = (server or {}).get("request_timeout_s") or self.request_timeout_s
         self.run_dir = Path(run_dir) if run_dir is not None else Path(".")
         self.servers: dict[str, dict] = {}  # per system: its command, port and what it said about itself

@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from dspark.checkpoint import load_draft_config
+from dspark.checkpoint import load_draft_config, random_weights
 from dspark.config import AnyDraftConfig
 from dspark.errors import DSparkError
 from harness.backends.base import Capabilities, OnResult, Prepared, RequestResult, RequestSpec, Schedule, one_at_a_time
@@ -56,6 +56,8 @@ CPU_KV_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # the CPU engine's K
 SPEC = "speculative_config."  # an engine argument naming one key of the speculative config
 V2_METHODS = ("dspark",)  # vLLM runs these only on its V2 model runner
 ADAPTIVE_VERIFICATION = (0, 28)  # the first vLLM with `enable_adaptive_verification` (DSpark's prefix scheduler)
+SYNTHETIC = (0, 28)  # the vLLM this backend takes `rejection_sample_method="synthetic"` from
+RANDOM_ARGS = {"load_format": "dummy", "skip_tokenizer_init": True}  # a random: target (its prompts are our ids)
 TRACE = "trace.torch.json"  # where a profiled run's PyTorch trace lands, as for the native backend
 PROFILE_DIR = "vllm-profile"  # where vLLM's profiler writes its traces, in the run folder
 LOG = "vllm.log"  # vLLM's log (every process), in the run folder
@@ -79,6 +81,8 @@ def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | 
           "draft_sample_method": "greedy" if on_cpu else "probabilistic"}
     if system.confidence == "schedule":  # our prefix scheduler's counterpart (checked by the run's plan)
         sc["enable_adaptive_verification"] = True
+    if system.synthetic_rates:  # the same per-slot unconditional rates our engine accepts at
+        sc |= {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": list(system.synthetic_rates)}
     return sc
 
 
@@ -146,9 +150,10 @@ class VllmTarget(TargetFiles):
         """Sets the target and the engine options; returns the options given (CPU defaults not included)."""
         self._read_target(target, revision)
         self.on_cpu = device.startswith("cpu")
+        self.random = random_weights(self.path) is not None  # vLLM draws them (its dummy loader), we send ids
         given, self.spec_args = split_engine_args(engine_args or {})
-        self.engine_args = (dict(CPU_DEFAULTS if self.on_cpu else {}) | ({} if dtype == "auto" else {"dtype": dtype})
-                            | given)
+        self.engine_args = (dict(CPU_DEFAULTS if self.on_cpu else {}) | (RANDOM_ARGS if self.random else {})
+                            | ({} if dtype == "auto" else {"dtype": dtype}) | given)
         return given
 
     def models(self) -> dict:
@@ -166,6 +171,15 @@ class VllmTarget(TargetFiles):
         if path is not None:  # the folder as this vLLM reads it (a copy with the taps nested, for 0.26)
             folder = Path(self.run_dir or tempfile.mkdtemp(prefix="dspark-vllm-")) / "vllm-drafts" / system.name
             path, note = draft_folder(path, self.version, folder)
+        if self.random and self.on_cpu and cfg is not None and cfg.vllm_method in ("dspark", "dflash"):
+            raise DSparkError(f"system '{system.name}': vLLM's CPU build cannot run a {cfg.vllm_method} draft on dummy "
+                              "weights (it packs the draft's weights away before the draft builds its fused context "
+                              "projection: 'size mismatch ... vec (0)'); run random weights through vLLM on a GPU, or "
+                              "on the CPU with --backend native")
+        if system.synthetic_rates and version_tuple(self.version) < SYNTHETIC:
+            raise DSparkError(f"system '{system.name}': vLLM {self.version} has no synthetic acceptance "
+                              "(rejection_sample_method=\"synthetic\", 0.28 on): install a newer vLLM, or run it on "
+                              "--backend native")
         if system.confidence == "schedule" and version_tuple(self.version) < ADAPTIVE_VERIFICATION:
             raise DSparkError(f"system '{system.name}': vLLM {self.version} has no adaptive verification (confidence "
                               "= \"schedule\"); it came in 0.28: install a newer vLLM, or run it on --backend native")
@@ -259,7 +273,8 @@ class VllmBackend(VllmTarget):
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(temperature=spec.temperature, seed=spec.seed, max_tokens=spec.max_new_tokens,
-                                stop_token_ids=list(spec.stop_token_ids), ignore_eos=not spec.stop_token_ids)
+                                stop_token_ids=list(spec.stop_token_ids), ignore_eos=not spec.stop_token_ids,
+                                detokenize=not self.random)
         llm = prepared.handle["engine"]
         counted = prepared.handle["speculative_config"] is not None and not self.per_request
         before = engine_counters(llm.get_metrics()) if counted else None

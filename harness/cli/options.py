@@ -78,6 +78,12 @@ RUN_OPTIONS = [
     ("device", str, typer.Option("auto", help="auto, cpu, cuda, cuda:N.")),
     ("dtype", str, typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.")),
     ("threads", Optional[int], typer.Option(None, help=THREADS_HELP)),
+    ("acceptance", Optional[str], typer.Option(None, help="Synthetic acceptance for every draft-model system, to "
+                                               "time it at a set acceptance (random weights accept nothing real): "
+                                               "a profile name (official-coding, dspark-paper, dflash-paper, "
+                                               "eagle3-paper, community, collapse, ...), a mean acceptance length "
+                                               "(3.41) or per-slot unconditional rates (0.9,0.8,...). Default: each "
+                                               "system's `acceptance`, else the real rule.")),
     ("record_margins", bool, typer.Option(False, "--record-margins", help="Native backend, T = 0: record each "
                                           "greedy draft's top-2 logit margin, so `parity` can tell numerics from "
                                           "semantics (a flag; on the demo pair on an H200 it costs 9 % of a "

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from harness.analysis.summary_text import SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, contention_line, legend, sweep_cells
+from harness.analysis.summary_text import (SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, contention_line, legend, sweep_cells,
+                                          titled)
 
 out = Console()  # results
 err = Console(stderr=True)  # progress, notices, refusals
@@ -126,6 +128,7 @@ def _row(row: dict, cells: list[str], keys: list[str]) -> list:
 def summary_table(summary: dict, title: str, category: str = "overall") -> Table:
     """The comparison table of a run: one row per system x temperature of `category`, the legend under it,
     and INCOMPLETE in the title while requests are missing."""
+    title = escape(titled(title, summary))  # (its [label] is text, not markup)
     if summary.get("complete") is False:
         title += f"\nINCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done"
     if summary.get("contended_requests"):
@@ -144,7 +147,7 @@ def summary_table(summary: dict, title: str, category: str = "overall") -> Table
 def sweep_table(summary: dict, title: str) -> Table:
     """A concurrency sweep: each system's overall figures at each level, speedups against plain decoding
     at the same level."""
-    t = Table(title=title, caption=SWEEP_LEGEND, caption_justify="left")
+    t = Table(title=escape(titled(title, summary)), caption=SWEEP_LEGEND, caption_justify="left")
     for header, _ in SWEEP_COLUMNS:
         t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header != "system",
                      overflow="fold")

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from dspark.errors import DSparkError
 from harness.cli import options, paths
+from harness.analysis.summary_text import synthetic_lines
 from harness.cli.render import err, out, show, summary_table, sweep_table
 from harness.runs.plan import RunOptions
 from harness.specs.experiments import Experiment
@@ -89,6 +90,8 @@ def print_summary(summary: dict, title: str, category: str = "overall", console:
     swept = summary.get("max_concurrency", [1]) != [1]
     if swept or any(r.get("median_itl_ms") is not None for r in summary["rows"]):
         show(console, sweep_table(summary, "concurrency sweep (overall rows)" if swept else "serving (overall rows)"))
+    for line in synthetic_lines(summary):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     for line in summary.get("warnings", []):
         console.print(f"warning: {line}", style="yellow", highlight=False, soft_wrap=True)
     if summary["baseline"] is None and summary["rows"]:

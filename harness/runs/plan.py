@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from dspark.acceptance import check_spec
 from dspark.errors import DSparkError
 from harness.backends.registry import CLASSES, backend_class
 from harness.runs import threads
@@ -45,6 +46,7 @@ class RunOptions:
     dtype: str = "auto"
     threads: int | None = None  # intra-op threads (None: `harness.runs.threads.choose`)
     record_margins: bool = False  # the native engine records its greedy drafts' top-2 margins (for `parity`)
+    acceptance: str | None = None  # synthetic acceptance for every draft-model system (`dspark.acceptance`)
     out: str | None = None
     resume: str | None = None
     profiled: str | None = None  # "nsys" or "torch": warm every system first, capture only the timed requests
@@ -132,6 +134,13 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         settings["burstiness"] = opts.burstiness
     if opts.record_margins:
         settings["record_margins"] = True
+    from harness.runs.synthetic import check_random, synthetic_settings  # (reads draft configs: torch, loaded by now)
+
+    if check_random(exp.target, exp, systems):
+        settings["weights"] = "random"
+    acceptance = synthetic_settings(opts.acceptance, exp, systems)
+    if acceptance:
+        settings["acceptance"] = acceptance
     if backend != "native":
         for name in systems:
             problem = vllm_policy_problem(exp.system(name), backend, opts.device)
@@ -164,6 +173,8 @@ def check_options(opts: RunOptions, exp: Experiment) -> dict:
         raise DSparkError(f"--num-prompts is {opts.num_prompts}; give at least 1")
     if opts.threads is not None and opts.threads < 1:
         raise DSparkError(f"--threads is {opts.threads}; give at least 1")
+    if opts.acceptance is not None:
+        check_spec(opts.acceptance)
     engine_args = engine_arguments(opts.vllm_args, exp.engine_args)
     if engine_args and backend not in ("vllm", "vllm-server"):
         where = "--vllm-arg" if opts.vllm_args else f"experiment {exp.name}'s [engine_args]"

@@ -48,7 +48,9 @@ from harness.runs.plan import (RunOptions, default_out, load_dataset, plan_jobs,
 from harness.runs.progress import Interrupted, RunProgress
 from harness.runs.provenance import provenance
 from harness.specs import datasets
+from harness.runs.synthetic import with_synthetic
 from harness.specs.experiments import load_experiment
+from harness.specs.shaped import ShapedTokenizer, run_tokenizer
 
 
 def run(opts: RunOptions, console: Console, data: datasets.Dataset | None = None) -> tuple[Path, dict]:
@@ -112,8 +114,6 @@ class Session:
         """Load and check everything before the first request: settings against a resumed run's, the
         prompts (of `data`, else of the dataset loaded here), the target, the thread count, the systems;
         then write (or check) the manifest."""
-        from transformers import AutoTokenizer
-
         exp = load_experiment(opts.experiment)
         settings = resolve_settings(opts, exp)
         folder = RunFolder(Path(opts.resume) if opts.resume else Path(opts.out) if opts.out else default_out(settings))
@@ -132,18 +132,17 @@ class Session:
                     "request_timeout_s": settings.get("request_timeout")})
         n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.tokenizer_path)
         threads.apply(n_threads)
-        tokenizer = AutoTokenizer.from_pretrained(backend.tokenizer_path)
-        if not getattr(tokenizer, "chat_template", None):
-            raise DSparkError(f"{exp.target}: the tokenizer has no chat template; SPEED-Bench prompts need one")
+        tokenizer = run_tokenizer(backend.tokenizer_path, exp.target, opts.split)
         turns_of = user_turns(rows, settings["turns"])
         jobs = plan_jobs(settings, rows, turns_of, backend.capabilities.interleaves)
-        prepared = {name: backend.prepare(exp.system(name)) for name in settings["systems"]}
+        prepared = {name: backend.prepare(with_synthetic(exp.system(name), settings)) for name in settings["systems"]}
         models = backend.models()
         for p in prepared.values():
             if p.system.draft:
                 models[p.system.name] = model_record(resolve_path(p.system.draft))
         inputs = {"dataset": data.origin | {"selected": [r.question_id for r in rows]}, "models": models,
-                  "tokenizer": tokenizer_record(backend.tokenizer_path, tokenizer)}
+                  "tokenizer": tokenizer.record() if isinstance(tokenizer, ShapedTokenizer) else
+                  tokenizer_record(backend.tokenizer_path, tokenizer)}
         if opts.resume:
             folder.check_inputs(inputs)  # (its thread count came with its options)
             recorded = folder.manifest().get("backend") or {}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from dspark.acceptance import SPEC_HELP, check_spec
 from dspark.errors import DSparkError
 
 METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram")
@@ -35,6 +36,10 @@ class System:
     confidence_threshold: float = 0.0
     confidence_costs: tuple[float, ...] = ()
     confidence_temperatures: tuple[float, ...] = ()
+    # synthetic acceptance (`dspark.acceptance`): the TOML's `acceptance` (a profile name, a mean length or
+    # rates), and the per-slot rates it resolves to for this system's k, set by the run (`with_synthetic`)
+    acceptance: str | None = None
+    synthetic_rates: tuple[float, ...] = ()
 
 
 def _confidence(raw: dict, who: str, where: str) -> dict:
@@ -180,7 +185,19 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
         if costs and k is not None and len(costs) != k + 1:
             raise DSparkError(f"{where}: system '{sname}': confidence_costs has {len(costs)} entries; give {k + 1}, the "
                               f"cost of a round verifying 0 to {k} drafts (num_speculative_tokens = {k})")
-        systems.append(System(sname, method, draft, k, **policy))
+        acceptance = raw.get("acceptance")
+        if acceptance is not None:
+            if not isinstance(acceptance, (str, int, float)) or isinstance(acceptance, bool):
+                raise DSparkError(f"{where}: system '{sname}': acceptance must be {SPEC_HELP}")
+            acceptance = str(acceptance)
+            if method in ("plain", "ngram"):
+                raise DSparkError(f"{where}: system '{sname}': acceptance sets what a draft model's rounds accept; "
+                                  f"method {method} has no draft model")
+            if policy["confidence"] != "off":
+                raise DSparkError(f"{where}: system '{sname}': acceptance and confidence = \"{policy['confidence']}\" "
+                                  "cannot go together (a policy cutting the proposal changes what it accepts)")
+            check_spec(acceptance)
+        systems.append(System(sname, method, draft, k, **policy, acceptance=acceptance))
     if not systems:
         raise DSparkError(f"{where}: no [[systems]]; name at least one")
     num_prompts = sampling.get("num_prompts")

@@ -1,0 +1,94 @@
+"""What a run with random weights or synthetic acceptance must say, and the check that its acceptance
+is the profile's.
+
+Such a run times a system; it says nothing of any draft's quality. Its summary gets a `label` ("random
+weights, synthetic acceptance: <profile>") that every table title and headline carries, and per
+system a `synthetic` check: the realised per-position rates (the share of full rounds that accepted at
+least i drafts) beside the profile's, and Pearson's chi-square test of the rounds' accepted counts
+against the profile (`dspark.acceptance.goodness_of_fit`). Rows of such systems carry the profile's
+mean acceptance length and the realised rates, which stand where acceptance and greedy equality
+with plain decoding stand in a real run (neither means anything here). No torch, no rich.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from dspark.acceptance import goodness_of_fit, realised_rates
+
+MISMATCH_P = 1e-3  # below this p-value a system's realised acceptance is reported as not its profile's
+
+
+def label(settings: dict) -> str | None:
+    """The run's label, or None for a real run: random weights and/or synthetic acceptance, profiles named."""
+    profiles = settings.get("acceptance") or {}
+    parts = ["random weights"] if settings.get("weights") == "random" else []
+    if profiles:
+        named = list(dict.fromkeys(f"{p['name']} (AL {p['mean_length']:.2f})" for p in profiles.values()))
+        parts.append("synthetic acceptance: " + ", ".join(named))
+    return ", ".join(parts) or None
+
+
+def full_round_counts(records: list[dict], k: int) -> list[int]:
+    """Accepted counts of the rounds that verified all k drafts (a shorter last round is conditioned on the
+    request's end, not the profile); from vLLM's per-request histogram where a record has no rounds."""
+    counts = []
+    for r in records:
+        if r.get("failed"):
+            continue
+        if r.get("accepted_counts"):
+            counts += [a for a, p in zip(r["accepted_counts"], r["proposal_lengths"]) if p == k]
+        else:
+            histogram = (r.get("acceptance_totals") or {}).get("acceptance_histogram") or []
+            counts += [j for j, n in enumerate(histogram) for _ in range(int(n or 0))]
+    return counts
+
+
+def check(records: list[dict], profile: dict) -> dict:
+    """One system's realised acceptance against its profile (pooled over the records given)."""
+    rates = tuple(profile["rates"])
+    counts = full_round_counts(records, len(rates))
+    fit = goodness_of_fit(counts, rates)
+    realised = realised_rates(counts, len(rates))
+    verdict = (None if fit["p_value"] is None else "matches" if fit["p_value"] >= MISMATCH_P else "differs")
+    return {"profile": profile["name"], "source": profile["source"], "rates": list(rates),
+            "mean_length": profile["mean_length"], "realised_rates": realised,
+            "realised_mean_length": 1 + sum(x or 0 for x in realised) if counts else None,
+            "rounds": len(counts), "chi2": fit["chi2"], "dof": fit["dof"], "p_value": fit["p_value"],
+            "verdict": verdict, "reason": fit["reason"]}
+
+
+def add_synthetic(summary: dict, settings: dict, records: list[dict]) -> dict:
+    """`summary` with the run's label, each synthetic system's check, and its rows' profile figures."""
+    text = label(settings)
+    if text is None:
+        return summary
+    profiles = settings.get("acceptance") or {}
+    by_system = defaultdict(list)
+    for r in records:
+        by_system[r["system"]].append(r)
+    checks = {name: check(by_system[name], p) for name, p in profiles.items() if by_system[name]}
+    for row in summary["rows"]:
+        profile = profiles.get(row["system"])
+        if profile is None:
+            continue
+        mine = [r for r in by_system[row["system"]] if r["temperature"] == row["temperature"]
+                and r.get("max_concurrency", 1) == row["max_concurrency"]
+                and (row["category"] == "overall" or r["category"] == row["category"])]
+        row["profile_acceptance_length"] = profile["mean_length"]
+        row["realised_rates"] = realised_rates(full_round_counts(mine, len(profile["rates"])), len(profile["rates"]))
+    return summary | {"label": text, "synthetic": checks}
+
+
+def mismatches(summary: dict) -> list[str]:
+    """A warning per synthetic system whose realised acceptance is not its profile's."""
+    out = []
+    for name, c in (summary.get("synthetic") or {}).items():
+        if c["verdict"] == "differs":
+            out.append(f"{name}: realised acceptance differs from its profile {c['profile']} (chi-square "
+                       f"{c['chi2']:.1f} on {c['dof']} degrees of freedom, p = {c['p_value']:.2g}, {c['rounds']} full "
+                       f"rounds; realised mean length {c['realised_mean_length']:.2f} against {c['mean_length']:.2f}): "
+                       "the engine did not accept at the profile; its figures do not time that profile")
+        elif c["verdict"] is None:
+            out.append(f"{name}: its acceptance could not be checked against profile {c['profile']} ({c['reason']})")
+    return out
