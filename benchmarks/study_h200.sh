@@ -46,7 +46,7 @@ for s in "$@"; do
              --num-prompts 32 --max-concurrency 1,4,16,32 --output-len "${SERVE_LEN:-128}" --out "$R/serve" ;;
     profile-native) stage profile-native 300 "${CLI[@]}" profile --nsys --preset lean "${STUDY[@]}" --backend native \
                       --systems plain,dspark-official --num-prompts 2 --output-len 256 --out "$R/profile-native" ;;
-    profile-vllm) stage profile-vllm 560 "${CLI[@]}" profile --nsys "${STUDY[@]}" --backend vllm \
+    profile-vllm) stage profile-vllm 330 "${CLI[@]}" profile --nsys "${STUDY[@]}" --backend vllm \
                     --systems plain,dspark-official --num-prompts 2 --output-len 256 --out "$R/profile-vllm" ;;
     *) echo "unknown stage $s" | tee -a "$R/stages.txt" ;;
   esac

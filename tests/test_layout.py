@@ -85,7 +85,7 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
 ALLOWED = {
     "dspark": ("dspark",),
     "harness.specs": ("dspark", "harness.specs"),
-    "harness.analysis": ("dspark.errors", "dspark.dtypes", "dspark.acceptance", "harness.analysis"),  # (torch-free dspark modules)
+    "harness.analysis": ("dspark.errors", "dspark.dtypes", "dspark.acceptance", "harness.analysis"),  # (torch-free)
     "harness.backends": ("dspark", "harness.specs", "harness.backends"),
     "harness.runs": ("dspark", "harness.specs", "harness.backends", "harness.analysis", "harness.runs"),
     # (and the capture window's protocol with the child it profiles: its file names and variables; and how a

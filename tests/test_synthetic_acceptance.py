@@ -135,3 +135,19 @@ def test_synthetic_acceptance_is_refused_where_it_means_nothing():
     with pytest.raises(DSparkError, match="confidence policy"):
         Engine(target, drafter_for(draft)).generate([1, 2, 3], GenerationConfig(
             max_new_tokens=8, synthetic_rates=(0.5,) * n, confidence_threshold=0.5))
+
+
+def test_the_check_tests_each_level_apart_since_a_requests_seed_repeats_across_levels():
+    """A served sweep replays the same request seeds at each level: the same rounds four times are one sample."""
+    from harness.analysis.synthetic_check import check
+
+    profile = resolve("official-coding", 7).to_dict()
+    counts = _draws(tuple(profile["rates"]), 600, seed=3)
+    records = [{"temperature": 0.0, "max_concurrency": c, "accepted_counts": counts[i::6], "proposal_lengths":
+                [7] * len(counts[i::6])} for c in (1, 4, 16, 32) for i in range(6)]
+    result = check(records, profile)
+    one = goodness_of_fit(counts, tuple(profile["rates"]))["p_value"]
+    assert result["groups"] == 4 and [g["p_value"] for g in result["by_group"]] == pytest.approx([one] * 4)
+    assert result["p_value"] == pytest.approx(min(1.0, 4 * one))
+    pooled = goodness_of_fit(counts * 4, tuple(profile["rates"]))["p_value"]
+    assert pooled < one  # (what pooling the repeats would have claimed)

@@ -31,6 +31,7 @@ import pandas as pd
 from dspark.errors import DSparkError
 from harness.analysis.metrics import bootstrap, wilson
 from harness.analysis.records import MANIFEST, REQUESTS, read_manifest, read_requests, read_waves, trace_name
+from harness.analysis.study import measured_vs_derived
 from harness.analysis.summary import BASELINE, summarize_folder
 
 RUN_COLUMNS = ("system", "method", "temperature", "category", "question_id", "turn")
@@ -59,10 +60,15 @@ class Runs:
     meta: pd.DataFrame  # one row per run
     counts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COUNT_COLUMNS))
     warnings: dict[str, list[str]] = field(default_factory=dict)  # run -> its summary's warnings
+    # synthetic-acceptance systems (`study.measured_vs_derived`, in-run step costs): profile, check, measured and
+    # derived speedups per run, system and level
+    synthetic: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def caption(self) -> str:
-        """What produced these runs, for a figure's title: backend, device, target, date."""
-        parts = [f"{m.run}: {m.backend} on {m.device}, {m.target}, {m.date}" for m in self.meta.itertuples()]
+        """What produced these runs, for a figure's title: backend, device, target, date, and a run's label
+        (random weights, synthetic acceptance: <profile>) where it has one."""
+        parts = [f"{m.run}: {m.backend} on {m.device}, {m.target}, {m.date}"
+                 + (f" [{m.label}]" if isinstance(getattr(m, "label", None), str) else "") for m in self.meta.itertuples()]
         return "; ".join(parts)
 
 
@@ -116,7 +122,7 @@ def load_runs(paths: list[Path | str], progress=None) -> Runs:
         if not is_run(path):
             raise DSparkError(f"{path}: not a run folder (no manifest.json or requests.jsonl); give a folder "
                               "written by dspark-bench run")
-    requests, rounds, counts, summaries, meta, notes = [], [], [], [], [], {}
+    requests, rounds, counts, summaries, meta, notes, synthetic = [], [], [], [], [], {}, []
     for path, label in zip(paths, _labels(paths)):
         if progress is not None:
             progress(path.name)
@@ -161,8 +167,9 @@ def load_runs(paths: list[Path | str], progress=None) -> Runs:
                 counts += [where | dict(zip(("position", "proposed", "reached", "accepted"), c))
                            for c in _total_counts(w["spec_counters"])]
         summaries += [{"run": label, **row} for row in summary["rows"]]
+        synthetic += [{"run": label, **row} for row in measured_vs_derived(summary, label)]
     return Runs(_frame(requests, REQUEST_COLUMNS), _frame(rounds, ROUND_COLUMNS), _frame(summaries, SUMMARY_COLUMNS),
-                _frame(meta, META_COLUMNS), _frame(counts, COUNT_COLUMNS), notes)
+                _frame(meta, META_COLUMNS), _frame(counts, COUNT_COLUMNS), notes, pd.DataFrame(synthetic))
 
 
 def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:

@@ -191,6 +191,30 @@ def acceptance_table(runs: Runs) -> Table | Note:
                         ("acceptance_from", "counted from", 0)])
 
 
+def synthetic_table(runs: Runs) -> Table | Note:
+    """Per synthetic-acceptance system and level: its profile and mean length, the realised AL and the
+    check against the profile, the measured speedup beside the one the run's own step costs derive (our
+    engine's step timers: AL x plain step / round, host time included) and the round's host and accept
+    (sampling) milliseconds: what a derivation from isolated step costs leaves out."""
+    rows = runs.synthetic
+    if rows.empty:
+        return Note("synthetic acceptance: no system of these runs accepted at a profile")
+    rows = rows.assign(run_system=[f"{r.run}/{r.system}" if runs.meta.shape[0] > 1 else r.system
+                                   for r in rows.itertuples()],
+                       derived_in_run=rows.get("derived_in_run"), host_ms=rows.get("host_ms"),
+                       accept_ms=rows.get("accept_ms"))
+    rows = rows.assign(ratio=[m / d if isinstance(d, float) and d == d and d else None
+                              for m, d in zip(rows["measured"], rows["derived_in_run"])])
+    return Table(rows, [("run_system", "system", 0), ("temperature", "T", lambda v: f"{v:g}"),
+                        ("max_concurrency", "c", 0),
+                        ("profile", "profile", 0), ("profile_al", "profile AL", 2), ("realised_al", "AL", 2),
+                        ("check", "check", 0), ("measured", "speedup", 2), ("derived_in_run", "derived (steps)", 2),
+                        ("ratio", "measured / derived", 3), ("host_ms", "host ms / round", 3),
+                        ("accept_ms", "accept ms / round", 3)],
+                 caption="random weights, synthetic acceptance: these time the systems, never a draft's quality; "
+                         "derived (steps): AL x plain step / round from the run's own step timers (our engine only)")
+
+
 def overall_rows(runs: Runs) -> pd.DataFrame:
     """The summary's overall rows, with the acceptance length's interval over requests and the labels
     the tables print (a run's name before its systems where there are several runs)."""

@@ -140,7 +140,8 @@ def synthetic_lines(summary: dict) -> list[str]:
     """Each synthetic system's profile, its source and the check of its realised acceptance, as sentences."""
     out = []
     for name, c in (summary.get("synthetic") or {}).items():
-        test = (f"chi-square p = {c['p_value']:.3g} over {c['rounds']} full rounds: {c['verdict']}"
+        test = (f"chi-square p = {c['p_value']:.3g} over {c['rounds']} full rounds ({c.get('groups', 1)} temperature "
+                f"and concurrency groups, Bonferroni): {c['verdict']}"
                 if c["p_value"] is not None else c["reason"])
         realised = "/".join("-" if x is None else f"{x:.2f}" for x in c["realised_rates"])
         out.append(f"{name}: profile {c['profile']} ({c['source']}); rates "

@@ -1,5 +1,5 @@
-"""One streamed chat completion (or a completion of token ids) against an OpenAI-compatible server, timed from the stream: what a
-serving benchmark measures per request (the definitions of `vllm bench serve`).
+"""One streamed chat completion (or a completion of token ids) against an OpenAI-compatible server, timed
+from the stream: what a serving benchmark measures per request (the definitions of `vllm bench serve`).
 
 - TTFT: request sent to the first chunk that carries output (text or token ids);
 - ITL: the gaps between later chunks that carry output (under speculative decoding one chunk may

@@ -54,7 +54,8 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         self.live: Prepared | None = None
 
     def record(self) -> dict:
-        return {"engine": "vllm serve (OpenAI-compatible, streamed chat completions)", "version": self.version,
+        sent = "streamed completions of our prompt ids (no tokenizer)" if self.sends_ids else "streamed chat completions"
+        return {"engine": f"vllm serve (OpenAI-compatible, {sent})", "version": self.version,
                 "engine_args": SERVER_DEFAULTS | self.engine_args, "speculative_args": self.spec_args,
                 "servers": self.servers}
 

@@ -1,0 +1,58 @@
+"""The study's figures: measured against derived speedups, and our engine beside vLLM, each titled with
+what produced it and the acceptance profile (random weights, synthetic acceptance: never a draft's quality).
+Rows are `study.measured_vs_derived`'s; the concurrency sweep is `figures.speedup_vs_concurrency`."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt  # (the backend is the caller's: inline in a notebook, Agg for files)
+
+from harness.analysis.figures import _speedup_axis, _titled
+
+
+def _name(r: dict) -> str:
+    level = f" c={r['max_concurrency']}" if r["max_concurrency"] != 1 else ""
+    return f"{r['engine']}: {r['system']}{level} ({r['profile']})"
+
+
+def measured_against_derived(rows: list[dict], caption: str):
+    """Per engine, system and level: the measured speedup (95 % interval) against the one derived from
+    step costs; on the diagonal the derivation holds."""
+    shown = [r for r in rows if r["derived"] and r["measured"]]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    values = []
+    for r in shown:
+        low, high = r["measured_ci95"] or (r["measured"], r["measured"])
+        ax.errorbar([r["derived"]], [r["measured"]], yerr=[[r["measured"] - low], [high - r["measured"]]], marker="o",
+                    capsize=3, label=_name(r))
+        values += [r["derived"], low, high]
+    if values:
+        lo, hi = min(values) * 0.9, max(values) * 1.05
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="measured = derived")
+    _speedup_axis(ax, values)
+    ax.set(xlabel="derived: AL x step / round (engine-bench step costs)", ylabel="measured: plain TPOT / system TPOT")
+    ax.legend(fontsize=6, loc="upper left")
+    return _titled(fig, "measured against derived speedup (random weights, synthetic acceptance)", caption)
+
+
+def engines_side_by_side(rows: list[dict], caption: str):
+    """TPOT of plain decoding and each synthetic system in our engine and vLLM's at one request."""
+    ones = [r for r in rows if r["max_concurrency"] == 1 and r["engine"] in ("ours", "vLLM offline")]
+    systems = list(dict.fromkeys(r["system"] for r in ones))
+    engines = list(dict.fromkeys(r["engine"] for r in ones))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(1, len(engines))
+    for i, engine in enumerate(engines):
+        mine = {r["system"]: r for r in ones if r["engine"] == engine}
+        plain = next((r["plain_tpot_ms"] for r in mine.values() if r.get("plain_tpot_ms")), None)
+        tpots = [plain or 0.0] + [mine[s]["tpot_ms"] if s in mine else 0.0 for s in systems]
+        xs = [j + i * width for j in range(len(tpots))]
+        bars = ax.bar(xs, tpots, width, label=engine)
+        for bar, v in zip(bars, tpots):
+            if v:
+                ax.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    profile = {r["system"]: r["profile"] for r in ones}
+    ax.set_xticks([j + width * (len(engines) - 1) / 2 for j in range(len(systems) + 1)],
+                  ["plain"] + [f"{s}\n({profile[s]})" for s in systems], fontsize=8)
+    ax.set(ylabel="TPOT ms (one request)")
+    ax.legend(fontsize=8)
+    return _titled(fig, "our engine beside vLLM at one request (random weights, synthetic acceptance)", caption)
