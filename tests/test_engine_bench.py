@@ -114,3 +114,19 @@ def _vllm_variables() -> dict[str, str | None]:
     names = ("VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL", "VLLM_USE_V2_MODEL_RUNNER",
              "VLLM_CPU_KVCACHE_SPACE")
     return {k: os.environ.get(k) for k in names}
+
+
+def test_engine_bench_derives_the_speedup_at_each_profile(monkeypatch, capfd):
+    """AL x decode / round at each given profile's mean length, from the step costs it just timed."""
+    monkeypatch.setitem(CPU_DEFAULTS, "copy_gib", 0.02)
+    code, out, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--json", "--skip-hf",
+                             "--repeats", "5", "--context-len", "32", "--acceptance", "official-coding",
+                             "--acceptance", "2.5")
+    assert code == 0, err
+    result = json.loads(out)
+    (official, given) = result["derived"]
+    assert (official["profile"], official["mean_length"]) == ("official-coding", pytest.approx(3.41))
+    assert official["dspark"] == pytest.approx(3.41 * result["decode_ms"] / result["round_ms"])
+    assert given["dspark"] == pytest.approx(2.5 * result["decode_ms"] / result["round_ms"])
+    code, _, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--acceptance", "fast")
+    assert code == 2 and "not a profile" in err

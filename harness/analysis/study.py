@@ -42,6 +42,22 @@ def vllm_level_costs(engine_bench: dict) -> dict[int, tuple[float, float]]:
             if lv.get("plain_ms") and lv.get("dspark_round_ms")}
 
 
+def derived_from_bench(engine_bench: dict, profiles: list[dict]) -> list[dict]:
+    """Per profile (`Synthetic.to_dict`: its name and mean length): the speedups `engine-bench`'s step costs
+    derive at its mean acceptance length: the block draft's (DSpark), EAGLE-3's where it was timed, and
+    vLLM's per concurrency level where it ran against vLLM."""
+    ours = bench_costs(engine_bench)
+    vllm = vllm_level_costs(engine_bench)
+    out = []
+    for p in profiles:
+        al = p["mean_length"]
+        out.append({"profile": p["name"], "mean_length": al, "source": p["source"],
+                    "dspark": derived(al, *ours["dspark"]),
+                    "eagle3": derived(al, *ours["eagle3"]) if "eagle3" in ours else None,
+                    "vllm_dspark": {c: derived(al, *cost) for c, cost in vllm.items()}})
+    return out
+
+
 def in_run_parts(plain: dict, row: dict) -> dict:
     """The round as our engine's step timers saw it in the run (ms): propose, verify, accept (sampling),
     host (between steps), and plain decoding's step with its host time; the speedup they predict."""

@@ -39,6 +39,10 @@ def engine_bench(
                                     "1,4,16,32): step and round cost, output rate against the bandwidth limit, and "
                                     "the speedup a published acceptance length would give, per level."),
     peer_repeats: int = typer.Option(3, min=1, help="With --against vllm: alternated repeats of each engine and system."),
+    acceptance: Optional[list[str]] = typer.Option(None, help="An acceptance profile (a name, a mean acceptance length "
+                                                   "or per-slot rates, as run's --acceptance; repeatable): the "
+                                                   "speedup these step costs derive at its mean length (AL x decode "
+                                                   "/ round), per draft and, against vLLM, per level."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ):
     """Step costs of the native engine at real shapes (random weights) against the bandwidth limit.
@@ -55,6 +59,10 @@ def engine_bench(
     from harness.microbench.vllm_peer import peer_tables
     from harness.runs import threads
 
+    from dspark.acceptance import resolve
+    from harness.analysis.study import derived_from_bench
+
+    profiles = [resolve(spec, 7) for spec in acceptance or []]  # (refused before any model loads)
     device = resolve_device(device)
     dtype_name(dtype, "--dtype")
     contexts = tuple(number_list(sweep_context or None, "--sweep-context", int, "whole numbers", "context length",
@@ -79,6 +87,9 @@ def engine_bench(
     result = run_engine_bench(args)
     result["threads"] = {"count": n_threads, "chosen_by": threads_by}
     result["provenance"] = provenance(device) | {"arguments": vars(args), "weights": "random normal(0, 0.02)"}
+    if profiles:
+        block = result["shapes"]["draft"]["block_size"]
+        result["derived"] = derived_from_bench(result, [resolve(p.spec, block).to_dict() for p in profiles])
     if as_json:
         print(dumps(result))
         return
@@ -97,6 +108,8 @@ def engine_bench(
             for row in rows[1:]:
                 peer.add_row(*row)
             show(out, peer)
+    if result.get("derived"):
+        show(out, _derived(result["derived"]))
     if result.get("sweep"):
         sweep = Table(title="by context length (ratios against that context's decode step)")
         for header, _, _ in SWEEP:
@@ -104,6 +117,19 @@ def engine_bench(
         for row in sweep_rows(result):
             sweep.add_row(*row)
         show(out, sweep)
+
+
+def _derived(rows: list[dict]) -> Table:
+    """The speedups the step costs derive at each profile's mean acceptance length."""
+    levels = sorted({c for r in rows for c in r["vllm_dspark"]})
+    table = Table(title="derived speedups at each profile's mean acceptance length (AL x plain step / round; "
+                        "synthetic acceptance: a profile, not a draft's quality)")
+    for header in ["profile", "AL", "DSpark (ours)", "EAGLE-3 (ours)", *(f"vLLM DSpark c={c}" for c in levels)]:
+        table.add_column(header, justify="left" if header == "profile" else "right")
+    for r in rows:
+        table.add_row(r["profile"], f"{r['mean_length']:.2f}", *(f"{v:.2f}" if v else "-" for v in (
+            r["dspark"], r["eagle3"], *(r["vllm_dspark"][c] for c in levels))))
+    return table
 
 
 def _figures(title: str, rows: list[tuple[str, str]]) -> Table:
