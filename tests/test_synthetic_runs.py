@@ -75,6 +75,7 @@ def test_a_native_run_at_random_weights_and_a_profile_says_so_everywhere(tmp_pat
     assert "profile AL" in out and "realised rates" in out and "= plain" not in out.split("T: temperature")[0]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["settings"]["weights"] == "random"
+    assert manifest["label"] == "random weights, synthetic acceptance: official-coding (AL 3.41)"
     profile = manifest["settings"]["acceptance"]["dspark"]
     assert profile["name"] == "official-coding" and len(profile["rates"]) == 7
     assert manifest["models"]["target"]["random_weights"]["init"] == "normal(0, 0.02)"

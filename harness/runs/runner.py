@@ -38,6 +38,7 @@ from harness.analysis.plots import plot, plot_sweep, run_caption
 from harness.analysis.records import MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key
 from harness.analysis.summary import expected_requests, summarize_folder
 from harness.analysis.summary_text import markdown, to_csv
+from harness.analysis.synthetic_check import label
 from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
@@ -156,6 +157,7 @@ class Session:
                                           "systems": [asdict(s) for s in exp.systems]},
                            **inputs, "methods": {n: p.method for n, p in prepared.items()},
                            "threads": {"count": n_threads, "chosen_by": threads_by},
+                           **({"label": label(settings)} if label(settings) else {}),
                            "prompts_selected": len(rows), "requests_expected": expected_requests(
                                [(name, temp, row.category, conc) for name, conc, temp, row, _ in jobs]),
                            "backend": backend.record(), "profiled": opts.profiled or False,
