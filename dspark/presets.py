@@ -39,9 +39,10 @@ def evenly_spaced_taps(num_target_layers: int, count: int = 5) -> tuple[int, ...
 
 def dspark_draft_config(target: TargetConfig, block_size: int = 7, layers: int = 5, markov_rank: int = 256,
                         sample_from_anchor: bool = True, confidence: bool = True) -> DraftConfig:
-    """The shape of deepseek-ai/dspark_qwen3_*_block7 (markov_rank 0 and no confidence: their DFlash)."""
+    """The shape of deepseek-ai/dspark_qwen3_*_block7 (markov_rank 0 and no confidence: their DFlash; a fill-in
+    draft, not sampling from the anchor, is z-lab's DFlash and its format)."""
     return DraftConfig(
-        format="deepspec", backbone=replace(target.backbone, num_layers=layers), block_size=block_size,
+        format="deepspec" if sample_from_anchor else "zlab", backbone=replace(target.backbone, num_layers=layers), block_size=block_size,
         target_layer_ids=evenly_spaced_taps(target.backbone.num_layers), sample_from_anchor=sample_from_anchor,
         mask_token_id=151669 if target.backbone.vocab_size > 151669 else target.backbone.vocab_size - 1,
         markov_rank=markov_rank, markov_head_type="vanilla" if markov_rank else None, confidence_head=confidence,

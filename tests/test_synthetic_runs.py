@@ -61,6 +61,12 @@ def test_a_random_folder_holds_the_config_and_a_marker_and_no_weights(tmp_path):
     draft = json.loads((resolve_path("random:dspark-qwen3-8b-block7") / "config.json").read_text())
     assert draft["block_size"] == 7 and draft["markov_rank"] == 256 and draft["target_layer_ids"] == [1, 9, 17, 25, 33]
     assert random_folder("qwen3-8b") == target  # the same config: the same folder
+    from dspark.checkpoint import load_draft_config
+    from dspark.presets import DRAFTS
+
+    for name, make in DRAFTS.items():  # every draft preset, each in its own format (z-lab's fill-in DFlash too)
+        path, cfg = load_draft_config(f"random:{name}")
+        assert (cfg.format, cfg.num_drafts) == (make().format, make().num_drafts) and random_weights(path)
     with pytest.raises(DSparkError, match="name a preset"):
         resolve_path("random:")
 

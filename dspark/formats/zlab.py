@@ -67,17 +67,21 @@ def load_extras(path: Path, model: nn.Module) -> None:
 
 def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: str, with_embeddings: bool) -> None:
     """Always without the embedding and head copies, as z-lab's checkpoints are."""
-    cfg = model.config
+    state = draft_state(model, with_embeddings=False)
+    hf = hf_config(model.config, num_target_layers)
+    if model.mask_embedding is not None:
+        torch.save(model.mask_embedding.detach().cpu().clone(), out / MASK_FILE)
+    write(out, hf, state)
+
+
+def hf_config(cfg, num_target_layers: int | None) -> dict:
+    """The `config.json` of a fill-in DFlash draft of `cfg` in z-lab's layout (also a random draft's)."""
     if cfg.sample_from_anchor or cfg.markov_rank or cfg.reduced_vocab:
         raise DSparkError("the z-lab format holds fill-in DFlash drafts over the full vocabulary only")
     b = cfg.backbone
-    hf = b.hf_fields() | {
+    return b.hf_fields() | {
         "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
         "block_size": cfg.block_size, "num_target_layers": num_target_layers, "tie_word_embeddings": True,
         "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
         "layer_types": full_attention(b.num_layers),
     }
-    state = draft_state(model, with_embeddings=False)
-    if model.mask_embedding is not None:
-        torch.save(model.mask_embedding.detach().cpu().clone(), out / MASK_FILE)
-    write(out, hf, state)
