@@ -115,47 +115,61 @@ class Synthetic:
     def conditional(self) -> tuple[float, ...]:
         return conditional_rates(self.rates)
 
-    @property
-    def label(self) -> str:
-        """What every table and headline says: random weights, synthetic acceptance: <profile>."""
-        return f"random weights, synthetic acceptance: {self.name} (AL {self.mean_length:.2f})"
-
     def to_dict(self) -> dict:
         return {"spec": self.spec, "name": self.name, "source": self.source, "rates": list(self.rates),
                 "mean_length": round(self.mean_length, 6)}
 
 
-def resolve(spec: str, k: int) -> Synthetic:
-    """`spec` (SPEC_HELP) for a proposal of `k` drafts; a one-line DSparkError names what is wrong."""
+def resolve(spec: str, k: int, where: str = "--acceptance", given: str = "on the command line") -> Synthetic:
+    """`spec` (SPEC_HELP) for a proposal of `k` drafts; a one-line DSparkError names what is wrong, `where`
+    it was given (an option, or an experiment's system) and the fix."""
     spec = spec.strip()
     if spec in PROFILES:
         p = PROFILES[spec]
+        if p.mean_length is not None and not p.mean_length <= k + 1:
+            raise DSparkError(f"{where} {spec}: its mean acceptance length {p.mean_length:g} cannot be reached with "
+                              f"{k} drafts a round (at most {k + 1}); give another profile")
         return Synthetic(spec, p.name, f"{p.source}; {p.basis}", p.rates_for(k))
+    values = _numbers(spec, where)
+    if len(values) == 1 and "," not in spec:
+        if not 1.0 <= values[0] <= k + 1:
+            raise DSparkError(f"{where} {spec}: a mean acceptance length of {values[0]:g} cannot be reached with {k} "
+                              f"drafts a round; give one from 1 to {k + 1}")
+        return Synthetic(spec, f"mean length {values[0]:g}", f"mean acceptance length {values[0]:g} given {given}, "
+                         "spread geometrically over the slots", geometric_rates(values[0], k))
+    if len(values) != k:
+        raise DSparkError(f"{where} {spec}: {len(values)} rates for a proposal of {k} drafts; give {k}")
+    return Synthetic(spec, "rates " + "/".join(f"{v:g}" for v in values), f"per-position rates given {given}",
+                     tuple(values))
+
+
+def _numbers(spec: str, where: str) -> list[float]:
+    """The spec's numbers: one mean length, or rates that are probabilities and never rise."""
     try:
         values = [float(v) for v in spec.split(",")]
     except ValueError:
-        raise DSparkError(f"--acceptance {spec!r}: not a profile, a mean length or a list of rates; give "
-                          f"{SPEC_HELP}. Profiles: {', '.join(PROFILES)}") from None
-    if any(math.isnan(v) for v in values):
-        raise DSparkError(f"--acceptance {spec!r}: NaN is not a rate; give {SPEC_HELP}")
+        raise DSparkError(f"{where} {spec!r}: not a profile, a mean length or a list of rates; give {SPEC_HELP}. "
+                          f"Profiles: {', '.join(PROFILES)}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise DSparkError(f"{where} {spec!r}: give finite numbers: {SPEC_HELP}")
     if len(values) == 1 and "," not in spec:
-        rates = geometric_rates(values[0], k)
-        return Synthetic(spec, f"AL {values[0]:g}", f"mean acceptance length {values[0]:g} given on the command "
-                         "line, spread geometrically over the slots", rates)
-    if len(values) != k:
-        raise DSparkError(f"--acceptance {spec!r}: {len(values)} rates for a proposal of {k} drafts; give {k}")
+        if values[0] < 1:
+            raise DSparkError(f"{where} {spec}: a mean acceptance length is at least 1 (a round emits its next token "
+                              "whatever it accepts); give one from 1 to the drafts a round plus 1")
+        return values
     if not all(0.0 <= v <= 1.0 for v in values):
-        raise DSparkError(f"--acceptance {spec!r}: rates are probabilities; give numbers in [0, 1]")
+        raise DSparkError(f"{where} {spec}: rates are probabilities; give numbers in [0, 1]")
     if any(b > a for a, b in zip(values, values[1:])):
-        raise DSparkError(f"--acceptance {spec!r}: unconditional rates cannot rise from one slot to the next (a "
-                          "round accepts slot i only if it accepted every slot before it); give non-increasing ones")
-    return Synthetic(spec, "rates " + "/".join(f"{v:g}" for v in values), "per-position rates given on the command "
-                     "line", tuple(values))
+        raise DSparkError(f"{where} {spec}: unconditional rates cannot rise from one slot to the next (a round accepts "
+                          "slot i only if it accepted every slot before it); give non-increasing ones")
+    return values
 
 
-def check_spec(spec: str) -> None:
-    """Refuse a spec that no k makes valid, before any model loads (its length is checked per system)."""
-    resolve(spec, len(spec.split(",")) if "," in spec else 64)
+def check_spec(spec: str, where: str = "--acceptance") -> None:
+    """Refuse a spec that no proposal length makes valid, before any model loads (its length against each
+    system's proposal is checked when the system is known)."""
+    if spec.strip() not in PROFILES:
+        _numbers(spec.strip(), where)
 
 
 def count_probabilities(rates: tuple[float, ...]) -> list[float]:
@@ -179,12 +193,17 @@ def goodness_of_fit(accepted_counts: list[int], rates: tuple[float, ...], min_ex
     probs = count_probabilities(rates)
     n = len(accepted_counts)
     observed = [0] * (k + 1)
+    outside = sorted({a for a in accepted_counts if not 0 <= a <= k})
     for a in accepted_counts:
-        observed[min(max(a, 0), k)] += 1
-    impossible = [j for j in range(k + 1) if probs[j] == 0 and observed[j]]
+        if 0 <= a <= k:
+            observed[a] += 1
+    impossible = outside + [j for j in range(k + 1) if probs[j] == 0 and observed[j]]
     if impossible:
         return {"rounds": n, "chi2": math.inf, "dof": None, "p_value": 0.0, "cells": [],
-                "reason": f"rounds accepted {impossible} drafts, which the profile never does"}
+                "reason": f"rounds accepted {sorted(impossible)} drafts, which the profile never does"}
+    if sum(1 for p in probs if p > 0) == 1:  # one outcome only (every slot always, or never, accepted)
+        return {"rounds": n, "chi2": 0.0, "dof": 0, "p_value": 1.0 if n else None, "cells": [],
+                "reason": None if n else "no rounds to test"}
     done: list[tuple[int, int, int, float]] = []  # (first count, last count, observed, expected) per cell
     cells, obs, exp = [], 0, 0.0
     for j in range(k + 1):

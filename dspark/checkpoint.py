@@ -32,6 +32,7 @@ from dspark.formats.eagle3.common import weights_signature
 from dspark.target import Qwen3Target
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.txt", "*.model", "*.jinja"]
+CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.jinja"]  # a random: model's source: all but the weights
 TARGET_KEYS = KeyTable()  # Hugging Face Qwen3ForCausalLM names are the model's
 
 
@@ -40,7 +41,7 @@ DEMO_MODELS = {"demo": "target", "demo-dspark": "dspark", "demo-dflash": "dflash
 DEMO_DIR = Path(__file__).resolve().parent / "data" / "demo"
 
 
-def resolve_path(name_or_path: str | Path, revision: str | None = None) -> Path:
+def resolve_path(name_or_path: str | Path, revision: str | None = None, patterns: list[str] = HUB_PATTERNS) -> Path:
     """A demo short name, a local folder as is, a hub id, downloaded (config, safetensors, tokenizer files),
     or `random:<preset or any of those>`: a folder of that config whose weights are drawn at load (`random_folder`)."""
     if str(name_or_path).startswith(RANDOM):
@@ -62,7 +63,7 @@ def resolve_path(name_or_path: str | Path, revision: str | None = None) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(name, revision=revision, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(name, revision=revision, allow_patterns=patterns))
     except Exception as exc:  # network, auth, missing repo: all one message for the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DSparkError(f"{name}: not a local folder and the hub could not provide it ({first}); "
@@ -99,7 +100,7 @@ def random_folder(source: str, revision: str | None = None) -> Path:
         config = formats.get(dcfg.format).hf_config(dcfg, dcfg.num_target_layers) | {"torch_dtype": "bfloat16"}
         files, tokenizer = {}, None
     elif source:
-        src_path = resolve_path(source, revision)
+        src_path = resolve_path(source, revision, CONFIG_PATTERNS)  # (from the hub: config and tokenizer, no weights)
         config, tokenizer = read_config(src_path), src_path
         files = {}
     else:

@@ -38,7 +38,7 @@ def test_every_named_profile_has_a_source_and_valid_rates():
             s = resolve(name, k)
             assert len(s.rates) == k and all(0 <= r <= 1 for r in s.rates)
             assert sum(count_probabilities(s.rates)) == pytest.approx(1.0)
-            assert name in s.label and "random weights, synthetic acceptance" in s.label
+            assert s.name == name and s.to_dict()["mean_length"] == pytest.approx(1 + sum(s.rates), abs=1e-6)
     assert resolve("official-coding", 7).mean_length == pytest.approx(3.41)
     with pytest.raises(DSparkError, match="cannot be reached with 2 drafts"):
         resolve("official-coding", 2)  # a mean length of 3.41 needs at least 3 drafts a round
@@ -48,7 +48,9 @@ def test_every_named_profile_has_a_source_and_valid_rates():
 
 @pytest.mark.parametrize("spec,fragment", [("fast", "not a profile"), ("0.9,0.8", "2 rates for a proposal of 7"),
                                            ("9", "cannot be reached with 7"), ("0.5,0.6,0.4,0.3,0.2,0.1,0.0", "rise"),
-                                           ("1.2,0.8,0.7,0.6,0.5,0.4,0.3", "[0, 1]"), ("nan", "NaN")])
+                                           ("1.2,0.8,0.7,0.6,0.5,0.4,0.3", "[0, 1]"), ("nan", "finite"),
+                                           ("inf", "finite"), ("0", "at least 1"), ("-1", "at least 1"),
+                                           ("0.9,,0.8", "not a profile")])
 def test_a_bad_spec_is_refused_in_one_line(spec, fragment):
     with pytest.raises(DSparkError, match=None) as exc:
         resolve(spec, 7)
@@ -68,6 +70,12 @@ def _draws(rates, n, seed=0):
             a += 1
         out.append(a)
     return out
+
+
+def test_a_profile_of_one_outcome_is_checked_and_counts_past_k_are_impossible():
+    assert goodness_of_fit([7] * 50, (1.0,) * 7)["p_value"] == 1.0  # every slot always accepted: nothing to test
+    assert goodness_of_fit([0] * 50, (0.0,) * 7)["p_value"] == 1.0
+    assert goodness_of_fit([8, 1, 2], resolve("official-coding", 7).rates)["p_value"] == 0.0
 
 
 def test_goodness_of_fit_accepts_its_profile_and_rejects_another():

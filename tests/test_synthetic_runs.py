@@ -102,8 +102,11 @@ def test_prompts_are_shaped_when_a_random_target_has_no_tokenizer(tmp_path):
     ids = tok.apply_chat_template([{"role": "user", "content": "short text"}])
     assert len(ids) == 8000 + MESSAGE_WRAP + GENERATION_PROMPT and max(ids) < 151643
     assert ids == tok.apply_chat_template([{"role": "user", "content": "short text"}])  # the same ids every time
-    coding = ShapedTokenizer("qualitative", 272).apply_chat_template([{"role": "user", "content": "x" * 401}])
+    shaped = ShapedTokenizer("qualitative", 272)
+    coding = shaped.apply_chat_template([{"role": "user", "content": "x" * 401}])
     assert len(coding) == 101 + MESSAGE_WRAP + GENERATION_PROMPT and max(coding) < 272
+    reply = shaped.decode(list(range(37)))  # a later turn counts an earlier reply at its own length
+    assert shaped.turn_tokens(reply, "assistant") == 37
 
 
 @needs_demo
@@ -124,18 +127,38 @@ def test_a_random_target_without_a_tokenizer_runs_on_shaped_prompts(tmp_path, mo
     turns = {r["question_id"]: r["turns"][0] for r in rows}
     for r in read_requests(tmp_path / "r"):
         expected = -(-len(turns[r["question_id"]].encode()) // 4) + MESSAGE_WRAP + GENERATION_PROMPT
-        assert r["prompt_tokens"] == expected and r["output_text"] == ""
+        assert r["prompt_tokens"] == expected and r["output_text"] == " ".join(["tok"] * r["output_tokens"])
 
 
 @pytest.mark.parametrize("args,fragment", [
     (["--acceptance", "fast"], "not a profile"),
     (["--acceptance", "official-coding"], "n-gram lookup"),
-    (["--acceptance", "0.9,0.8", "--systems", "plain,dspark"], "2 rates for a proposal of 7"),
+    (["--acceptance", "0.9,0.8", "--systems", "plain,dspark"], "(system 'dspark') 0.9,0.8: 2 rates for a proposal of 7"),
+    (["--acceptance", "official-coding", "--systems", "plain"], "have no draft to accept at it"),
 ])
 def test_bad_synthetic_options_are_refused_in_one_line(tmp_path, monkeypatch, capfd, args, fragment):
     code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", _experiment(tmp_path), "--category", "coding",
                            *args, "--out", tmp_path / "r")
     assert code == 2 and fragment in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_bad_profile_in_an_experiment_names_the_file_and_the_system(tmp_path, monkeypatch, capfd):
+    exp = _experiment(tmp_path)
+    exp.write_text(exp.read_text().replace('acceptance = "official-coding"', 'acceptance = "bogus"'))
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--category", "coding", "--out", tmp_path / "r")
+    assert code == 2 and f"{exp}: system 'dspark': acceptance 'bogus': not a profile" in err, err
+
+
+def test_tables_keep_real_acceptance_beside_synthetic():
+    """A run whose drafts are partly real keeps the accept and = plain columns beside the profile's."""
+    from harness.analysis.summary_text import columns
+
+    rows = [{"system": "plain", "method": "plain"}, {"system": "a", "method": "dspark", "profile_acceptance_length": 3.4},
+            {"system": "b", "method": "dflash", "profile_acceptance_length": None}]
+    keys = [key for _, key in columns({"rows": rows, "synthetic": {"a": {}}})]
+    assert {"spec_decode_acceptance_rate", "matches_baseline", "profile_acceptance_length", "realised_rates"} <= set(keys)
+    keys = [key for _, key in columns({"rows": rows[:2], "synthetic": {"a": {}}})]
+    assert "spec_decode_acceptance_rate" not in keys and "profile_acceptance_length" in keys
 
 
 @needs_demo

@@ -68,4 +68,5 @@ def run_caption(manifest: dict, name: str) -> str:
     device = prov.get("gpu") or settings.get("device")
     cats = ", ".join(settings.get("categories") or []) or "all categories"
     return (f"run {name}: {settings.get('backend', 'native')} backend on {device}, {settings.get('target')}, "
-            f"{settings.get('split')} {cats}, {(prov.get('time_utc') or '')[:10]}")
+            f"{settings.get('split')} {cats}, {(prov.get('time_utc') or '')[:10]}"
+            + (f" [{manifest['label']}]" if manifest.get("label") else ""))

@@ -151,10 +151,13 @@ def summary_table(runs: Runs) -> Table:
     rows = overall_rows(runs)
     quality = [("spec_decode_acceptance_rate", "accepted", percent), ("matches_label", "= plain", 0)]
     if "profile_acceptance_length" in rows and rows["profile_acceptance_length"].notna().any():
-        # synthetic acceptance: the profile's AL and the realised rates stand where acceptance and equality would
+        # synthetic acceptance: the profile's AL and the realised rates stand where acceptance and equality would,
+        # beside them where some drafted rows are real
         rows = rows.assign(realised_label=["-" if not isinstance(v, list) else "/".join(
             "-" if x is None else f"{x:.2f}" for x in v) for v in rows.get("realised_rates", [None] * len(rows))])
-        quality = [("profile_acceptance_length", "profile AL", 2), ("realised_label", "realised rates", 0)]
+        synthetic = [("profile_acceptance_length", "profile AL", 2), ("realised_label", "realised rates", 0)]
+        drafted = rows[rows["method"] != BASELINE]
+        quality = synthetic if drafted["profile_acceptance_length"].notna().all() else quality + synthetic
     return Table(rows, [*_lead_columns(runs, rows), ("requests_label", "requests", 0), ("mean_tpot_ms", "TPOT ms", 2),
                         ("speedup_label", "speedup", 0), ("speedup_ci95", "95 % CI", 2),
                         ("spec_decode_acceptance_length", "AL", 2), ("acceptance_ci95", "AL 95 % CI", 2),
@@ -211,8 +214,8 @@ def synthetic_table(runs: Runs) -> Table | Note:
                         ("check", "check", 0), ("measured", "speedup", 2), ("derived_in_run", "derived (steps)", 2),
                         ("ratio", "measured / derived", 3), ("host_ms", "host ms / round", 3),
                         ("accept_ms", "accept ms / round", 3)],
-                 caption="random weights, synthetic acceptance: these time the systems, never a draft's quality; "
-                         "derived (steps): AL x plain step / round from the run's own step timers (our engine only)")
+                 caption="synthetic acceptance: these time the systems, never a draft's quality; derived (steps): "
+                         "AL x plain step / round from the run's own step timers (our engine only)")
 
 
 def overall_rows(runs: Runs) -> pd.DataFrame:

@@ -40,8 +40,12 @@ def columns(summary: dict) -> list[tuple[str, str]]:
     cols = COLUMNS[:2] + [SWEPT] + COLUMNS[2:] if summary.get("max_concurrency", [1]) != [1] else list(COLUMNS)
     if summary.get("contended_requests"):
         cols.insert(cols.index(("requests", "requests")) + 1, BUSY)
-    if summary.get("synthetic"):
-        cols = [SYNTHETIC.get(c, c) for c in cols]
+    if summary.get("synthetic"):  # in place of acceptance and equality where every draft is synthetic, else beside
+        drafted = [r for r in summary["rows"] if r.get("method") != "plain"]
+        if all(r.get("profile_acceptance_length") is not None for r in drafted):
+            cols = [SYNTHETIC.get(c, c) for c in cols]
+        else:
+            cols += list(SYNTHETIC.values())
     return cols
 
 

@@ -81,9 +81,11 @@ def add_synthetic(summary: dict, settings: dict, records: list[dict]) -> dict:
         by_system[r["system"]].append(r)
     checks = {name: check(by_system[name], p) for name, p in profiles.items() if by_system[name]}
     for row in summary["rows"]:
+        row["label"] = text  # (every row: the CSV says it too)
         profile = profiles.get(row["system"])
         if profile is None:
             continue
+        row["acceptance_profile"] = profile["name"]
         mine = [r for r in by_system[row["system"]] if r["temperature"] == row["temperature"]
                 and r.get("max_concurrency", 1) == row["max_concurrency"]
                 and (row["category"] == "overall" or r["category"] == row["category"])]

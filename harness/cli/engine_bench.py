@@ -59,10 +59,11 @@ def engine_bench(
     from harness.microbench.vllm_peer import peer_tables
     from harness.runs import threads
 
-    from dspark.acceptance import resolve
+    from dspark.acceptance import check_spec, resolve
     from harness.analysis.study import derived_from_bench
 
-    profiles = [resolve(spec, 7) for spec in acceptance or []]  # (refused before any model loads)
+    for spec in acceptance or []:
+        check_spec(spec)  # (refused before any model loads; against the draft's proposal length once it is known)
     device = resolve_device(device)
     dtype_name(dtype, "--dtype")
     contexts = tuple(number_list(sweep_context or None, "--sweep-context", int, "whole numbers", "context length",
@@ -87,9 +88,9 @@ def engine_bench(
     result = run_engine_bench(args)
     result["threads"] = {"count": n_threads, "chosen_by": threads_by}
     result["provenance"] = provenance(device) | {"arguments": vars(args), "weights": "random normal(0, 0.02)"}
-    if profiles:
-        block = result["shapes"]["draft"]["block_size"]
-        result["derived"] = derived_from_bench(result, [resolve(p.spec, block).to_dict() for p in profiles])
+    if acceptance:
+        k = result["shapes"]["draft"]["num_drafts"]
+        result["derived"] = derived_from_bench(result, [resolve(spec, k).to_dict() for spec in acceptance])
     if as_json:
         print(dumps(result))
         return

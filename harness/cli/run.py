@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dspark.errors import DSparkError
@@ -120,7 +121,11 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
     target_path = resolve_path(exp.target)
     target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
     rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
-    t = Table(title=f"dry run: experiment {exp.name}, target {exp.target} ({target_path})")
+    from harness.analysis.synthetic_check import label
+
+    named = label(settings)
+    t = Table(title=escape(f"dry run: experiment {exp.name}, target {exp.target} ({target_path})"
+                           + (f" [{named}]" if named else "")))
     for col in ("system", "draft", "format", "method", "tokens/round", "fits", "problem"):
         t.add_column(col)
     for r in rows:

@@ -22,6 +22,9 @@ def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[st
     `acceptance` (the option) overrides every system's own."""
     if acceptance is not None:
         check_spec(acceptance)
+        if all(exp.system(name).method == "plain" for name in systems):
+            raise DSparkError(f"--acceptance: the run's systems ({', '.join(systems)}) have no draft to accept at it; "
+                              "add a draft-model system with --systems, or drop --acceptance")
     out = {}
     for name in systems:
         system = exp.system(name)
@@ -34,7 +37,10 @@ def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[st
         if system.confidence != "off":
             raise DSparkError(f"--acceptance: system '{name}' cuts its proposals (confidence = \"{system.confidence}\"), "
                               "which changes what it accepts; leave it out with --systems")
-        out[name] = resolve(spec, proposal_length(system)).to_dict()
+        where = (f"--acceptance (system '{name}')" if acceptance is not None else
+                 f"{exp.path}: system '{name}': acceptance")
+        given = "on the command line" if acceptance is not None else f"in experiment {exp.name}"
+        out[name] = resolve(spec, proposal_length(system), where, given).to_dict()
     return out
 
 

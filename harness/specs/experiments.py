@@ -196,7 +196,7 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
             if policy["confidence"] != "off":
                 raise DSparkError(f"{where}: system '{sname}': acceptance and confidence = \"{policy['confidence']}\" "
                                   "cannot go together (a policy cutting the proposal changes what it accepts)")
-            check_spec(acceptance)
+            check_spec(acceptance, f"{where}: system '{sname}': acceptance")
         systems.append(System(sname, method, draft, k, **policy, acceptance=acceptance))
     if not systems:
         raise DSparkError(f"{where}: no [[systems]]; name at least one")

@@ -71,8 +71,9 @@ class ShapedTokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        """No text: random weights write none worth reading (the record keeps the ids)."""
-        return ""
+        """No text (random weights write none worth reading; the record keeps the ids), but a stand-in as long
+        as the reply: a later turn's history then counts it at its own length (`turn_tokens`)."""
+        return " ".join(["tok"] * len(ids))
 
     def record(self) -> dict:
         return {"shaped": {"split": self.split, "bytes_per_token": BYTES_PER_TOKEN,
