@@ -113,7 +113,8 @@ def shapes(tcfg: TargetConfig, dcfg: DraftConfig, args: BenchArgs, dtype: torch.
 
     return {"target": {"name": args.target, **dims(tcfg.backbone)},
             "draft": {"name": args.draft, **dims(dcfg.backbone), "block_size": dcfg.block_size,
-                      "num_drafts": dcfg.num_drafts, "markov_rank": dcfg.markov_rank, "target_layer_ids": list(dcfg.target_layer_ids)},
+                      "num_drafts": dcfg.num_drafts, "markov_rank": dcfg.markov_rank,
+                      "target_layer_ids": list(dcfg.target_layer_ids)},
             "context_len": args.context_len, "dtype": str(dtype).replace("torch.", ""), "weights": "random normal(0, 0.02)"}
 
 
