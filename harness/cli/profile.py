@@ -98,11 +98,14 @@ def profile(
 
 
 def _show(result: dict, folder: Path, question_ids: list[str] | None, as_json: bool) -> None:
-    """The comparison (or its JSON), the operators and what was written."""
+    """The comparison (or its JSON), the operators and what was written; titled with the runs' label where
+    their weights are random or their acceptance synthetic (the child runs' manifests say it)."""
+    labels = {json.loads(m.read_text()).get("label") for m in sorted(folder.glob("*/manifest.json"))} - {None}
+    named = {"label": "; ".join(sorted(labels))} if labels else {}
     if as_json:
-        print(json.dumps({"profile_dir": str(folder), "question_ids": question_ids, **result}))
+        print(json.dumps({"profile_dir": str(folder), "question_ids": question_ids, **result, **named}))
         return
-    print_comparison(result, f"profile ({result['kind']}): {folder}")
+    print_comparison(result, f"profile ({result['kind']}): {folder}" + (f" [{named['label']}]" if named else ""))
     print_operators(result)
     traces = result["traces"].values()
     json_bytes = [t["json_bytes"] for t in traces if t["json_bytes"]]

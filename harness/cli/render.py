@@ -207,7 +207,7 @@ def print_comparison(result: dict, title: str) -> None:
     if any((r.get("host") or {}).get("unprofiled_tpot_ms") for r in rows):
         caption += ("; TPOT unprofiled: the same requests, timed in an unprofiled run before the profiles; "
                     "profiler overhead: profiled TPOT less unprofiled")
-    t = Table(title=title, caption=caption, caption_justify="left")
+    t = Table(title=escape(title), caption=caption, caption_justify="left")
     t.add_column("figure")
     for r in rows:
         t.add_column(r["name"], justify="right", no_wrap=True)
