@@ -192,17 +192,18 @@ def test_vllm_without_synthetic_acceptance_and_dummy_drafts_on_its_cpu_build_are
 @needs_demo
 def test_vllm_accepts_at_the_profile_on_its_cpu_build(tmp_path):
     """vLLM's synthetic rejection sampler given the profile's rates, its per-request rounds held against it."""
-    run = _cli(["run", "--systems", "dspark", "--backend", "vllm", "--category", "coding", "--num-prompts", "3",
-                "--output-len", "128", "--temperature", "0", "--disable-shuffle", "--ignore-eos", "--acceptance",
+    # (about 22 rounds: each cell of the test still expects 5; DSpark's rounds run interpreted here, about 1 s each)
+    run = _cli(["run", "--systems", "dspark", "--backend", "vllm", "--category", "coding", "--num-prompts", "2",
+                "--output-len", "80", "--temperature", "0", "--disable-shuffle", "--ignore-eos", "--acceptance",
                 "dspark-ascend-gsm8k", "--vllm-arg", "distributed_executor_backend=uni", "--out", tmp_path / "v",
                 "--json"], tmp_path, extra_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads(run.stdout)
     check = summary["synthetic"]["dspark"]
-    assert check["verdict"] == "matches" and check["rounds"] >= 40, check
+    assert check["verdict"] == "matches" and check["rounds"] >= 18, check
     manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
     sc = manifest["backend"]["engines"]["dspark"]
     assert "synthetic" in json.dumps(sc)
     counts = [a for r in read_requests(tmp_path / "v") for a, p in zip(r["accepted_counts"], r["proposal_lengths"])
               if p == 7]
-    assert goodness_of_fit(counts, resolve("collapse", 7).rates)["p_value"] < 1e-6
+    assert goodness_of_fit(counts, resolve("community", 7).rates)["p_value"] < 1e-6
