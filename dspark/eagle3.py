@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from dspark import kernels
 from dspark.config import Eagle3Config
-from dspark.layers import MLP, AttentionStep, KVCache, RMSNorm, fuse_linears, init_weights
+from dspark.layers import MLP, AttentionStep, KVCache, RMSNorm, check_fused, fuse_linears, init_weights
 
 
 class Eagle3Attention(nn.Module):
@@ -52,9 +52,7 @@ class Eagle3Attention(nn.Module):
         if torch.is_grad_enabled():
             qkv = torch.cat([p(x) for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
         else:
-            if self.fused is None or self.fused[0].data_ptr() != self.q_proj.weight.data_ptr():
-                raise RuntimeError("Eagle3Attention: projections not fused (or replaced since); call the model's "
-                                   "fuse() after building or loading it (the loaders and builders do)")
+            check_fused(self, self.fused, self.q_proj.weight)
             qkv = kernels.linear(x, *self.fused)
         if self.q_norm is not None:
             q = kernels.qk_norm_rope_cache(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,

@@ -101,6 +101,17 @@ class KVCache:
         return self.k[0].shape[2]
 
 
+def check_fused(module: nn.Module, fused: tuple[Tensor, Tensor | None] | None, first: Tensor) -> None:
+    """Refuse a forward whose fused projection weight is missing or no longer holds `first` (the first
+    projection's weight: replaced since `fuse`). Checked eagerly only: under torch.compile the pointer
+    comparison would break the graph at every layer (14 breaks in the demo's decode step)."""
+    if torch.compiler.is_compiling():
+        return
+    if fused is None or fused[0].data_ptr() != first.data_ptr():
+        raise RuntimeError(f"{type(module).__name__}: projections not fused (or replaced since); call the model's "
+                           "fuse() after building or loading it (the loaders and builders do)")
+
+
 def fuse_linears(parts: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
     """One weight (and bias) for several projections of the same input; the projections' own
     parameters become views of it, so checkpoints, in-place updates (training) and state dicts see
@@ -160,9 +171,7 @@ class FusedProjections(nn.Module):
             h = norm(x)
             y = torch.cat([p(h) for p in parts], dim=-1)
             return kernels.silu_mul(y) if gated else y
-        if self.fused is None or self.fused[0].data_ptr() != parts[0].weight.data_ptr():
-            raise RuntimeError(f"{type(self).__name__}: projections not fused (or replaced since); call the "
-                               "model's fuse() after building or loading it (the loaders and builders do)")
+        check_fused(self, self.fused, parts[0].weight)
         return kernels.norm_linear(x, norm.weight, norm.eps, *self.fused, gated=gated)
 
 
