@@ -22,13 +22,7 @@ CLI=(python3 -m harness.cli)
 STUDY=(--experiment qwen3-8b-random --device cuda --split qualitative --category coding --ignore-eos)
 N=${N:-6}  # prompts: the fewest that give a speedup its interval
 LEN=${LEN:-1024}  # output tokens a request
-stage() {  # stage NAME SECONDS COMMAND...: timed, its output in $R/NAME.log
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$R/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - t0)) s" | tee -a "$R/stages.txt"
-}
+. benchmarks/stage.sh  # stage NAME SECONDS COMMAND...
 for s in "$@"; do
   case $s in
     install) stage install 150 python3 tools/vllm_offline/install.py /tmp/vp32/v32-* --target "$SITE" ;;

@@ -23,13 +23,7 @@ export LD_LIBRARY_PATH=/tmp/nsys-lib:${LD_LIBRARY_PATH:-}
 R=/tmp/r
 mkdir -p "$R" "${OUT:-/tmp/out}"
 CLI=(python3 -m harness.cli)
-stage() {  # stage NAME SECONDS COMMAND...: timed, its output in $R/NAME.log
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$R/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - t0)) s" | tee -a "$R/stages.txt"
-}
+. benchmarks/stage.sh  # stage NAME SECONDS COMMAND...
 demo() {  # demo DTYPE SUFFIX VLLM_ARGS...: the demo pair on both engines, then parity per run
   local dtype=$1 tag=$2
   shift 2

@@ -157,7 +157,7 @@ class Session:
                                           "systems": [asdict(s) for s in exp.systems]},
                            **inputs, "methods": {n: p.method for n, p in prepared.items()},
                            "threads": {"count": n_threads, "chosen_by": threads_by},
-                           **({"label": label(settings)} if label(settings) else {}),
+                           **({"label": named} if (named := label(settings)) else {}),
                            "prompts_selected": len(rows), "requests_expected": expected_requests(
                                [(name, temp, row.category, conc) for name, conc, temp, row, _ in jobs]),
                            "backend": backend.record(), "profiled": opts.profiled or False,

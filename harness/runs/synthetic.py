@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dspark.acceptance import check_spec, resolve
+from dspark.acceptance import resolve
 from dspark.checkpoint import RANDOM, load_draft_config
 from dspark.errors import DSparkError
 from harness.specs.experiments import Experiment, System
@@ -20,8 +20,7 @@ from harness.specs.experiments import Experiment, System
 def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[str]) -> dict:
     """{system: the resolved profile (Synthetic.to_dict)} for the systems that accept synthetically;
     `acceptance` (the option) overrides every system's own."""
-    if acceptance is not None:
-        check_spec(acceptance)
+    if acceptance is not None:  # (its form was checked with the options: `plan.check_options`)
         if all(exp.system(name).method == "plain" for name in systems):
             raise DSparkError(f"--acceptance: the run's systems ({', '.join(systems)}) have no draft to accept at it; "
                               "add a draft-model system with --systems, or drop --acceptance")
