@@ -30,6 +30,7 @@ from dspark.errors import DSparkError
 from dspark.formats.common import KeyTable, save_safetensors
 from dspark.formats.eagle3.common import weights_signature
 from dspark.target import Qwen3Target
+from dspark.user_cache import cache_root
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.txt", "*.model", "*.jinja"]
 CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.jinja"]  # a random: model's source: all but the weights
@@ -84,7 +85,6 @@ def random_folder(source: str, revision: str | None = None) -> Path:
     at load. Written under $DSPARK_CACHE (default ~/.cache/dspark-bench)/random; vLLM reads it with
     load_format="dummy"."""
     import hashlib
-    import os
 
     from dspark import presets
 
@@ -109,7 +109,7 @@ def random_folder(source: str, revision: str | None = None) -> Path:
     marker = {"source": RANDOM + source, **RANDOM_INIT}
     text = json.dumps(config, indent=2, sort_keys=True)
     digest = hashlib.sha256((text + json.dumps(files, sort_keys=True)).encode()).hexdigest()[:12]
-    root = Path(os.environ.get("DSPARK_CACHE") or Path.home() / ".cache" / "dspark-bench") / "random"
+    root = cache_root() / "random"
     out = root / f"{Path(source).name.replace(':', '-') or 'model'}-{digest}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(text)

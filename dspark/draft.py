@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from dspark import kernels
 from dspark.config import DraftConfig
-from dspark.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, init_weights
+from dspark.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, device_layout, init_weights, lay_out_products
 
 
 class MarkovHead(nn.Module):
@@ -95,6 +95,7 @@ class DraftModel(nn.Module):
         for layer in self.layers:
             layer.fuse()
         self._stack_context_kv()
+        lay_out_products(self)
         return self
 
     def _context_projections(self) -> list[nn.Linear]:
@@ -107,7 +108,7 @@ class DraftModel(nn.Module):
         """A copy (each layer's fused q/k/v holds these rows too), so in-place changes need it again."""
         projs = self._context_projections()
         with torch.inference_mode(False), torch.no_grad():
-            weight = torch.cat([p.weight.detach() for p in projs])
+            weight = device_layout(torch.cat([p.weight.detach() for p in projs]))
             bias = torch.cat([p.bias.detach() for p in projs]) if projs[0].bias is not None else None
         self.context_kv = (weight, bias)
         self._context_versions = self._versions()
@@ -157,7 +158,9 @@ class DraftModel(nn.Module):
             c = self.hidden_norm(fed)
             kvs = [torch.cat((a.k_proj(c), a.v_proj(c)), dim=-1) for a in attns]
         else:
-            if self.context_kv is None or self._versions() != self._context_versions:
+            # (the version check runs eagerly only: compiled, reading the counters would break the graph)
+            stale = not torch.compiler.is_compiling() and self._versions() != self._context_versions
+            if self.context_kv is None or stale:
                 raise RuntimeError("DraftModel: the context projections are not fused, or changed in place since; "
                                    "call fuse() after building, loading or editing the weights (the loaders do)")
             kv = kernels.norm_linear(fed, self.hidden_norm.weight, self.hidden_norm.eps, *self.context_kv)

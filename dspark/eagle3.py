@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from dspark import kernels
 from dspark.config import Eagle3Config
-from dspark.layers import MLP, AttentionStep, KVCache, RMSNorm, check_fused, fuse_linears, init_weights
+from dspark.layers import (MLP, AttentionStep, KVCache, RMSNorm, check_fused, fuse_linears, init_weights,
+                           lay_out_products)
 
 
 class Eagle3Attention(nn.Module):
@@ -123,6 +124,7 @@ class Eagle3Draft(nn.Module):
     def fuse(self) -> "Eagle3Draft":
         """Fuse q/k/v and gate/up once the weights are final (the loaders and builders call it)."""
         self.midlayer.fuse()
+        lay_out_products(self)
         return self
 
     def share_embeddings(self, embed_tokens: nn.Embedding) -> None:

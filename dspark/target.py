@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from dspark import kernels
 from dspark.config import TargetConfig
-from dspark.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, init_weights
+from dspark.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, init_weights, lay_out_products
 
 
 class Qwen3Body(nn.Module):
@@ -40,6 +40,7 @@ class Qwen3Target(nn.Module):
         once the weights are final, by `load_target` and the random builders."""
         for layer in self.model.layers:
             layer.fuse()
+        lay_out_products(self)
         return self
 
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:

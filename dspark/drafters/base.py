@@ -25,5 +25,6 @@ class Drafter(Protocol):
 
     def propose(self, state: DecodeState, temperature: float, cut: ProposalCut, generator: torch.Generator,
                 history: list[int]) -> None:
-        """Write the proposal following `state.anchor` (`history`: all committed ids, the anchor last) and how
-        many of its slots to verify (`cut`: drafters with a confidence head cut by it, others verify all)."""
+        """Write the proposal following `state.anchor` (`history`: all committed ids, the anchor last; empty for a
+        graphable drafter, which reads no host state) and how many of its slots to verify (`cut`: drafters with a
+        confidence head cut by it, others verify all)."""

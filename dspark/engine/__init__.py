@@ -1,7 +1,8 @@
 """The native engine: batch-size-1 generation, plain or speculative, on one target path.
 
 `single` holds Engine and its request types; `step` names each decode-loop step once (NVTX range,
-round_ms key, graph key); `graphs` captures and replays the steps' CUDA graphs; `timing` times them.
+round_ms key, graph key); `graphs` captures and replays the steps' CUDA graphs, or runs their compiled
+forms on a CPU, whose settings `compile` makes; `timing` times them.
 The tensor work of the steps lives in `dspark.steps` and the drafters.
 """
 

@@ -103,7 +103,7 @@ class Engine:
     """
 
     def __init__(self, target: Qwen3Target, drafter: Drafter | None = None, use_graphs: bool | None = None,
-                 nvtx: bool = True, timing: bool = False):
+                 nvtx: bool = True, timing: bool = False, compile: bool = False):
         self.target = target
         self.drafter = drafter
         self.timing = timing
@@ -111,12 +111,14 @@ class Engine:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise DSparkError("CUDA graphs need a CUDA device; drop the graphs option on CPU")
+        if compile and self.device.type != "cpu":
+            raise DSparkError("compiling the steps is for the CPU (CUDA graphs accelerate them on a GPU); drop --compile")
         self.nvtx = nvtx
         self.method = drafter.method if drafter else "ar"
         self._propose = propose_step(self.method) if drafter else None
         self.steps: tuple[Step, ...] = (self._propose, VERIFY, ACCEPT) if drafter else (DECODE,)
         self.streams = Streams.from_seed(0, self.device)
-        self._runner = StepRunner(self.use_graphs, self.streams.generators())
+        self._runner = StepRunner(self.use_graphs, self.streams.generators(), compile=compile)
         self._timer: StepTimer | None = None
         self._history: list[int] = [0]  # the request's committed ids, the anchor last (the n-gram drafter reads it)
         self._bound_cfg: GenerationConfig | None = None
@@ -138,8 +140,8 @@ class Engine:
 
     @property
     def runner(self) -> StepRunner:
-        """The step runner, read only: its `graphs` are those captured so far, one per step and settings
-        (none without graphs or after `release`)."""
+        """The step runner, read only: its `graphs` (or `compiled` forms) are those made so far, one per step
+        and settings (none without graphs or compile, or after `release`)."""
         return self._runner
 
     def _allocate(self, max_len: int) -> None:
@@ -176,8 +178,12 @@ class Engine:
                     VERIFY: (lambda: self._target_steps.verify(t), True),
                     ACCEPT: (lambda: self._target_steps.accept(synthetic), True)}
             if self.drafter is not None:
-                work[self._propose] = (lambda: self.drafter.propose(self.state, t, cut, self.streams.draft,
-                                                                    self._history), self.drafter.graphable)
+                d = self.drafter
+                if d.graphable:  # it reads no host state (compiled, a history growing each round would recompile it)
+                    work[self._propose] = (lambda: d.propose(self.state, t, cut, self.streams.draft, []), True)
+                else:
+                    work[self._propose] = (lambda: d.propose(self.state, t, cut, self.streams.draft, self._history),
+                                           False)
             steps = list(self.steps)
             if self.drafter is not None and cut.cuts:  # verify over 1..N rows too, each its own graph
                 for rows in range(1, self.drafter.block_size + 1):
@@ -211,11 +217,13 @@ class Engine:
 
     @torch.inference_mode()
     def warmup(self, max_len: int, cfg: GenerationConfig) -> None:
-        """Allocate for `max_len` positions and capture the graphs `cfg` needs, outside any timing."""
+        """Allocate for `max_len` positions and capture the graphs (or compile the steps) `cfg` needs, outside
+        any timing."""
         self._allocate(max_len)
         self._history = [0]
-        todo = [(key, fn) for key, fn, graphable in self._bind(cfg).values()
-                if graphable and self.use_graphs and key not in self._runner.graphs]
+        runner = self._runner
+        todo = [(key, fn) for key, fn, graphable in self._bind(cfg).values() if graphable and runner.accelerates
+                and key not in runner.graphs and key not in runner.compiled and key not in runner.failed]
         if not todo:
             return
         with self._ranges(WARMUP):  # only when something is captured: later requests show no such range

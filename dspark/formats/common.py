@@ -150,7 +150,7 @@ def save_safetensors(state: dict[str, Tensor], path: Path) -> None:
     """`save_file`, the file given the mode any new file gets (0644 under the usual umask): safetensors
     writes a private temporary file (0600) and renames it, which left the weights unreadable to the
     group and others beside a readable config."""
-    save_file(state, path)
+    save_file({k: v.contiguous() for k, v in state.items()}, path)  # (a CPU model's products are column-major)
     umask = os.umask(0o022)  # (reading the umask means setting it; it is put back at once)
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)

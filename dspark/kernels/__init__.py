@@ -1,8 +1,8 @@
 """Fused GPU kernels (Triton) for the small operations around the matrix products, with their reference.
 
 Each public function computes the same thing as its `*_ref` twin in plain PyTorch; on CUDA tensors
-it runs one Triton kernel instead of several PyTorch ones (the reference runs on CPU, without
-Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its reference.
+it runs one Triton kernel instead of several PyTorch ones (the reference runs without Triton, or when
+`DSPARK_KERNELS=0`; a CPU runs the CPU forms below). Tests check each kernel against its reference.
 
 - `rms_norm`: RMSNorm in one pass, where no product takes it in (final norms, many-row forwards).
 - `qk_norm_rope_cache`: per-head q/k RMSNorm, RoPE on both, K/V written to the cache at their positions.
@@ -17,17 +17,22 @@ Triton, or when `DSPARK_KERNELS=0`). Tests check each kernel against its referen
 - `accept`: the lossless acceptance rule (accepted prefix, residual or bonus token) in two launches.
 - `markov_sample`: the vanilla Markov head's left-to-right loop, one launch per slot (bias product,
   noise, arg-max and the softmax statistics), then one launch for every slot's probabilities.
+
+On CPU tensors (inference) the norms, the attention prologue and attention run their CPU forms (`cpu`): the
+references' arithmetic in the fewest PyTorch operators. `references()` (or `DSPARK_KERNELS=0`) runs the
+references everywhere: the eager reference the fused and CPU forms are tested against.
 """
 
 from dspark.kernels.activation import silu_mul, silu_mul_ref
-from dspark.kernels.attention import SPLIT_KV_MAX_QUERIES, attention, attention_ref, split_kv_attention
+from dspark.kernels.attention import SPLIT_KV_MAX_QUERIES, attention, attention_ref, split_kv_attention, visibility
+from dspark.kernels.cpu import use_cpu_forms
 from dspark.kernels.gemv import linear, linear_ref, norm_linear, norm_linear_ref
-from dspark.kernels.launch import use_triton
+from dspark.kernels.launch import kernels_on, references, use_triton
 from dspark.kernels.norms import qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm, rms_norm_ref, rope_ref
 from dspark.kernels.sampling import (SAMPLE_BLOCK, accept, accept_ref, markov_sample, markov_sample_ref, race,
                                      race_ref)
 
-__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "attention", "attention_ref", "linear",
-           "linear_ref", "markov_sample", "markov_sample_ref", "norm_linear", "norm_linear_ref",
-           "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race", "race_ref", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul",
-           "silu_mul_ref", "split_kv_attention", "use_triton"]
+__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "attention", "attention_ref",
+           "kernels_on", "linear", "linear_ref", "markov_sample", "markov_sample_ref", "norm_linear", "norm_linear_ref",
+           "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race", "race_ref", "references", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul",
+           "silu_mul_ref", "split_kv_attention", "use_cpu_forms", "use_triton", "visibility"]

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dspark.kernels.cpu import attention_cpu, use_cpu_forms
 from dspark.kernels.launch import sm_count, tl, triton, use_triton
 
 
@@ -16,7 +17,7 @@ def attention_ref(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, k
     """q [B, Hq, T, D] over keys 0..kv_len-1; query (b, t) sees keys at slots <= limits[b, t], or where
     an explicit `mask` [B, 1, T, kv_len] is True."""
     if mask is None:
-        mask = (torch.arange(kv_len, device=q.device) <= limits[..., None])[:, None]
+        mask = visibility(limits, kv_len)
     k, v = cache_k[:, :, :kv_len], cache_v[:, :, :kv_len]
     gqa = q.shape[1] != k.shape[1]
     if gqa and q.dtype == torch.float32:
@@ -48,7 +49,14 @@ def attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_le
     if causal and mask is None and q.dtype in (torch.bfloat16, torch.float16):
         return F.scaled_dot_product_attention(q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], is_causal=True,
                                               enable_gqa=hq != cache_k.shape[1])
+    if use_cpu_forms(q):
+        return attention_cpu(q, cache_k, cache_v, visibility(limits, kv_len) if mask is None else mask)
     return attention_ref(q, cache_k, cache_v, limits, kv_len, mask)
+
+
+def visibility(limits: Tensor, kv_len: int) -> Tensor:
+    """The boolean mask [B, 1, T, kv_len] of `limits` [B, T]: query (b, t) sees the key slots <= limits[b, t]."""
+    return (torch.arange(kv_len, device=limits.device) <= limits[..., None])[:, None]
 
 
 def split_kv_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, limits: Tensor, kv_len: int) -> Tensor:

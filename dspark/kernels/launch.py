@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -15,10 +16,30 @@ except ImportError:  # pragma: no cover - depends on the install
     tl = None
 
 
+# Read once: a check per operator would cost a microsecond each, a hundred times a CPU step.
+_SETTINGS = {"kernels": os.environ.get("DSPARK_KERNELS", "1") != "0",
+             "interpret": os.environ.get("TRITON_INTERPRET") == "1"}
+
+
+def kernels_on() -> bool:
+    """False under `DSPARK_KERNELS=0` or inside `references()`: every operation runs its PyTorch reference."""
+    return _SETTINGS["kernels"]
+
+
+@contextmanager
+def references():
+    """Run the PyTorch references inside (the eager reference the fused and CPU forms are held equal to)."""
+    before = _SETTINGS["kernels"]
+    _SETTINGS["kernels"] = False
+    try:
+        yield
+    finally:
+        _SETTINGS["kernels"] = before
+
+
 def use_triton(t: Tensor) -> bool:
     """Triton kernels serve inference (no autograd through them): with gradients on, the references run."""
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    return (triton is not None and os.environ.get("DSPARK_KERNELS", "1") != "0" and (t.is_cuda or interpret)
+    return (triton is not None and _SETTINGS["kernels"] and (t.is_cuda or _SETTINGS["interpret"])
             and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.is_grad_enabled())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dspark.kernels.cpu import qk_norm_rope_cache_cpu, rms_norm_cpu, use_cpu_norm_forms
 from dspark.kernels.launch import tl, triton, use_triton
 
 
@@ -39,7 +40,7 @@ def qk_norm_rope_cache_ref(qkv: Tensor, num_heads: int, num_kv_heads: int, q_nor
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     if not use_triton(x):
-        return rms_norm_ref(x, weight, eps)
+        return rms_norm_cpu(x, weight, eps) if use_cpu_norm_forms(x) else rms_norm_ref(x, weight, eps)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     out = torch.empty_like(x2)
@@ -51,8 +52,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def qk_norm_rope_cache(qkv: Tensor, num_heads: int, num_kv_heads: int, q_norm: Tensor, k_norm: Tensor, eps: float,
                        cos: Tensor, sin: Tensor, positions: Tensor, cache_k: Tensor, cache_v: Tensor) -> Tensor:
     if not use_triton(qkv) or q_norm.shape[0] & (q_norm.shape[0] - 1):  # head_dim a power of two
-        return qk_norm_rope_cache_ref(qkv, num_heads, num_kv_heads, q_norm, k_norm, eps, cos, sin, positions,
-                                      cache_k, cache_v)
+        form = qk_norm_rope_cache_cpu if use_cpu_norm_forms(qkv) else qk_norm_rope_cache_ref
+        return form(qkv, num_heads, num_kv_heads, q_norm, k_norm, eps, cos, sin, positions, cache_k, cache_v)
     b, t, _ = qkv.shape
     d = q_norm.shape[0]
     qkv = qkv.contiguous()

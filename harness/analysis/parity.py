@@ -53,7 +53,7 @@ FLOAT_ERROR = {"float32": 1e-3, "bfloat16": 0.125, "float16": 0.0625}
 # by text) and those that say how they ran (what parity compares across)
 CHOOSE_REQUESTS = ("experiment", "experiment_sha256", "split", "categories", "systems", "num_prompts",
                    "temperatures", "turns", "seed", "shuffle", "max_concurrency")
-HOW_RUN = ("backend", "device", "dtype", "threads", "engine_args", "record_margins", "base_url", "model",
+HOW_RUN = ("backend", "device", "dtype", "threads", "engine_args", "record_margins", "compile", "base_url", "model",
            "request_timeout", "request_rate", "burstiness")
 # the flag that sets a refused setting, for the one-line fix
 FIX = {"output_len": "--output-len", "ignore_eos": "--ignore-eos", "dataset_path": "--dataset-path",

@@ -127,7 +127,7 @@ class Prepared:
 
 class Backend(Protocol):
     """Every backend class is built alike, `Cls(target, device, dtype, revision=None, engine_args=None,
-    run_dir=None, profiled=None, margins=False, server=None)` (`server`: a served backend's base_url, model
+    run_dir=None, profiled=None, margins=False, server=None, compile=False)` (`server`: a served backend's base_url, model
     and request_timeout_s), and leaves unused what it has no use for: the run refuses an option its
     backend cannot honour before building it."""
 

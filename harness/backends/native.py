@@ -36,12 +36,14 @@ class NativeBackend:
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
-                 margins: bool = False, server: dict | None = None):
+                 margins: bool = False, server: dict | None = None, compile: bool = False):
         if engine_args:
             raise DSparkError("--vllm-arg sets vLLM's engine arguments; the native backend takes none")
         self.loaded: LoadedTarget = load_target(target, device, dtype, revision)
         self.device = device
         self.margins = margins  # greedy drafts' top-2 margins recorded per round (`parity`), at a small cost
+        self.compile = compile  # the steps compiled (a CPU run, `--compile`)
+        self.engines: list[Engine] = []
         self.costs: dict[str, list[float]] = {}  # system -> the scheduler's cost table, measured at start
 
     @property
@@ -61,7 +63,17 @@ class NativeBackend:
 
     def record(self) -> dict:
         return {"engine": "dspark (this package)", "cuda_graphs": self.device.startswith("cuda"),
-                "step_timing": True} | ({"schedule_costs_ms": self.costs} if self.costs else {})
+                "step_timing": True} | ({"schedule_costs_ms": self.costs} if self.costs else {}) | self._compiled()
+
+    def _compiled(self) -> dict:
+        """With --compile: where inductor's cache is, each step's first call (compiling included) and any step
+        left eager, per system."""
+        if not self.compile:
+            return {}
+        steps = {e.method: {"compile_s": {"/".join(map(str, k)): round(v, 2) for k, v in e.runner.compile_s.items()},
+                            "failed": {"/".join(map(str, k)): why for k, why in e.runner.failed.items()}}
+                 for e in self.engines}
+        return {"compiled": (self.engines[0].runner.compile_settings if self.engines else {}) | {"steps": steps}}
 
     def prepare(self, system: System) -> Prepared:
         drafter, method, cfg = make_drafter(system.method, system.draft, self.loaded.model,
@@ -69,7 +81,9 @@ class NativeBackend:
         problem = check_system(system, cfg) if cfg is not None else None
         if problem:
             raise DSparkError(f"system '{system.name}': {problem}")
-        return Prepared(system, method, Engine(self.loaded.model, drafter, timing=True))
+        engine = Engine(self.loaded.model, drafter, timing=True, compile=self.compile)
+        self.engines.append(engine)
+        return Prepared(system, method, engine)
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
         """Caches for the longest request and graph capture, then one short request, all untimed."""

@@ -35,7 +35,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
-                 margins: bool = False, server: dict | None = None):
+                 margins: bool = False, server: dict | None = None, compile: bool = False):
         try:
             import aiohttp  # noqa: F401  (the client)
             import vllm

@@ -197,7 +197,7 @@ class VllmBackend(VllmTarget):
 
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
-                 margins: bool = False, server: dict | None = None):
+                 margins: bool = False, server: dict | None = None, compile: bool = False):
         self.logging = logging_environment(run_dir)
         try:
             with environment(**self.logging):  # (read as vLLM is imported)

@@ -22,10 +22,14 @@ def engine_bench(
                                               "on a GPU, 128 on a CPU, about a demo request's)."),
     dtype: str = typer.Option("auto", help="auto (bfloat16 on a GPU, float32 on a CPU, as a run), bfloat16, float16 "
                               "or float32."),
-    repeats: Optional[int] = typer.Option(None, min=5, help="Timed repeats per figure, the median reported "
-                                          "(default: 50 on a GPU, 20 on a CPU)."),
+    repeats: Optional[int] = typer.Option(None, min=5, help="Timed repeats per figure, in 5 alternated passes "
+                                          "(decode, verify, draft, round, then again): each figure the median of "
+                                          "its passes' medians, their range beside it (default: 50)."),
     device: str = typer.Option("auto", help="auto (a GPU when one is visible, else the CPU), cpu, cuda, cuda:N."),
     skip_hf: bool = typer.Option(False, "--skip-hf", help="Skip the transformers generate peer."),
+    compile: bool = typer.Option(False, "--compile", help="On a CPU: the steps compiled with torch.compile, as "
+                                 "run --compile runs them (each step's first call, compiling included, in the "
+                                 "output)."),
     eagle3: Optional[str] = typer.Option(None, help="An EAGLE-3 draft timed beside the block draft, alternated with "
                                          "it: preset (eagle3-qwen3-8b), demo-eagle3, or a config.json / folder; none "
                                          "to skip (default: eagle3-qwen3-8b on a GPU, none on a CPU)."),
@@ -48,7 +52,7 @@ def engine_bench(
     """Step costs of the native engine at real shapes (random weights) against the bandwidth limit.
 
     Needs a CUDA GPU for the published shapes (the default there: device kernels timed against the
-    GPU's own copy bandwidth). On a CPU it times the demo pair's shapes, eagerly with the wall clock,
+    GPU's own copy bandwidth). On a CPU it times the demo pair's shapes, eagerly (or compiled) with the wall clock,
     against the CPU's copy bandwidth, on the threads a CPU run of them would use (seconds); its
     `round_over_decode` draws the speed notebook's predicted-speedup curve for a CPU run."""
     from dspark.dtypes import dtype_name
@@ -81,7 +85,9 @@ def engine_bench(
         defaults = {k: v for k, v in defaults.items() if k != "eagle3"}
     args = BenchArgs(**defaults | {k: v for k, v in given.items() if v is not None}, dtype=dtype, skip_hf=skip_hf,
                      sweep_context=contexts, device=device, against=against, concurrency=levels,
-                     peer_repeats=peer_repeats)
+                     peer_repeats=peer_repeats, compile=compile)
+    if compile and device.startswith("cuda"):
+        raise DSparkError("--compile compiles the CPU's steps (CUDA graphs accelerate the GPU's); use --device cpu")
     folder = model_folder(args.target)  # (a preset has no folder: its size is not known, every core is used)
     n_threads, threads_by = threads.choose(None, device, folder if folder.is_dir() else None)
     threads.apply(n_threads)

@@ -84,6 +84,10 @@ RUN_OPTIONS = [
                                                "eagle3-paper, community, collapse, ...), a mean acceptance length "
                                                "(3.41) or per-slot unconditional rates (0.9,0.8,...). Default: each "
                                                "system's `acceptance`, else the real rule.")),
+    ("compile", bool, typer.Option(False, "--compile", help="Native backend on a CPU: compile each step with "
+                                   "torch.compile (inductor's cache in $DSPARK_CACHE/inductor). About 20 s per step "
+                                   "and setting the first time, a few after; it pays on long runs, not the demo's "
+                                   "main command (a flag).")),
     ("record_margins", bool, typer.Option(False, "--record-margins", help="Native backend, T = 0: record each "
                                           "greedy draft's top-2 logit margin, so `parity` can tell numerics from "
                                           "semantics (a flag; on the demo pair on an H200 it costs 9 % of a "

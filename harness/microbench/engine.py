@@ -2,8 +2,9 @@
 
 At batch size 1 a decode step must read every weight once (all but the input embedding table, of
 which it gathers one row) plus the KV cache, so copy bandwidth / step bytes bounds tokens per second.
-Everything is timed after warm-up, as the median of repeats: on a GPU with CUDA events (the steps
-replayed from their graphs), on a CPU with the wall clock (the steps run eagerly, as a CPU run does),
+Everything is timed after warm-up, in alternated passes (`step_timers`: each figure the median of its
+passes' medians, their range beside it): on a GPU with CUDA events (the steps replayed from their graphs),
+on a CPU with the wall clock (the steps run eagerly, as a CPU run does, or compiled with `--compile`),
 each against its own copy bandwidth (device-to-device on a GPU, memory-to-memory on a CPU). A model
 as small as the demo pair may sit in the CPU's caches, so its decode step can beat the memory limit.
 """
@@ -21,13 +22,11 @@ import torch
 
 from dspark.checkpoint import DEMO_DIR, DEMO_MODELS, pick_dtype, read_config
 from dspark.config import AnyDraftConfig, DraftConfig, TargetConfig, draft_config_from_hf
-from dspark.drafters import drafter_for
-from dspark.engine import Engine, GenerationConfig, StepRunner, synchronize
+from dspark.engine import synchronize
 from dspark.errors import DSparkError
 from dspark.presets import DRAFTS, TARGETS, build_random, random_draft_for
-from dspark.sampling import Streams
-from dspark.steps import DecodeState, TargetSteps
-from harness.backends.timing import copy_bandwidth_tbps, cuda_median_ms, host_median_ms, median_ms
+from harness.backends.timing import copy_bandwidth_tbps
+from harness.microbench.step_timers import SpeculativeTimer, device_of, graph_and_nvtx_costs, step_figures
 
 
 @dataclass
@@ -46,12 +45,13 @@ class BenchArgs:
     against: str | None = None  # "vllm": vLLM beside our engine on the same shapes (vllm_peer)
     concurrency: tuple[int, ...] = ()  # vLLM's batch sizes, with --against vllm
     peer_repeats: int = 3
+    compile: bool = False  # a CPU's steps compiled (torch.compile), as `run --compile` runs them
 
 
 # the defaults where the bench runs: the published pair on a GPU, the demo pair (the one a CPU run uses) on a CPU
 GPU_DEFAULTS = {"target": "qwen3-8b", "draft": "dspark-qwen3-8b-block7", "eagle3": "eagle3-qwen3-8b",
                 "context_len": 1024, "repeats": 50, "copy_gib": 4.0}
-CPU_DEFAULTS = {"target": "demo", "draft": "demo-dspark", "context_len": 128, "repeats": 20, "copy_gib": 0.25}
+CPU_DEFAULTS = {"target": "demo", "draft": "demo-dspark", "context_len": 128, "repeats": 50, "copy_gib": 0.25}
 
 
 def model_folder(name: str) -> Path:
@@ -156,14 +156,13 @@ def run_engine_bench(args: BenchArgs) -> dict:
     out["copy_tbps"] = copy_bandwidth_tbps(args.copy_gib, reps, device)
     out["step_bytes"] = step_bytes(target, ctx)
     out["limit_tok_s"] = out["copy_tbps"] * 1e12 / out["step_bytes"]
-    out |= measure_plain(target, prompt, reps)
+    figures, timer = step_figures(target, draft, dcfg.target_layer_ids, prompt, reps, args.compile)
+    out |= figures
+    if device.type == "cuda":
+        out |= graph_and_nvtx_costs(target, prompt, reps)
     out["decode_tok_s"] = 1e3 / out["decode_ms"]
     out["decode_fraction_of_limit"] = out["decode_tok_s"] / out["limit_tok_s"]
-    for rows in (8, 16):
-        out[f"verify{rows}_ms"] = measure_verify(target, dcfg.target_layer_ids, prompt, rows, reps)
     out["verify8_over_decode"] = out["verify8_ms"] / out["decode_ms"]
-    timer = SpeculativeTimer(target, draft, prompt)
-    out |= timer.measure(reps)
     if getattr(draft, "confidence_head", None) is not None:  # the prefix scheduler's cost table at these shapes
         from harness.backends.round_costs import round_costs
 
@@ -174,9 +173,9 @@ def run_engine_bench(args: BenchArgs) -> dict:
     out["draft_floor_ms"] = out["draft_step_bytes"] / (out["copy_tbps"] * 1e12) * 1e3
     out["draft_fraction_of_floor"] = out["draft_floor_ms"] / out["draft_ms"]
     if args.eagle3:
-        out["eagle3"] = measure_eagle3(target, draft, args.eagle3, tcfg, prompt, reps, out)
+        out["eagle3"] = measure_eagle3(target, draft, args.eagle3, tcfg, prompt, reps, out, args.compile)
     if args.sweep_context:
-        out["sweep"] = [measure_context(target, draft, dcfg, n, reps, out["copy_tbps"], high)
+        out["sweep"] = [measure_context(target, draft, dcfg, n, reps, out["copy_tbps"], high, args.compile)
                         for n in args.sweep_context]
     if not args.skip_hf:
         out["hf_generate_tok_s"] = hf_generate_tok_s(target, prompt, args.hf_new_tokens)
@@ -193,14 +192,14 @@ def run_engine_bench(args: BenchArgs) -> dict:
 
 
 def measure_eagle3(target, block_draft, name: str, tcfg: TargetConfig, prompt: list[int], reps: int,
-                   out: dict) -> dict:
+                   out: dict, compile: bool = False) -> dict:
     """An EAGLE-3 draft (random weights) on the same target and context as the block draft: its propose
     step (four newly committed rows, then the chain) and a whole round, timed alternately with the
     block draft's (block, EAGLE-3, block, EAGLE-3, half the repeats each), against the plain decode
     step; its propose step against its floor (`eagle3_step_bytes`)."""
     cfg = _draft_config(name, tcfg, "--eagle3")
-    timers = {"block": SpeculativeTimer(target, block_draft, prompt),
-              "eagle3": SpeculativeTimer(target, random_draft_for(target, cfg), prompt)}
+    timers = {"block": SpeculativeTimer(target, block_draft, prompt, compile),
+              "eagle3": SpeculativeTimer(target, random_draft_for(target, cfg), prompt, compile)}
     passes = [(who, timer.measure(max(3, reps // 2))) for _ in range(2) for who, timer in timers.items()]
     figures = {who: {k: statistics.median(p[k] for w, p in passes if w == who) for k in ("draft_ms", "round_ms")}
                for who in timers}
@@ -225,111 +224,18 @@ def eagle3_step_bytes(draft: torch.nn.Module, num_tokens: int) -> int:
 
 
 def measure_context(target, draft, dcfg: DraftConfig, context_len: int, reps: int, copy_tbps: float,
-                    high: int) -> dict:
+                    high: int, compile: bool = False) -> dict:
     """A sweep row: the decode step (graph replay), verify of 8, the draft step and a whole round at one
-    context length, each against its floor or the decode step."""
+    context length (alternated, `step_figures`), each against its floor or the decode step."""
     prompt = torch.randint(0, high, (context_len,), generator=torch.Generator().manual_seed(0)).tolist()
-    device = _device(target)
-    step, reset, _ = decode_step(target, prompt, graphs=device.type == "cuda")
-    row = {"context_len": context_len, "step_bytes": step_bytes(target, context_len),
-           "decode_ms": median_ms(step, reps, reset, device)}
+    spec, _ = step_figures(target, draft, dcfg.target_layer_ids, prompt, reps, compile)
+    row = {"context_len": context_len, "step_bytes": step_bytes(target, context_len), "decode_ms": spec["decode_ms"]}
     row["decode_fraction_of_limit"] = (1e3 / row["decode_ms"]) / (copy_tbps * 1e12 / row["step_bytes"])
-    row["verify8_over_decode"] = measure_verify(target, dcfg.target_layer_ids, prompt, 8, reps) / row["decode_ms"]
-    spec = measure_speculative(target, draft, prompt, reps)
+    row["verify8_over_decode"] = spec["verify8_ms"] / row["decode_ms"]
     row["draft_over_decode"] = spec["draft_ms"] / row["decode_ms"]
     row["round_over_decode"] = spec["round_ms"] / row["decode_ms"]
     row["draft_fraction_of_floor"] = draft_step_bytes(target, draft) / (copy_tbps * 1e12) * 1e3 / spec["draft_ms"]
     return row
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def decode_step(target, prompt: list[int], graphs: bool):
-    """(the plain decode step after `prompt`, sampling included; the reset that rewinds it; its engine),
-    the engine's cache filled and its graph captured."""
-    ctx, cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
-    engine = Engine(target, None, use_graphs=graphs, nvtx=False)
-    engine.generate(prompt, cfg)
-    (decode,) = engine.steps
-
-    def reset():
-        engine.state.position.fill_(ctx)
-
-    return (lambda: engine.run_step(decode, cfg)), reset, engine
-
-
-def measure_plain(target, prompt: list[int], reps: int) -> dict:
-    """The plain decode step replayed from its graph and run eagerly, and the cost of NVTX ranges around
-    the replay (host time included); on a CPU, where there are neither, the eager step alone."""
-    device = _device(target)
-    if device.type != "cuda":
-        step, reset, _ = decode_step(target, prompt, graphs=False)
-        return {"decode_ms": median_ms(step, reps, reset, device)}
-    out = {}
-    for graphs in (False, True):
-        step, reset, engine = decode_step(target, prompt, graphs)
-        out["decode_ms" if graphs else "graphs_off_decode_ms"] = cuda_median_ms(step, reps, reset)
-    for name, nvtx in (("nvtx_on_decode_ms", True), ("nvtx_off_decode_ms", False)):
-        engine.nvtx = nvtx
-        out[name] = host_median_ms(step, reps, reset)
-    out["nvtx_overhead_pct"] = 100 * (out["nvtx_on_decode_ms"] / out["nvtx_off_decode_ms"] - 1)
-    return out
-
-
-def measure_verify(target, taps: tuple[int, ...], prompt: list[int], rows: int, reps: int) -> float:
-    """One verify step of `rows` tokens (the anchor and rows-1 drafts) after the context, from its graph."""
-    ctx, b, device = len(prompt), target.config.backbone, _device(target)
-    cache = target.new_cache(ctx + rows + 2)
-    target(torch.tensor([prompt], device=device), torch.arange(ctx, device=device)[None], cache, ctx, taps)
-    state = DecodeState.allocate(rows - 1, b.vocab_size, len(taps) * b.hidden_size, cache.k[0].dtype, device)
-    state.position.fill_(ctx)
-    streams = Streams.from_seed(0, device)
-    steps = TargetSteps(target, cache, state, streams, taps)
-    runner = StepRunner(device.type == "cuda", streams.generators())
-
-    def verify():
-        steps.verify(1.0)
-
-    runner.capture(("verify",), verify)
-    return median_ms(lambda: runner.run(("verify",), verify), reps, device=device)
-
-
-class SpeculativeTimer:
-    """A speculative engine after `prompt` (its graphs captured), whose propose step and whole round can
-    be timed again and again: each run restarts from 4 newly committed context rows."""
-
-    def __init__(self, target, draft, prompt: list[int]):
-        self.ctx, self.cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
-        self.engine = Engine(target, drafter_for(draft))
-        self.engine.generate(prompt, self.cfg)
-        self.device = _device(target)
-
-    def reset_round(self) -> None:
-        state = self.engine.state
-        state.position.fill_(self.ctx)
-        state.pending_start.fill_(self.ctx - 4)
-        state.pending_count.fill_(4)
-
-    def whole_round(self) -> None:
-        for step in self.engine.steps:
-            self.engine.run_step(step, self.cfg)
-        self.engine.state.round_out.tolist()
-
-    def measure(self, reps: int) -> dict:
-        """The draft step alone, as the plain step is timed (no NVTX range around it), and a whole round:
-        propose + verify + accept and the host's read of the outcome."""
-        engine, propose = self.engine, self.engine.steps[0]
-        engine.nvtx = False
-        draft_ms = median_ms(lambda: engine.run_step(propose, self.cfg), reps, self.reset_round, self.device)
-        engine.nvtx = self.device.type == "cuda"  # (a CPU run has no ranges)
-        return {"draft_ms": draft_ms, "round_ms": host_median_ms(self.whole_round, reps, self.reset_round, self.device)}
-
-
-def measure_speculative(target, draft, prompt: list[int], reps: int) -> dict:
-    """The draft step with 4 newly accepted context rows (graph replay), and a whole round."""
-    return SpeculativeTimer(target, draft, prompt).measure(reps)
 
 
 def hf_generate_tok_s(target, prompt: list[int], new_tokens: int) -> float | None:
@@ -344,10 +250,12 @@ def hf_generate_tok_s(target, prompt: list[int], new_tokens: int) -> float | Non
                                       max_position_embeddings=target.config.max_position_embeddings)
     with torch.device("meta"):
         hf = transformers.Qwen3ForCausalLM(hf_cfg)
-    hf.load_state_dict(target.state_dict(), assign=True, strict=False)  # shares our tensors: no copy
+    # our tensors, shared where transformers would lay them out alike (a CPU's products are column-major in our
+    # engine: `dspark.layers.device_layout`; the peer gets them row-major, as transformers loads them)
+    hf.load_state_dict({k: v.contiguous() for k, v in target.state_dict().items()}, assign=True, strict=False)
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    device = _device(target)
+    device = device_of(target)
     with device:
         hf.model.rotary_emb = Qwen3RotaryEmbedding(hf_cfg)  # a buffer no state dict carries
     hf = hf.eval()
@@ -368,7 +276,13 @@ def table_rows(out: dict) -> list[tuple[str, str]]:
            "draft_ms": "{:.3f} ms", "draft_over_decode": "{:.2f}x", "round_ms": "{:.3f} ms",
            "round_over_decode": "{:.2f}x", "draft_step_bytes": "{:,} B", "draft_floor_ms": "{:.3f} ms",
            "draft_fraction_of_floor": "{:.1%}", "hf_generate_tok_s": "{:.1f} tok/s", "nvtx_overhead_pct": "{:+.2f} %"}
-    return [(k, fmt[k].format(out[k])) for k in fmt if out.get(k) is not None]
+    ranges = out.get("ranges_ms") or {}
+
+    def text(k: str) -> str:  # a timed figure: its passes' range beside the median
+        lo_hi = ranges.get(k)
+        return fmt[k].format(out[k]) + (f" ({lo_hi[0]:.3f}-{lo_hi[1]:.3f} over passes)" if lo_hi else "")
+
+    return [(k, text(k)) for k in fmt if out.get(k) is not None]
 
 
 SWEEP = [("context", "context_len", "{:,}"), ("decode ms", "decode_ms", "{:.3f}"),

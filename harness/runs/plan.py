@@ -46,6 +46,7 @@ class RunOptions:
     dtype: str = "auto"
     threads: int | None = None  # intra-op threads (None: `harness.runs.threads.choose`)
     record_margins: bool = False  # the native engine records its greedy drafts' top-2 margins (for `parity`)
+    compile: bool = False  # the native engine's CPU steps compiled (torch.compile)
     acceptance: str | None = None  # synthetic acceptance for every draft-model system (`dspark.acceptance`)
     out: str | None = None
     resume: str | None = None
@@ -134,6 +135,8 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         settings["burstiness"] = opts.burstiness
     if opts.record_margins:
         settings["record_margins"] = True
+    if opts.compile:
+        settings["compile"] = True
     from harness.runs.synthetic import check_random, synthetic_settings  # (reads draft configs: torch, loaded by now)
 
     if check_random(exp.target, exp, systems):
@@ -183,6 +186,9 @@ def check_options(opts: RunOptions, exp: Experiment) -> dict:
     if opts.record_margins and backend != "native":
         raise DSparkError(f"--record-margins records our engine's draft margins; the {backend} backend has none "
                           "to give (record them on the native run you compare against)")
+    if opts.compile and (backend != "native" or opts.device.startswith("cuda")):
+        raise DSparkError("--compile compiles our engine's CPU steps (CUDA graphs accelerate the GPU's); use it with "
+                          "--backend native on --device cpu, or drop it")
     return {"backend": backend, "systems": systems, "temperatures": [float(t) for t in temps],
             "output_len": output_len, "engine_args": engine_args}
 

@@ -129,6 +129,7 @@ class Session:
         backend: Backend = backend_class(settings["backend"])(
             exp.target, opts.device, opts.dtype, engine_args=settings.get("engine_args"),
             run_dir=folder.path, profiled=opts.profiled, margins=settings.get("record_margins", False),
+            compile=settings.get("compile", False),
             server={"base_url": settings.get("base_url"), "model": settings.get("model"),
                     "request_timeout_s": settings.get("request_timeout")})
         n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.tokenizer_path)
