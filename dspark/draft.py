@@ -143,7 +143,7 @@ class DraftModel(nn.Module):
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
         b = self.config.backbone
         w = self.fc.weight
-        return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device)
+        return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device, b.rope_theta)
 
     def add_context(self, feats: Tensor, positions: Tensor, cache: KVCache, slots: Tensor | None = None) -> None:
         """Write the K/V of new context rows (tapped target features [B, n, T*H] at `positions`).
@@ -152,7 +152,7 @@ class DraftModel(nn.Module):
         """
         fed = kernels.linear(feats, self.fc.weight)
         step = AttentionStep.build(positions, positions, 0, self.config.backbone, fed.dtype, slots,
-                                   table_len=cache.max_len if slots is None else 0)
+                                   tables=cache.rope if slots is None else None)
         attns = [layer.self_attn for layer in self.layers]
         if torch.is_grad_enabled():
             c = self.hidden_norm(fed)
@@ -181,7 +181,7 @@ class DraftModel(nn.Module):
             x = torch.cat((x[:, :1], self.mask_embedding.to(x.dtype).expand(x.shape[0], x.shape[1] - 1, -1)), dim=1)
         last = positions[:, -1:].expand_as(positions)
         step = AttentionStep.build(positions, last, kv_len, self.config.backbone, x.dtype, slots, mask,
-                                   table_len=cache.max_len if slots is None else 0)
+                                   tables=cache.rope if slots is None else None)
         for i, layer in enumerate(self.layers):
             x = layer(x, step, cache, i)
         return self.norm(x)

@@ -139,7 +139,7 @@ class Eagle3Draft(nn.Module):
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
         b = self.config.backbone
         w = self.fc.weight
-        return KVCache(1, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device)
+        return KVCache(1, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device, b.rope_theta)
 
     def project_features(self, feats: Tensor) -> Tensor:
         """The first chain step's hidden input: `fc` of the tapped target states [..., taps*H]."""
@@ -154,7 +154,7 @@ class Eagle3Draft(nn.Module):
         pre-norm output): the first scores the vocabulary, the second feeds the next chain step."""
         b = self.config.backbone
         step = AttentionStep.build(positions, positions if limits is None else limits, kv_len, b, embeds.dtype,
-                                   slots, mask, causal, table_len=0 if mask is not None else cache.max_len)
+                                   slots, mask, causal, tables=None if mask is not None else cache.rope)
         pre = self.midlayer(embeds, hidden, step, cache)
         return self.norm(pre), pre
 

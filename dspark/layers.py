@@ -41,8 +41,8 @@ _ROPE_TABLES: dict[tuple, list[tuple[Tensor, Tensor]]] = {}  # per shape, every 
 def rope_table(length: int, head_dim: int, theta: float, dtype: torch.dtype,
                device: torch.device) -> tuple[Tensor, Tensor]:
     """cos/sin [>= length, head_dim] of positions 0, 1, ... (`rope_cos_sin`'s numbers), built once per
-    shape and kept: a forward then gathers its rows in two launches instead of computing them in about
-    ten. It grows (doubling) when a longer cache asks. A table it replaces stays alive: another engine
+    shape and kept: a cache takes them when made (`KVCache.rope`), and a forward gathers its rows in two
+    launches instead of computing them in about ten. It grows (doubling) when a longer cache asks. A table it replaces stays alive: another engine
     on the same process may have captured CUDA graphs that read it, and freed, its memory would be
     handed to other tensors under those graphs (the demo's plain decoding went wrong on the H200 when a
     DSpark engine's longer cache grew the table between its replays)."""
@@ -70,13 +70,13 @@ class AttentionStep:
 
     @classmethod
     def build(cls, positions: Tensor, limits: Tensor, kv_len: int, cfg: BackboneConfig, dtype: torch.dtype,
-              slots: Tensor | None = None, mask: Tensor | None = None, causal: bool = False, table_len: int = 0):
+              slots: Tensor | None = None, mask: Tensor | None = None, causal: bool = False,
+              tables: tuple[Tensor, Tensor] | None = None):
         """`limits[b, t]`: the highest key slot query (b, t) may see (its own position when causal).
-        `table_len` > 0: every position is below it (a cache's length), and without autograd the RoPE
-        rows come from `rope_table`."""
-        if table_len and not torch.is_grad_enabled():
-            cos, sin = (t[positions] for t in rope_table(table_len, cfg.head_dim, cfg.rope_theta, dtype,
-                                                         positions.device))
+        `tables`: a cache's RoPE tables (`KVCache.rope`, every position below their length): without autograd
+        the RoPE rows are gathered from them."""
+        if tables is not None and not torch.is_grad_enabled():
+            cos, sin = (t[positions] for t in tables)
         else:
             cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)
         if mask is None and kv_len and kernels.use_cpu_forms(cos):  # built once here, not once per layer
@@ -92,11 +92,15 @@ class KVCache:
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, rope_theta: float | None = None):
         # One tensor per layer: a layer's writes never touch what autograd saved for another (training).
         shape = (batch, num_kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # The RoPE rows of every position the cache holds, taken when it is made (`rope_table`): a step reads
+        # them from here, a tensor of its own, never from the process-wide table (whose growth a CUDA graph or
+        # a compiled step must not see).
+        self.rope = None if rope_theta is None else rope_table(max_len, head_dim, rope_theta, dtype, torch.device(device))
 
     @property
     def max_len(self) -> int:

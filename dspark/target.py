@@ -46,7 +46,7 @@ class Qwen3Target(nn.Module):
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
         b = self.config.backbone
         w = self.lm_head.weight
-        return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device)
+        return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device, b.rope_theta)
 
     def forward(self, input_ids: Tensor, positions: Tensor | None, cache: KVCache, kv_len: int,
                 taps: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
@@ -64,7 +64,7 @@ class Qwen3Target(nn.Module):
                 raise ValueError(f"a prefill (positions=None) sees its own {input_ids.shape[1]} keys, not {kv_len}")
             positions = torch.arange(kv_len, device=input_ids.device)[None].expand(input_ids.shape[0], kv_len)
         step = AttentionStep.build(positions, positions, kv_len, self.config.backbone, x.dtype, causal=prefill,
-                                   table_len=cache.max_len)
+                                   tables=cache.rope)
         tapped = [x] if -1 in taps else []
         for i, layer in enumerate(self.model.layers):
             x = layer(x, step, cache, i)

@@ -10,7 +10,7 @@ from cli_runner import run_cli
 from dspark import kernels as K
 from dspark.checkpoint import DEMO_DIR, load_draft, load_target
 from dspark.drafters import NgramDrafter, drafter_for
-from dspark.engine import Engine, GenerationConfig
+from dspark.engine import Engine, GenerationConfig, graphs
 from dspark.engine.compile import choose_cache_dir
 from dspark.layers import device_layout, rope_cos_sin
 from harness.specs.datasets import load
@@ -137,9 +137,11 @@ def test_the_cpu_path_equals_the_eager_reference_token_for_token_and_round_for_r
 def test_compiled_steps_equal_the_eager_ones_token_for_token_and_round_for_round(demo, tmp_path, monkeypatch):
     """Compiled with inductor (its cache in a fresh folder: every step compiles), plain decoding greedy and DSpark
     sampled (its draws through the same generators): the same tokens and rounds as the eager steps, and no step
-    left eager. (Four steps compile, about 40 s on 2 cores; the CPU forms are held to the references above for
+    left eager or recompiled after its capture (a guard on state a request changes would silently run it
+    eagerly in a run). (Four steps compile, about 40 s on 2 cores; the CPU forms are held to the references above for
     every drafter at both temperatures.)"""
     monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))  # (read when the process first compiles)
+    monkeypatch.setattr(graphs, "AFTER_CAPTURE", "fail_on_recompile")  # a step recompiling after capture fails here
     target, prompts, drafters = demo
     for name, temperature in (("plain", 0.0), ("dspark", 1.0)):
         compiled = Engine(target.model, drafters[name], compile=True)

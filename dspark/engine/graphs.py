@@ -11,6 +11,12 @@ import torch
 from dspark.engine.compile import prepare as prepare_compile
 
 
+# What a compiled step does when its guards fail after capture: run eagerly (the same logic), never recompile in
+# a timed step. (Tests set "fail_on_recompile", so that any state a compiled step guards on and a request changes
+# is caught.)
+AFTER_CAPTURE = "eager_on_recompile"
+
+
 class StepRunner:
     """Runs a step eagerly, replays the CUDA graph captured for it, or runs its compiled form.
 
@@ -80,7 +86,7 @@ class StepRunner:
         if graph is not None:
             graph.replay()
         elif key in self.compiled:
-            with torch.compiler.set_stance("eager_on_recompile"):  # compiled at capture: never inside a timed step
+            with torch.compiler.set_stance(AFTER_CAPTURE):  # compiled at capture: never inside a timed step
                 self.compiled[key]()
         else:
             fn()
