@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from harness.microbench.engine import cpu_name  # noqa: E402  (the one reader of the CPU's model name)
+from harness.backends.timing import cpu_name  # noqa: E402  (the one reader of the CPU's model name)
 
 README = ROOT / "README.md"
 FIGURES = ROOT / "benchmarks" / "results" / "readme_figures.json"

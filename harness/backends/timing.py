@@ -4,8 +4,10 @@ counts, medians after warm-up; and the copy bandwidth a step's bytes are held ag
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -71,3 +73,14 @@ def copy_bandwidth_tbps(gib: float, repeats: int, device: torch.device = torch.d
     dst = torch.empty_like(src)
     ms = median_ms(lambda: dst.copy_(src), max(5, repeats // 5), device=device)
     return 2 * n / (ms * 1e-3) / 1e12
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; platform's answer elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

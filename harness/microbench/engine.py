@@ -12,7 +12,6 @@ as small as the demo pair may sit in the CPU's caches, so its decode step can be
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from dspark.config import AnyDraftConfig, DraftConfig, TargetConfig, draft_confi
 from dspark.engine import synchronize
 from dspark.errors import DSparkError
 from dspark.presets import DRAFTS, TARGETS, build_random, random_draft_for
-from harness.backends.timing import copy_bandwidth_tbps
+from harness.backends.timing import copy_bandwidth_tbps, cpu_name
 from harness.microbench.step_timers import SpeculativeTimer, device_of, graph_and_nvtx_costs, step_figures
 
 
@@ -127,17 +126,6 @@ def device_record(device: torch.device, copy_gib: float) -> dict:
     return {"device": "cpu", "is_cpu": True, "device_name": cpu_name(),
             "timer": "wall clock, steps run eagerly (no graphs on a CPU)",
             "limit_from": f"memory-to-memory copy of {copy_gib:g} GiB on {torch.get_num_threads()} thread(s)"}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux; platform's answer elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @torch.inference_mode()

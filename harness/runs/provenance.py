@@ -51,7 +51,10 @@ def git_revision() -> dict:
 def device_info(device: str) -> dict:
     import torch
 
-    info = {"device": device, "cpu": platform.processor() or platform.machine(), "cores": usable_cores(),
+    from harness.backends.timing import cpu_name
+
+    info = {"device": device, "cpu": platform.processor() or platform.machine(), "cpu_model": cpu_name(),
+            "cores": usable_cores(),
             "threads": torch.get_num_threads(), "load_avg": list(os.getloadavg())}
     if device.startswith("cuda") and torch.cuda.is_available():
         index = torch.device(device).index or 0
