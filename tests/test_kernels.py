@@ -67,6 +67,38 @@ def test_qk_norm_rope_cache(dtype, heads):
     assert _rel(caches[0], ref_caches[0]) < TOL[dtype] and torch.equal(caches[1], ref_caches[1])
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_products_overlapped_in_a_graph_equal_plain_launches(dtype, rows):
+    """A chain of products launched as programmatic dependents (each starting in the tail of the one before,
+    reading its output) and replayed from a CUDA graph: bit-equal to the same chain launched plainly."""
+    if INTERPRET:
+        pytest.skip("programmatic dependent launch needs a GPU")
+    h, f = 512, 1536
+    x = torch.randn(rows, h, device=DEVICE, dtype=dtype)
+    nw = torch.rand(h, device=DEVICE, dtype=dtype) + 0.5
+    w_up, w_down, w_o = (torch.randn(s, device=DEVICE, dtype=dtype) * 0.05 for s in ((2 * f, h), (h, f), (h, h)))
+
+    def chain():
+        y = K.norm_linear(x, nw, 1e-6, w_up, gated=True)
+        y = K.linear(y, w_down, residual=x)
+        return K.linear(y, w_o, residual=y)
+
+    outs = []
+    for on in (False, True):
+        with K.overlap_mode(on):
+            chain()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = chain()
+        graph.replay()
+        torch.cuda.synchronize()
+        outs.append(out.clone())
+    assert torch.equal(outs[0], outs[1])
+    y = K.linear_ref(K.norm_linear_ref(x, nw, 1e-6, w_up, gated=True), w_down, residual=x)
+    assert _rel(outs[1], K.linear_ref(y, w_o, residual=y)) < TOL[dtype]
+
+
 @pytest.mark.parametrize("b,t,kv_len,hq", [(1, 1, 1100, 32), (1, 8, 1100, 32), (1, 16, 77, 32), (2, 8, 1100, 64),
                                            (2, 16, 300, 64), (3, 5, 130, 8)])
 def test_attention(dtype, b, t, kv_len, hq):

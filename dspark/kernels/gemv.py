@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dspark.kernels.activation import silu_mul, silu_mul_ref
-from dspark.kernels.launch import tl, triton, use_triton
+from dspark.kernels.launch import overlap, tl, triton, use_triton
 from dspark.kernels.norms import rms_norm, rms_norm_ref
 
 
@@ -68,10 +68,11 @@ def _gemv(x: Tensor, weight: Tensor, gated: bool = False, norm: tuple[Tensor, fl
         block_n //= 2  # two tiles of W per step: the same bytes in flight per program
     if x.element_size() == 4:  # float32 tiles take twice the shared memory
         block_k, stages = block_k // 2, 3
+    pdl = overlap(x)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x2, nw, r2, weight, y, rows, n, k, eps, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
         IEEE=x.dtype == torch.float32, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None,
-        num_warps=4, num_stages=stages)
+        OVERLAP=pdl, num_warps=4, num_stages=stages, launch_pdl=pdl)
     return y.view(*x.shape[:-1], n)
 
 
@@ -86,12 +87,15 @@ if triton is not None:
     @triton.jit
     def _gemv_kernel(x_ptr, nw_ptr, r_ptr, w_ptr, y_ptr, M, N, K, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, IEEE: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                     RESIDUAL: tl.constexpr):
+                     RESIDUAL: tl.constexpr, OVERLAP: tl.constexpr):
         """y[:M] = x[:M] @ W^T, one program per BLOCK_N output columns streaming its rows of W once.
         NORM: x is RMS-normed (weight on the tiles, 1/rms on the accumulator); GATED: W holds gate rows
-        then up rows, and y = silu(x @ gate^T) * (x @ up^T); RESIDUAL: y += r."""
+        then up rows, and y = silu(x @ gate^T) * (x @ up^T); RESIDUAL: y += r. OVERLAP: launched as a
+        programmatic dependent (Hopper), so that a product's programs start while the one before it ends."""
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, BLOCK_M)
+        if OVERLAP:  # launched into the tail of the kernel before (which wrote x and r): wait for it to finish
+            tl.extra.cuda.gdc_wait()
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         gram = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
@@ -108,6 +112,8 @@ if triton is not None:
             if GATED:
                 wu = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
                 acc_up += _dot(x, tl.trans(wu), IEEE)
+        if OVERLAP:  # W streamed: the next product may launch into this one's tail (the epilogue, the last programs)
+            tl.extra.cuda.gdc_launch_dependents()
         if NORM:
             sumsq = tl.sum(tl.where(rm[:, None] == tl.arange(0, BLOCK_M)[None, :], gram, 0.0), axis=1)
             inv = 1.0 / tl.sqrt(sumsq / K + eps)

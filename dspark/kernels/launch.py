@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -18,7 +19,10 @@ except ImportError:  # pragma: no cover - depends on the install
 
 # Read once: a check per operator would cost a microsecond each, a hundred times a CPU step.
 _SETTINGS = {"kernels": os.environ.get("DSPARK_KERNELS", "1") != "0",
-             "interpret": os.environ.get("TRITON_INTERPRET") == "1"}
+             "interpret": os.environ.get("TRITON_INTERPRET") == "1",
+             # products launched as programmatic dependents on Hopper (a product starting in the tail of the one
+             # before it: benchmarks/overlap_probe.py); DSPARK_OVERLAP=0 launches them plainly
+             "overlap": os.environ.get("DSPARK_OVERLAP", "1") != "0"}
 
 
 def kernels_on() -> bool:
@@ -35,6 +39,28 @@ def references():
         yield
     finally:
         _SETTINGS["kernels"] = before
+
+
+@contextmanager
+def overlap_mode(on: bool):
+    """Steps traced or captured inside launch their products as programmatic dependents or not (DSPARK_OVERLAP for
+    one block): for timing both in one process (benchmarks/overlap_probe.py)."""
+    before = _SETTINGS["overlap"]
+    _SETTINGS["overlap"] = on
+    try:
+        yield
+    finally:
+        _SETTINGS["overlap"] = before
+
+
+def overlap(t: Tensor) -> bool:
+    """Whether a product on `t`'s device launches as a programmatic dependent: never off a Hopper-or-later GPU."""
+    return t.is_cuda and not _SETTINGS["interpret"] and _SETTINGS["overlap"] and _hopper(t.device.index or 0)
+
+
+@lru_cache(maxsize=None)
+def _hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def use_triton(t: Tensor) -> bool:
