@@ -21,8 +21,8 @@ def test_greedy_speculative_equals_plain_on_gpu(make):
     prompt = torch.randint(0, 63, (40,), generator=torch.Generator().manual_seed(0)).tolist()
     cfg = GenerationConfig(max_new_tokens=80, temperature=0.0)
     plain = Engine(target).generate(prompt, cfg)
-    for drafter in (BlockDrafter(draft), NgramDrafter()):
-        spec = Engine(target, drafter).generate(prompt, cfg)
+    for drafter in (BlockDrafter(draft), BlockDrafter(draft, markov_topk=8), NgramDrafter()):
+        spec = Engine(target, drafter).generate(prompt, cfg)  # (graphs: the top-k head captured too)
         assert spec.tokens == plain.tokens
 
 
@@ -103,13 +103,14 @@ def test_a_schedule_replayed_under_an_equal_new_config_reads_its_own_tables():
 
 def test_graph_path_is_lossless():
     """The core's distribution test, rerun with every step replayed from a CUDA graph (DSpark close and
-    far, EAGLE-3)."""
+    far, DSpark close with the top-k Markov head, EAGLE-3)."""
     from test_lossless import N_SAMPLES, PROMPT, _pair, chi_square_p, exact_joint, sampled_joint
 
-    pairs = [_pair("close"), _pair("far"), eagle3_pair(vocab=4, std=1.0, num_tokens=2)]
-    for target, draft in pairs:  # float64 on the CPU: the exact distribution comes from these
+    pairs = [(*_pair("close"), 0), (*_pair("far"), 0), (*_pair("close"), 2),
+             (*eagle3_pair(vocab=4, std=1.0, num_tokens=2), 0)]
+    for target, draft, topk in pairs:  # float64 on the CPU: the exact distribution comes from these
         expected = exact_joint(target, PROMPT, 1.0)
-        engine = Engine(target.float().cuda(), drafter_for(draft.float().cuda()), use_graphs=True)
+        engine = Engine(target.float().cuda(), drafter_for(draft.float().cuda(), markov_topk=topk), use_graphs=True)
         counts, lengths, _ = sampled_joint(engine, 1.0, 0.0, N_SAMPLES)
         assert engine.runner.graphs
         assert chi_square_p(counts, expected) > 1e-3

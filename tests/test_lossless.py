@@ -157,3 +157,34 @@ def test_engine_test_catches_a_biased_sampler(monkeypatch):
     monkeypatch.setattr(dspark.steps, "rejection_sample", biased_rejection_sample)
     counts, _, _ = sampled_joint(Engine(target, BlockDrafter(draft)), 1.0, 0.0, N_SAMPLES)
     assert chi_square_p(counts, exact_joint(target, PROMPT, 1.0)) < 1e-6
+
+
+def test_the_top_k_markov_head_with_every_token_is_the_full_head():
+    """With k = V the top-k form draws the same drafts and the same q as the full head, greedy and sampled."""
+    from dspark.kernels import markov_sample_ref, markov_sample_topk
+
+    torch.manual_seed(0)
+    n, vocab, rank = 5, 11, 3
+    logits, w1, w2 = torch.randn(n, vocab, dtype=torch.float64), torch.randn(vocab, rank, dtype=torch.float64), \
+        torch.randn(vocab, rank, dtype=torch.float64)
+    to_target, anchor = torch.arange(vocab), torch.tensor([4])
+    for noise, temperature, greedy in ((None, 0.0, True), (torch.empty(n, vocab, dtype=torch.float64).exponential_(),
+                                                           0.8, False)):
+        full = markov_sample_ref(logits, lambda prev, k: torch.nn.functional.linear(w1[prev], w2), to_target, anchor,
+                                 noise, temperature, greedy)
+        top = markov_sample_topk(logits, w1, w2, to_target, anchor, noise, temperature, greedy, vocab)
+        assert torch.equal(full[1], top[1]) and torch.equal(full[2], top[2])
+        assert torch.allclose(full[0], top[0]) and torch.allclose(full[3], top[3])
+    top = markov_sample_topk(logits, w1, w2, to_target, anchor, None, 0.0, True, 2)
+    assert ((top[3] > float("-inf")).sum(-1) == 2).all()  # two candidates a slot, every other token at -inf
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_top_k_markov_head_keeps_the_target_distribution(temperature):
+    """vLLM's top-k projection changes what the draft proposes (two of four tokens a slot here), never what the
+    engine emits: the joint of the next three tokens is the target's."""
+    target, draft = _pair("close")
+    engine = Engine(target, BlockDrafter(draft, markov_topk=2))
+    counts, lengths, _ = sampled_joint(engine, temperature, 0.0, N_SAMPLES)
+    assert chi_square_p(counts, exact_joint(target, PROMPT, temperature)) > PASS_P
+    assert sum(lengths) / len(lengths) > 1.5  # it still drafts tokens the target accepts

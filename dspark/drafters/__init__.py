@@ -16,12 +16,12 @@ from dspark.eagle3 import Eagle3Draft
 
 
 def drafter_for(model: DraftModel | Eagle3Draft, num_tokens: int | None = None,
-                margins: bool = False) -> BlockDrafter | Eagle3Drafter:
+                margins: bool = False, markov_topk: int = 0) -> BlockDrafter | Eagle3Drafter:
     """The drafter that runs a draft model: EAGLE-3's chain (`num_tokens` long, else its checkpoint's
-    length), or the block drafter (its block is its checkpoint's)."""
+    length), or the block drafter (its block is its checkpoint's; `markov_topk`: see BlockDrafter)."""
     if isinstance(model, Eagle3Draft):
         return Eagle3Drafter(model, num_tokens, margins)
-    return BlockDrafter(model, margins)
+    return BlockDrafter(model, margins, markov_topk)
 
 
 __all__ = ["BlockDrafter", "Drafter", "Eagle3Drafter", "NgramDrafter", "drafter_for"]

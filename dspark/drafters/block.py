@@ -19,9 +19,11 @@ class BlockDrafter:
 
     graphable = True
 
-    def __init__(self, model: DraftModel, margins: bool = False):
+    def __init__(self, model: DraftModel, margins: bool = False, markov_topk: int = 0):
         self.model = model
         self.margins = margins
+        # > 0: the vanilla Markov head's bias only for each slot's top-k base logits (`kernels.markov_sample_topk`)
+        self.markov_topk = markov_topk
         cfg = model.config
         self.method = cfg.method
         self.taps = cfg.target_layer_ids
@@ -86,7 +88,11 @@ class BlockDrafter:
         head = self.model.markov_head
         noise = race_noise(tuple(logits.shape), temperature, generator, logits.device)
         greedy = temperature <= GREEDY_TEMPERATURE
-        if head.kind == "vanilla":
+        if head.kind == "vanilla" and self.markov_topk:
+            q, ids, prevs, corrected = kernels.markov_sample_topk(logits, head.markov_w1.weight, head.markov_w2.weight,
+                                                                  self._to_target, anchor, noise, temperature, greedy,
+                                                                  self.markov_topk)
+        elif head.kind == "vanilla":
             q, ids, prevs, corrected = kernels.markov_sample(logits, head.markov_w1.weight, head.markov_w2.weight,
                                                              self._to_target, anchor, noise, temperature, greedy)
         else:

@@ -16,7 +16,8 @@ it runs one Triton kernel instead of several PyTorch ones (the reference runs wi
   exponential race's arg-max (a token drawn from softmax(logits / T)) and softmax or one-hot probs.
 - `accept`: the lossless acceptance rule (accepted prefix, residual or bonus token) in two launches.
 - `markov_sample`: the vanilla Markov head's left-to-right loop, one launch per slot (bias product,
-  noise, arg-max and the softmax statistics), then one launch for every slot's probabilities.
+  noise, arg-max and the softmax statistics), then one launch for every slot's probabilities;
+  `markov_sample_topk`, vLLM's top-k projection (the bias for each slot's top-k base logits only).
 
 On CPU tensors (inference) the norms, the attention prologue and attention run their CPU forms (`cpu`): the
 references' arithmetic in the fewest PyTorch operators. `references()` (or `DSPARK_KERNELS=0`) runs the
@@ -29,10 +30,10 @@ from dspark.kernels.cpu import use_cpu_forms
 from dspark.kernels.gemv import linear, linear_ref, norm_linear, norm_linear_ref
 from dspark.kernels.launch import kernels_on, overlap_mode, references, use_triton
 from dspark.kernels.norms import qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm, rms_norm_ref, rope_ref
-from dspark.kernels.sampling import (SAMPLE_BLOCK, accept, accept_ref, markov_sample, markov_sample_ref, race,
-                                     race_ref)
+from dspark.kernels.sampling import (SAMPLE_BLOCK, accept, accept_ref, markov_sample, markov_sample_ref,
+                                     markov_sample_topk, race, race_ref)
 
 __all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "attention", "attention_ref",
-           "kernels_on", "linear", "overlap_mode", "linear_ref", "markov_sample", "markov_sample_ref", "norm_linear", "norm_linear_ref",
+           "kernels_on", "linear", "overlap_mode", "linear_ref", "markov_sample", "markov_sample_ref", "markov_sample_topk", "norm_linear", "norm_linear_ref",
            "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race", "race_ref", "references", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul",
            "silu_mul_ref", "split_kv_attention", "use_cpu_forms", "use_triton", "visibility"]

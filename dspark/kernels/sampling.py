@@ -114,6 +114,32 @@ def markov_sample(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anc
     return q, ids, prevs, corrected
 
 
+def markov_sample_topk(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anchor: Tensor,
+                       noise: Tensor | None, temperature: float, greedy: bool,
+                       topk: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The vanilla head restricted to each slot's `topk` best base logits (vLLM's `dspark_draft_topk`, #49969):
+    the candidates are taken from the base logits once, the bias is formed for them alone (k rows of w2 per
+    slot, not all V) and every other token gets -inf. It changes q, so it is not DeepSpec's head; it stays
+    lossless, since verification holds the drafts against the target with the q they were drawn from.
+    Returns what `markov_sample_ref` returns; the same PyTorch operations on a CPU and a GPU."""
+    x = logits
+    cand = x.topk(min(topk, x.shape[1]), dim=-1).indices  # [n, k] draft ids
+    base = x.gather(1, cand)
+    rows_w2 = w2[cand]  # [n, k, r]: each slot's candidate rows, gathered once
+    gumbel = None if noise is None else temperature * noise.gather(1, cand).log()
+    prev, vals, ids, prevs = anchor.view(1), [], [], []
+    for j in range(x.shape[0]):
+        row = base[j] + (rows_w2[j] @ w1[prev][0]).float()  # the bias rounded to the weights' dtype, as the head's
+        win = (row if gumbel is None else row - gumbel[j]).argmax(-1, keepdim=True)
+        d = cand[j].gather(0, win)
+        vals.append(row)
+        ids.append(d)
+        prevs.append(prev)
+        prev = to_target[d]
+    corrected = torch.full_like(x, float("-inf")).scatter_(1, cand, torch.stack(vals))
+    return race_ref(corrected, None, temperature, greedy, True)[1], torch.cat(ids), torch.cat(prevs), corrected
+
+
 def accept_ref(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, counted: Tensor | None, u: Tensor,
                noise: Tensor) -> tuple[Tensor, Tensor]:
     """The lossless acceptance rule (`sampling.rejection_sample`) given its randomness: uniforms `u` [B, n]

@@ -78,9 +78,9 @@ class SpeculativeTimer:
     """A speculative engine after `prompt` (its graphs captured, or its steps compiled), whose propose step
     and whole round can be timed again and again: each run restarts from 4 newly committed context rows."""
 
-    def __init__(self, target, draft, prompt: list[int], compile: bool = False):
+    def __init__(self, target, draft, prompt: list[int], compile: bool = False, markov_topk: int = 0):
         self.ctx, self.cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
-        self.engine = Engine(target, drafter_for(draft), compile=compile)
+        self.engine = Engine(target, drafter_for(draft, markov_topk=markov_topk), compile=compile)
         self.engine.generate(prompt, self.cfg)
         self.device = device_of(target)
 
