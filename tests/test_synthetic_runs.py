@@ -77,7 +77,7 @@ def test_a_native_run_at_random_weights_and_a_profile_says_so_everywhere(tmp_pat
                              "--num-prompts", "6", "--systems", "plain,dspark", "--ignore-eos", "--out",
                              tmp_path / "run")
     assert code == 0, err
-    assert "[random weights, synthetic acceptance: official-coding (AL 3.41)]" in out
+    assert "[random weights, synthetic acceptance: official-coding (AL 3.41)]" in " ".join(out.split())  # (wrapped)
     assert "profile AL" in out and "realised rates" in out and "= plain" not in out.split("T: temperature")[0]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["settings"]["weights"] == "random"

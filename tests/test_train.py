@@ -154,6 +154,21 @@ def test_stop_requested_turns_signals_and_a_time_limit_into_a_request():
 
     from dspark.train import stop_requested
 
+    # Python's own SIGINT handler, as in a user's shell (a pytest-xdist worker ignores SIGINT, and an ignored
+    # signal rightly stays ignored: checked below with SIGTERM)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _check_stop_requested(stop_requested)
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
+def _check_stop_requested(stop_requested):
+    import os
+    import signal
+
+    import pytest
+
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with stop_requested() as stop:
         assert not stop()
