@@ -93,7 +93,7 @@ def _meta(label: str, path: Path, manifest: dict, summary: dict) -> dict:
             "systems": ", ".join(settings.get("systems") or []), "date": (prov.get("time_utc") or "")[:10] or "?",
             "git": git.get("commit"), "dirty": git.get("dirty"), "requests_done": summary.get("requests_done"),
             "requests_expected": summary.get("requests_expected"), "complete": summary.get("complete"),
-            "label": summary.get("label")}
+            "label": summary.get("label"), "parallel": summary.get("parallel")}
 
 
 def _position_counts(proposed: list[int], accepted: list[int]) -> list[tuple[int, int, int, int]]:

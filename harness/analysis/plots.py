@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.analysis.summary import parallel_label
+
 
 def plot(summary: dict, path: Path, title: str) -> None:
     """summary.png: per-position (joint) acceptance by system, and each speculative system's speedup over
@@ -69,4 +71,5 @@ def run_caption(manifest: dict, name: str) -> str:
     cats = ", ".join(settings.get("categories") or []) or "all categories"
     return (f"run {name}: {settings.get('backend', 'native')} backend on {device}, {settings.get('target')}, "
             f"{settings.get('split')} {cats}, {(prov.get('time_utc') or '')[:10]}"
+            + (f" [{parallel}]" if (parallel := parallel_label(settings)) else "")
             + (f" [{manifest['label']}]" if manifest.get("label") else ""))

@@ -307,6 +307,15 @@ def warnings(summary: dict) -> list[str]:
     return out
 
 
+def parallel_label(settings: dict) -> str | None:
+    """"TP n" (and ", draft TP m") where the run set vLLM's tensor-parallel sizes, else None (one device)."""
+    args = settings.get("engine_args") or {}
+    tp, draft_tp = args.get("tensor_parallel_size"), args.get("speculative_config.draft_tensor_parallel_size")
+    if tp is None and draft_tp is None:
+        return None
+    return ", ".join(([f"TP {tp}"] if tp is not None else []) + ([f"draft TP {draft_tp}"] if draft_tp is not None else []))
+
+
 def summarize_folder(run_dir: Path) -> dict:
     """The summary of a run folder's requests (read only: a torn last line is skipped, not cut), held
     against the plan and core count in its manifest, its systems in the order `--systems` gave them."""
@@ -316,5 +325,6 @@ def summarize_folder(run_dir: Path) -> dict:
                         (manifest.get("provenance") or {}).get("cores"), read_waves(run_dir),
                         (manifest.get("options") or {}).get("systems"))
     summary = add_synthetic(summary, manifest.get("settings") or {}, records)
+    summary["parallel"] = parallel_label(manifest.get("settings") or {})
     summary["run_dir"] = str(Path(run_dir).resolve())
     return summary | {"warnings": warnings(summary)}

@@ -136,8 +136,10 @@ def contention_line(summary: dict) -> str:
 
 
 def titled(title: str, summary: dict) -> str:
-    """A table's title with the run's label (random weights, synthetic acceptance: <profile>) when it has one."""
-    return f"{title} [{summary['label']}]" if summary.get("label") else title
+    """A table's title with the run's tensor-parallel sizes (TP 2) and its label (random weights, synthetic
+    acceptance: <profile>) where it has them."""
+    marks = [m for m in (summary.get("parallel"), summary.get("label")) if m]
+    return f"{title} [{'; '.join(marks)}]" if marks else title
 
 
 def synthetic_lines(summary: dict) -> list[str]:

@@ -57,7 +57,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         sent = "streamed completions of our prompt ids (no tokenizer)" if self.sends_ids else "streamed chat completions"
         return {"engine": f"vllm serve (OpenAI-compatible, {sent})", "version": self.version,
                 "engine_args": SERVER_DEFAULTS | self.engine_args, "speculative_args": self.spec_args,
-                "servers": self.servers}
+                "parallel_environment": self.parallel_environment(), "servers": self.servers}
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
         """Start the system's server, sized for the longest request, and send one short request."""
@@ -76,6 +76,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
                                                   if per_request_metrics() else {})
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env |= self.parallel_environment()
         v2 = v2_runner(sc)
         env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         env |= {} if v2 is None else {"VLLM_USE_V2_MODEL_RUNNER": v2}

@@ -44,6 +44,7 @@ from dspark.config import AnyDraftConfig
 from dspark.errors import DSparkError
 from harness.backends.base import Capabilities, OnResult, Prepared, RequestResult, RequestSpec, Schedule, one_at_a_time
 from harness.backends.fingerprints import model_record
+from harness.backends.parallel import parallel_environment
 from harness.backends.systems import NGRAM_TOKENS, check_system
 from harness.backends.server_metrics import delta, engine_counters
 from harness.backends.target import TargetFiles
@@ -159,6 +160,9 @@ class VllmTarget(TargetFiles):
     def models(self) -> dict:
         return {"target": model_record(self.path)}
 
+    def parallel_environment(self) -> dict[str, str]:
+        return parallel_environment(self.engine_args.get("tensor_parallel_size"), self.on_cpu)
+
     def prepare(self, system: System) -> Prepared:
         """Checks the system against its draft and builds its speculative config; no engine starts yet."""
         cfg = path = None
@@ -222,6 +226,7 @@ class VllmBackend(VllmTarget):
         return {"engine": "vllm (offline LLM)", "version": self.version,
                 "engine_args": self.engine_args, "speculative_args": self.spec_args,
                 "worker_multiproc_method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "vLLM's default"),
+                "parallel_environment": self.parallel_environment(),
                 "engines": self.engines}
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
@@ -248,7 +253,8 @@ class VllmBackend(VllmTarget):
         args = {"max_model_len": min(max_len, self.max_context), "seed": 0, "disable_log_stats": False,
                 **extra, **self.engine_args}
         try:
-            with environment(VLLM_USE_V2_MODEL_RUNNER=v2, VLLM_CPU_KVCACHE_SPACE=CPU_KV_GIB, **self.logging):
+            with environment(VLLM_USE_V2_MODEL_RUNNER=v2, VLLM_CPU_KVCACHE_SPACE=CPU_KV_GIB, **self.logging,
+                             **self.parallel_environment()):
                 llm = LLM(model=str(self.path), speculative_config=sc, **args)
                 record = engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line

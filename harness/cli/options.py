@@ -49,6 +49,14 @@ RUN_OPTIONS = [
                                                    "arguments (e.g. enforce_eager=false, max_model_len=4096, "
                                                    "gpu_memory_utilization=0.8; speculative_config.KEY for the "
                                                    "speculative config), for --backend vllm (repeatable).")),
+    ("tensor_parallel_size", Optional[int], typer.Option(None, "--tensor-parallel-size", "--tp", help="vLLM "
+                                                     "backends: the target's tensor-parallel size, ranks on as many "
+                                                     "GPUs (or CPU cores on vLLM's CPU build); recorded in the "
+                                                     "manifest and every table title (default: vLLM's, 1).")),
+    ("draft_tensor_parallel_size", Optional[int], typer.Option(None, "--draft-tensor-parallel-size", help="vLLM "
+                                                           "backends: the draft's tensor-parallel size, at most the "
+                                                           "target's (vLLM's speculative_config."
+                                                           "draft_tensor_parallel_size; default: vLLM's choice).")),
     ("num_prompts", Optional[int], typer.Option(None, help="Prompts to run (default: the experiment's, else all). "
                                                 "More than the selection holds runs all of them, with a notice.")),
     ("disable_shuffle", bool, typer.Option(False, "--disable-shuffle", help="Take prompts in file order (a flag).")),

@@ -29,6 +29,8 @@ class RunOptions:
     systems: list[str] | None = None
     backend: str | None = None
     vllm_args: list[str] | None = None  # KEY=VALUE engine arguments for the vllm backend
+    tensor_parallel_size: int | None = None  # vLLM backends: the target's TP (our engine runs on one device)
+    draft_tensor_parallel_size: int | None = None  # vLLM backends: the draft's TP (speculative_config)
     num_prompts: int | None = None
     output_len: int | None = None
     temperatures: list[float] | None = None
@@ -126,6 +128,7 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
     }
     if engine_args:  # (only when given: older runs' settings have no such key, and still resume)
         settings["engine_args"] = engine_args
+        check_parallel(engine_args, opts.device)
     if levels != [1]:
         settings["max_concurrency"] = levels
     for key in ("request_rate", "base_url", "model", "request_timeout"):
@@ -178,7 +181,7 @@ def check_options(opts: RunOptions, exp: Experiment) -> dict:
         raise DSparkError(f"--threads is {opts.threads}; give at least 1")
     if opts.acceptance is not None:
         check_spec(opts.acceptance)
-    engine_args = engine_arguments(opts.vllm_args, exp.engine_args)
+    engine_args = parallel_arguments(opts, backend, engine_arguments(opts.vllm_args, exp.engine_args))
     if engine_args and backend not in ("vllm", "vllm-server"):
         where = "--vllm-arg" if opts.vllm_args else f"experiment {exp.name}'s [engine_args]"
         raise DSparkError(f"{where} sets vLLM's engine arguments; this run's backend is {backend} (add --backend "
@@ -246,6 +249,52 @@ def served_levels(opts: RunOptions, backend: str) -> list[int]:
         raise DSparkError(f"--model names the model of an openai server; the {backend} backend runs the experiment's "
                           "target (drop --model)")
     return sorted(levels)
+
+
+# option field -> vLLM engine argument (a speculative_config key for the draft)
+PARALLEL = {"tensor_parallel_size": "tensor_parallel_size",
+            "draft_tensor_parallel_size": "speculative_config.draft_tensor_parallel_size"}
+
+
+def parallel_arguments(opts: RunOptions, backend: str, engine_args: dict) -> dict:
+    """`engine_args` with --tensor-parallel-size and --draft-tensor-parallel-size in them, checked: at least 1,
+    a vLLM backend (our engine is the single-device, batch-size-1 reference), no other value for the same
+    argument from --vllm-arg or the experiment, the draft's TP at most the target's."""
+    args = dict(engine_args)
+    for field, key in PARALLEL.items():
+        value, flag = getattr(opts, field), "--" + field.replace("_", "-")
+        if value is None:
+            continue
+        if value < 1:
+            raise DSparkError(f"{flag} is {value}; give at least 1")
+        if backend not in ("vllm", "vllm-server"):
+            raise DSparkError(f"{flag} {value}: our engine runs on one device (the batch-size-1 reference); tensor "
+                              "parallelism runs through vLLM: add --backend vllm or --backend vllm-server")
+        if key in args and args[key] != value:
+            raise DSparkError(f"{flag} {value}, but {key} is {json.dumps(args[key])} from --vllm-arg or the "
+                              f"experiment; give it once")
+        args[key] = value
+    target_tp, draft_tp = (args.get(key) for key in PARALLEL.values())
+    if isinstance(target_tp, int) and isinstance(draft_tp, int) and draft_tp > target_tp:
+        raise DSparkError(f"--draft-tensor-parallel-size {draft_tp} is above the target's {target_tp}: vLLM runs "
+                          "the draft on the target's ranks or fewer")
+    return args
+
+
+def check_parallel(engine_args: dict, device: str) -> None:
+    """A tensor-parallel size the machine cannot hold, refused before anything starts: more ranks than visible
+    GPUs (on a GPU) or than usable cores (vLLM's CPU build)."""
+    tp = engine_args.get("tensor_parallel_size")
+    if not isinstance(tp, int) or tp <= 1:
+        return
+    if device.startswith("cuda"):
+        import torch
+
+        have, what = torch.cuda.device_count(), "GPU(s) visible (CUDA_VISIBLE_DEVICES decides which)"
+    else:
+        have, what = threads.usable_cores(), "usable core(s) for vLLM's CPU ranks"
+    if tp > have:
+        raise DSparkError(f"--tensor-parallel-size {tp}: this machine has {have} {what}; give at most {have}")
 
 
 def engine_arguments(items: list[str] | None, base: dict) -> dict:

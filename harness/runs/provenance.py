@@ -60,7 +60,11 @@ def device_info(device: str) -> dict:
         index = torch.device(device).index or 0
         props = torch.cuda.get_device_properties(index)
         info |= {"gpu": props.name, "gpu_memory_gb": round(props.total_memory / 1e9, 1),
-                 "cuda": torch.version.cuda, "driver_capability": f"{props.major}.{props.minor}"}
+                 "cuda": torch.version.cuda, "driver_capability": f"{props.major}.{props.minor}",
+                 "gpus_visible": torch.cuda.device_count()}
+        if info["gpus_visible"] > 1:  # a tensor-parallel run: the GPUs and how they connect, as the run saw them
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(info["gpus_visible"])]
+            info["interconnect"] = gpu_topology()
     return info
 
 
@@ -74,6 +78,15 @@ def source_sha256() -> str:
     for path in sorted(p for package in ("dspark", "harness") for p in (root / package).rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def gpu_topology() -> str | None:
+    """`nvidia-smi topo -m` (NVLink, PCIe or NUMA between each pair of GPUs), or None where it cannot answer."""
+    try:
+        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def provenance(device: str) -> dict:
