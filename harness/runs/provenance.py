@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import subprocess
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -86,7 +87,7 @@ def gpu_topology() -> str | None:
         out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout).strip() if out.returncode == 0 else None  # (no terminal styling)
 
 
 def provenance(device: str) -> dict:
