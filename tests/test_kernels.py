@@ -268,3 +268,25 @@ def test_accept_equals_its_reference(vocab, with_counts):
         got = K.accept(tokens, q, p, counted, u, noise)
         want = K.accept_ref(tokens, q, p, counted, u, noise)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_markov_sample_topk(dtype, greedy):
+    """The top-k Markov head's one-launch loop against its PyTorch reference: the same drafts and previous tokens,
+    the candidates' corrected logits and q within tolerance, every other token at -inf."""
+    if INTERPRET:
+        pytest.skip("a loop over slots of gathers: checked on the GPU")
+    torch.manual_seed(0)
+    n, vocab, rank, k = 7, 5000, 256, 64
+    logits = torch.randn(n, vocab, device=DEVICE) * 3
+    w1 = (torch.randn(vocab, rank, device=DEVICE) * 0.3).to(dtype)
+    w2 = (torch.randn(vocab, rank, device=DEVICE) * 0.3).to(dtype)
+    to_target, anchor = torch.randperm(vocab, device=DEVICE), torch.tensor([11], device=DEVICE)
+    noise = None if greedy else torch.empty(n, vocab, device=DEVICE).exponential_()
+    t = 0.0 if greedy else 0.9
+    got = K.markov_sample_topk(logits, w1, w2, to_target, anchor, noise, t, greedy, k)
+    want = K.markov_sample_topk_ref(logits, w1, w2, to_target, anchor, noise, t, greedy, k)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    finite = torch.isfinite(want[3])
+    assert torch.equal(torch.isfinite(got[3]), finite) and int(finite.sum()) == n * k
+    assert _rel(got[3][finite], want[3][finite]) < TOL[dtype] and _rel(got[0], want[0]) < TOL[dtype]

@@ -161,7 +161,7 @@ def test_engine_test_catches_a_biased_sampler(monkeypatch):
 
 def test_the_top_k_markov_head_with_every_token_is_the_full_head():
     """With k = V the top-k form draws the same drafts and the same q as the full head, greedy and sampled."""
-    from dspark.kernels import markov_sample_ref, markov_sample_topk
+    from dspark.kernels import markov_sample_ref, markov_sample_topk_ref as markov_sample_topk
 
     torch.manual_seed(0)
     n, vocab, rank = 5, 11, 3

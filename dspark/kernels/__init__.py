@@ -31,9 +31,9 @@ from dspark.kernels.gemv import linear, linear_ref, norm_linear, norm_linear_ref
 from dspark.kernels.launch import kernels_on, overlap_mode, references, use_triton
 from dspark.kernels.norms import qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm, rms_norm_ref, rope_ref
 from dspark.kernels.sampling import (SAMPLE_BLOCK, accept, accept_ref, markov_sample, markov_sample_ref,
-                                     markov_sample_topk, race, race_ref)
+                                     markov_sample_topk, markov_sample_topk_ref, race, race_ref)
 
 __all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "attention", "attention_ref",
-           "kernels_on", "linear", "overlap_mode", "linear_ref", "markov_sample", "markov_sample_ref", "markov_sample_topk", "norm_linear", "norm_linear_ref",
+           "kernels_on", "linear", "overlap_mode", "linear_ref", "markov_sample", "markov_sample_ref", "markov_sample_topk", "markov_sample_topk_ref", "norm_linear", "norm_linear_ref",
            "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race", "race_ref", "references", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul",
            "silu_mul_ref", "split_kv_attention", "use_cpu_forms", "use_triton", "visibility"]

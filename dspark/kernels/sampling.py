@@ -114,14 +114,14 @@ def markov_sample(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anc
     return q, ids, prevs, corrected
 
 
-def markov_sample_topk(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anchor: Tensor,
-                       noise: Tensor | None, temperature: float, greedy: bool,
-                       topk: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def markov_sample_topk_ref(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anchor: Tensor,
+                           noise: Tensor | None, temperature: float, greedy: bool,
+                           topk: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The vanilla head restricted to each slot's `topk` best base logits (vLLM's `dspark_draft_topk`, #49969):
     the candidates are taken from the base logits once, the bias is formed for them alone (k rows of w2 per
     slot, not all V) and every other token gets -inf. It changes q, so it is not DeepSpec's head; it stays
     lossless, since verification holds the drafts against the target with the q they were drawn from.
-    Returns what `markov_sample_ref` returns; the same PyTorch operations on a CPU and a GPU."""
+    Returns what `markov_sample_ref` returns."""
     x = logits
     cand = x.topk(min(topk, x.shape[1]), dim=-1).indices  # [n, k] draft ids
     base = x.gather(1, cand)
@@ -138,6 +138,27 @@ def markov_sample_topk(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor
         prev = to_target[d]
     corrected = torch.full_like(x, float("-inf")).scatter_(1, cand, torch.stack(vals))
     return race_ref(corrected, None, temperature, greedy, True)[1], torch.cat(ids), torch.cat(prevs), corrected
+
+
+def markov_sample_topk(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anchor: Tensor,
+                       noise: Tensor | None, temperature: float, greedy: bool,
+                       topk: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`markov_sample_topk_ref` with its left-to-right loop in one launch on the GPU: one program walks the slots,
+    each gathering its k candidate rows of w2 and the previous token's row of w1 (k and the rank powers of two)."""
+    n, vocab = logits.shape
+    rank = w1.shape[1]
+    if not use_triton(logits) or topk > vocab or topk & (topk - 1) or rank & (rank - 1) or rank < 16:
+        return markov_sample_topk_ref(logits, w1, w2, to_target, anchor, noise, temperature, greedy, topk)
+    x = logits.float()
+    cand = x.topk(topk, dim=-1).indices.contiguous()
+    base = x.gather(1, cand).contiguous()
+    gumbel = (temperature * noise.gather(1, cand).log()).float().contiguous() if noise is not None else base
+    vals, ids, prevs = torch.empty_like(base), torch.empty(n, dtype=torch.long, device=x.device), \
+        torch.empty(n, dtype=torch.long, device=x.device)
+    _markov_topk_kernel[(1,)](base, cand, gumbel, w1.contiguous(), w2.contiguous(), to_target, anchor, vals, ids,
+                              prevs, n, R=rank, K=topk, RB=min(64, rank), NOISE=noise is not None, num_warps=8)
+    corrected = torch.full_like(x, float("-inf")).scatter_(1, cand, vals)
+    return race_ref(corrected, None, temperature, greedy, True)[1], ids, prevs, corrected
 
 
 def accept_ref(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, counted: Tensor | None, u: Tensor,
@@ -347,3 +368,29 @@ if triton is not None:
         winner = _row_winner(parts_ptr + (1 + which) * R * NB + b * NB, parts_ptr + (2 + which) * R * NB + b * NB, NB,
                              NBP)
         tl.store(token_ptr + b, winner)
+
+    @triton.jit
+    def _markov_topk_kernel(base_ptr, cand_ptr, g_ptr, w1_ptr, w2_ptr, tt_ptr, anchor_ptr, vals_ptr, ids_ptr,
+                            prevs_ptr, n, R: tl.constexpr, K: tl.constexpr, RB: tl.constexpr, NOISE: tl.constexpr):
+        """Slot by slot: the bias of the previous token (w2's candidate rows . w1's row, rounded to the weights'
+        dtype as the head's product is) on the candidates' base logits, the race's winner, the next token."""
+        ks = tl.arange(0, K)
+        prev = tl.load(anchor_ptr)
+        for j in range(0, n):
+            cand = tl.load(cand_ptr + j * K + ks)
+            acc = tl.zeros([K], dtype=tl.float32)
+            for r0 in tl.static_range(0, R, RB):
+                rs = r0 + tl.arange(0, RB)
+                e = tl.load(w1_ptr + prev * R + rs).to(tl.float32)
+                w = tl.load(w2_ptr + cand[:, None] * R + rs[None, :]).to(tl.float32)
+                acc += tl.sum(w * e[None, :], axis=1)
+            row = tl.load(base_ptr + j * K + ks) + acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
+            score = row
+            if NOISE:
+                score = row - tl.load(g_ptr + j * K + ks)
+            win = tl.argmax(score, axis=0)
+            d = tl.sum(tl.where(ks == win, cand, 0), axis=0)
+            tl.store(vals_ptr + j * K + ks, row)
+            tl.store(ids_ptr + j, d)
+            tl.store(prevs_ptr + j, prev)
+            prev = tl.load(tt_ptr + d)
