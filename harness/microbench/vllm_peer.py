@@ -203,16 +203,19 @@ def figures(samples: list[dict], systems: tuple[str, ...]) -> dict:
     ours over vLLM's (the medians' ratio, and its range pair by pair, repeat by repeat)."""
     out = {}
     for system in systems:
-        rows = {who: [s for s in samples if s["system"] == system and s["engine"] == who and s["ms"]]
-                for who in ("ours", "vllm")}
+        mine = [s for s in samples if s["system"] == system and s["ms"] is not None]
+        rows = {who: [s for s in mine if s["engine"] == who and s["ms"] > 0] for who in ("ours", "vllm")}
         if not rows["ours"] or not rows["vllm"]:
             continue
         fig = {who: spread([s["ms"] for s in rs]) | {
             "accepted": sum(s["long"]["accepted"] for s in rs), "drafted": sum(s["long"]["drafted"] for s in rs)}
             for who, rs in rows.items()}
-        pairs = [a["ms"] / b["ms"] for a, b in zip(rows["ours"], rows["vllm"])]
+        vllm_by_repeat = {b["repeat"]: b["ms"] for b in rows["vllm"]}  # pairs of one repeat (one may be left out)
+        pairs = [a["ms"] / vllm_by_repeat[a["repeat"]] for a in rows["ours"] if a["repeat"] in vllm_by_repeat]
         fig["ours_over_vllm"] = fig["ours"]["median"] / fig["vllm"]["median"]
-        fig["ours_over_vllm_range"] = [min(pairs), max(pairs)]
+        fig["ours_over_vllm_range"] = [min(pairs), max(pairs)] if pairs else None
+        # a long request no slower than its short one measured noise, not a step: left out, and counted
+        fig["samples_swamped_by_noise"] = sum(s["ms"] <= 0 for s in mine)
         out[system] = fig
     if "plain" in out and "dspark" in out:
         for who in ("ours", "vllm"):
@@ -229,17 +232,22 @@ def levels(engines: dict, systems: tuple[str, ...], tcfg: TargetConfig, args: Pe
     for c in args.concurrency:
         prompts = [_prompt(args.context_len, tcfg.backbone.vocab_size, 1 + j) for j in range(c)]
         ms = {s: [] for s in systems}
+        swamped = {s: 0 for s in systems}  # pairs whose long request was no slower than the short: noise, not a step
         accepted = {s: [0, 0] for s in systems}
         for i in range(args.level_repeats):
             for system in systems if i % 2 == 0 else systems[::-1]:
                 timed = [time_vllm(engines[system], prompts, n, system == "dspark") for n in (short, long)]
-                if per_step_ms(*timed):
-                    ms[system].append(per_step_ms(*timed))
+                step_ms = per_step_ms(*timed)
+                if step_ms is not None and step_ms > 0:
+                    ms[system].append(step_ms)
+                elif step_ms is not None:
+                    swamped[system] += 1
                 accepted[system][0] += timed[1]["accepted"]
                 accepted[system][1] += timed[1]["drafted"]
         context = args.context_len + (short + long) / 2  # the mean context of the steps timed
         bound = c * limit.copy_tbps * 1e12 / (limit.weights + c * limit.kv_per_token * context)
-        row = {"concurrency": c, "tokens": [short, long], "mean_context": context, "limit_tok_s": bound}
+        row = {"concurrency": c, "tokens": [short, long], "mean_context": context, "limit_tok_s": bound,
+               "pairs_swamped_by_noise": swamped}
         if ms["plain"]:
             step = statistics.median(ms["plain"])
             row |= {"plain_ms": spread(ms["plain"]), "plain_tok_s": c * 1e3 / step,
@@ -263,7 +271,7 @@ def peer_tables(peer: dict) -> list[tuple[str, list[list[str]]]]:
              "accepted (random weights) ours, vLLM"]]
     for system, fig in peer["figures"].items():
         rows.append([system, _ms(fig["ours"]), _ms(fig["vllm"]), f"{fig['ours_over_vllm']:.3f}",
-                     "{:.3f}-{:.3f}".format(*fig["ours_over_vllm_range"]),
+                     "{:.3f}-{:.3f}".format(*fig["ours_over_vllm_range"]) if fig["ours_over_vllm_range"] else "-",
                      _x(fig["ours"].get("round_over_decode")), _x(fig["vllm"].get("round_over_decode")),
                      f"{fig['ours']['accepted']}/{fig['ours']['drafted']}, {fig['vllm']['accepted']}/{fig['vllm']['drafted']}"])
     out = [(f"ours against vLLM {peer['vllm_version']} (ms per step or round: median (min to max) of alternated "
