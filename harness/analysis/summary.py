@@ -311,9 +311,7 @@ def parallel_label(settings: dict) -> str | None:
     """"TP n" (and ", draft TP m") where the run set vLLM's tensor-parallel sizes, else None (one device)."""
     args = settings.get("engine_args") or {}
     tp, draft_tp = args.get("tensor_parallel_size"), args.get("speculative_config.draft_tensor_parallel_size")
-    if tp is None and draft_tp is None:
-        return None
-    return ", ".join(([f"TP {tp}"] if tp is not None else []) + ([f"draft TP {draft_tp}"] if draft_tp is not None else []))
+    return ", ".join(f"{name} {size}" for name, size in (("TP", tp), ("draft TP", draft_tp)) if size is not None) or None
 
 
 def summarize_folder(run_dir: Path) -> dict:
