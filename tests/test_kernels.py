@@ -112,6 +112,83 @@ def test_attention(dtype, b, t, kv_len, hq):
     assert _rel(K.attention(q, ck, cv, limits, kv_len), K.attention_ref(q, ck, cv, limits, kv_len)) < TOL[dtype]
 
 
+def _attention_block_case(dtype, b, t, kv_len, hidden, hq=32, hkv=8, d=128, seed=0):
+    """Inputs of a layer's attention half: new keys at distinct slots, each row's limit anywhere up to the last key."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, device=DEVICE, dtype=dtype, generator=g)  # noqa: E731
+    qkv = rand(b, t, (hq + 2 * hkv) * d)
+    qn, kn = rand(d).abs() + 0.5, rand(d).abs() + 0.5
+    slots = torch.stack([torch.randperm(kv_len, device=DEVICE, generator=g)[:t] for _ in range(b)])
+    cos, sin = rope_cos_sin(slots, d, 1e6, dtype)
+    limits = torch.sort(torch.randint(0, kv_len, (b, t), device=DEVICE, generator=g), dim=-1).values
+    limits[:, -1] = kv_len - 1
+    caches = [rand(b, hkv, kv_len + 10, d) for _ in range(2)]
+    return dict(qkv=qkv, num_heads=hq, num_kv_heads=hkv, q_norm=qn, k_norm=kn, eps=1e-6, cos=cos, sin=sin,
+                slots=slots, limits=limits, kv_len=kv_len, cache_k=caches[0], cache_v=caches[1],
+                o_weight=rand(hidden, hq * d) * 0.05, residual=rand(b, t, hidden))
+
+
+ATTENTION_BLOCK_SHAPES = [(1, 3, 70, 256, 8, 2, 32)] if INTERPRET else [
+    (1, 1, 1100, 4096, 32, 8, 128), (1, 8, 1100, 4096, 32, 8, 128), (2, 8, 300, 5120, 32, 8, 128),
+    (1, 16, 77, 512, 16, 4, 128), (3, 5, 130, 1000, 8, 8, 64)]
+
+
+@pytest.mark.parametrize("b,t,kv_len,hidden,hq,hkv,d", ATTENTION_BLOCK_SHAPES)
+def test_attention_block(dtype, b, t, kv_len, hidden, hq, hkv, d):
+    """The attention half as one persistent launch against its four operations one by one: the output and the
+    cache it writes; launched twice (its counters zeroed by each launch's last program), with o_proj's rows asked of L2
+    early and without. Shapes: decode and verify at Qwen3-8B's, two sequences over more o_proj tiles than SMs
+    (5120 / 32 = 160), a draft block of 16, a group of 1."""
+    case = _attention_block_case(dtype, b, t, kv_len, hidden, hq, hkv, d)
+    assert K.attention_block_fits(case["qkv"], hq, hkv, d, case["o_weight"], None, None, False)
+    ref_caches = {k: case[k].clone() for k in ("cache_k", "cache_v")}
+    ref = K.attention_block_ref(**{**case, **ref_caches})
+    for l2_prefetch in (True, True, False):
+        out = K.attention_block(**case, l2_prefetch=l2_prefetch)
+        assert _rel(out, ref) < TOL[dtype]
+        assert _rel(case["cache_k"], ref_caches["cache_k"]) < TOL[dtype]
+        assert torch.equal(case["cache_v"], ref_caches["cache_v"])
+
+
+def test_attention_block_replays_from_a_graph_equal_to_eager(dtype):
+    """Captured once and replayed twice (the counters must be back at zero after every launch), inside a chain of
+    products launched as programmatic dependents: bit-equal to the eager launch."""
+    if INTERPRET:
+        pytest.skip("CUDA graphs need a GPU")
+    case = _attention_block_case(dtype, 1, 8, 1100, 4096)
+    w_in = torch.randn(case["qkv"].shape[-1], 4096, device=DEVICE, dtype=dtype) * 0.02
+    x = torch.randn(1, 8, 4096, device=DEVICE, dtype=dtype)
+
+    def half():
+        qkv = K.linear(x, w_in)
+        return K.attention_block(**{**case, "qkv": qkv, "residual": x})
+
+    eager = half()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = half()
+    for _ in range(2):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
+def test_attention_block_declines_what_it_does_not_take():
+    """Prefills, explicit masks, an o_proj bias, many rows and mixed dtypes run the four operations."""
+    case = _attention_block_case(torch.float32, 1, 2, 40, 64, hq=4, hkv=2, d=32)
+    q, w = case["qkv"], case["o_weight"]
+    assert K.attention_block_fits(q, 4, 2, 32, w, None, None, False)
+    assert not K.attention_block_fits(q, 4, 2, 32, w, None, None, True)
+    assert not K.attention_block_fits(q, 4, 2, 32, w, None, torch.ones(1, dtype=torch.bool), False)
+    assert not K.attention_block_fits(q, 4, 2, 32, w, torch.zeros(64, device=DEVICE), None, False)
+    assert not K.attention_block_fits(q.expand(9, 2, -1), 4, 2, 32, w, None, None, False)
+    assert not K.attention_block_fits(q, 4, 2, 32, w.double(), None, None, False)
+    with K.persistent_mode(False):
+        assert not K.attention_block_fits(q, 4, 2, 32, w, None, None, False)
+
+
 @pytest.mark.parametrize("m", [1, 8, 16])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 4096), (24576, 4096), (4096, 12288), (1000, 300)])
 def test_linear(dtype, m, n, k):

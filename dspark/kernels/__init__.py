@@ -7,6 +7,8 @@ it runs one Triton kernel instead of several PyTorch ones (the reference runs wi
 - `rms_norm`: RMSNorm in one pass, where no product takes it in (final norms, many-row forwards).
 - `qk_norm_rope_cache`: per-head q/k RMSNorm, RoPE on both, K/V written to the cache at their positions.
 - `silu_mul`: SwiGLU's silu(gate) * up on the fused gate/up projection output.
+- `attention_block`: a layer's attention half (q/k norm, RoPE, the cache write, attention, its merge, o_proj and
+  the residual add) as one persistent launch, the weight stream running on under attention.
 - `attention`: GQA attention of T query rows over the cache, each row seeing keys up to its limit.
 - `linear`: x @ W^T for up to 16 rows, streaming W faster than cuBLAS does at these shapes
   (benchmarks/results/gemv_h200.txt), the residual add (o_proj, down) in its epilogue.
@@ -26,14 +28,17 @@ references everywhere: the eager reference the fused and CPU forms are tested ag
 
 from dspark.kernels.activation import silu_mul, silu_mul_ref
 from dspark.kernels.attention import SPLIT_KV_MAX_QUERIES, attention, attention_ref, split_kv_attention, visibility
+from dspark.kernels.attention_block import attention_block, attention_block_fits, attention_block_ref
 from dspark.kernels.cpu import use_cpu_forms
 from dspark.kernels.gemv import linear, linear_ref, norm_linear, norm_linear_ref
-from dspark.kernels.launch import kernels_on, overlap_mode, references, use_triton
+from dspark.kernels.launch import kernels_on, overlap_mode, persistent_mode, references, use_triton
 from dspark.kernels.norms import qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm, rms_norm_ref, rope_ref
 from dspark.kernels.sampling import (SAMPLE_BLOCK, accept, accept_ref, markov_sample, markov_sample_ref,
                                      markov_sample_topk, markov_sample_topk_ref, race, race_ref)
 
-__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "attention", "attention_ref",
-           "kernels_on", "linear", "overlap_mode", "linear_ref", "markov_sample", "markov_sample_ref", "markov_sample_topk", "markov_sample_topk_ref", "norm_linear", "norm_linear_ref",
-           "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race", "race_ref", "references", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul",
-           "silu_mul_ref", "split_kv_attention", "use_cpu_forms", "use_triton", "visibility"]
+__all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "attention", "attention_block",
+           "attention_block_fits", "attention_block_ref", "attention_ref", "kernels_on", "linear", "linear_ref",
+           "markov_sample", "markov_sample_ref", "markov_sample_topk", "markov_sample_topk_ref", "norm_linear",
+           "norm_linear_ref", "overlap_mode", "persistent_mode", "qk_norm_rope_cache", "qk_norm_rope_cache_ref",
+           "race", "race_ref", "references", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul", "silu_mul_ref",
+           "split_kv_attention", "use_cpu_forms", "use_triton", "visibility"]

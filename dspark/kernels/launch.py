@@ -21,8 +21,11 @@ except ImportError:  # pragma: no cover - depends on the install
 _SETTINGS = {"kernels": os.environ.get("DSPARK_KERNELS", "1") != "0",
              "interpret": os.environ.get("TRITON_INTERPRET") == "1",
              # products launched as programmatic dependents on Hopper (a product starting in the tail of the one
-             # before it: benchmarks/overlap_probe.py); DSPARK_OVERLAP=0 launches them plainly
-             "overlap": os.environ.get("DSPARK_OVERLAP", "1") != "0"}
+             # before it: benchmarks/launch_probe.py); DSPARK_OVERLAP=0 launches them plainly
+             "overlap": os.environ.get("DSPARK_OVERLAP", "1") != "0",
+             # the attention half of a layer as one persistent launch (kernels/attention_block.py);
+             # DSPARK_PERSISTENT=0 runs its four launches
+             "persistent": os.environ.get("DSPARK_PERSISTENT", "1") != "0"}
 
 
 def kernels_on() -> bool:
@@ -31,26 +34,41 @@ def kernels_on() -> bool:
 
 
 @contextmanager
-def references():
-    """Run the PyTorch references inside (the eager reference the fused and CPU forms are held equal to)."""
-    before = _SETTINGS["kernels"]
-    _SETTINGS["kernels"] = False
+def _setting(name: str, value: bool):
+    before = _SETTINGS[name]
+    _SETTINGS[name] = value
     try:
         yield
     finally:
-        _SETTINGS["kernels"] = before
+        _SETTINGS[name] = before
 
 
 @contextmanager
+def references():
+    """Run the PyTorch references inside (the eager reference the fused and CPU forms are held equal to)."""
+    with _setting("kernels", False):
+        yield
+
+
 def overlap_mode(on: bool):
     """Steps traced or captured inside launch their products as programmatic dependents or not (DSPARK_OVERLAP for
-    one block): for timing both in one process (benchmarks/overlap_probe.py)."""
-    before = _SETTINGS["overlap"]
-    _SETTINGS["overlap"] = on
-    try:
-        yield
-    finally:
-        _SETTINGS["overlap"] = before
+    one block): for timing both in one process (benchmarks/launch_probe.py)."""
+    return _setting("overlap", on)
+
+
+def persistent_mode(on: bool):
+    """Steps traced or captured inside run a layer's attention half as one persistent launch or as four
+    (DSPARK_PERSISTENT for one block): for timing both in one process (benchmarks/launch_probe.py)."""
+    return _setting("persistent", on)
+
+
+def persistent_on() -> bool:
+    return _SETTINGS["persistent"]
+
+
+def interpreting() -> bool:
+    """Triton's CPU interpreter (TRITON_INTERPRET=1): it runs a grid's programs one after another."""
+    return _SETTINGS["interpret"]
 
 
 def overlap(t: Tensor) -> bool:
