@@ -23,9 +23,9 @@ _SETTINGS = {"kernels": os.environ.get("DSPARK_KERNELS", "1") != "0",
              # products launched as programmatic dependents on Hopper (a product starting in the tail of the one
              # before it: benchmarks/launch_probe.py); DSPARK_OVERLAP=0 launches them plainly
              "overlap": os.environ.get("DSPARK_OVERLAP", "1") != "0",
-             # the attention half of a layer as one persistent launch (kernels/attention_block.py);
-             # DSPARK_PERSISTENT=0 runs its four launches
-             "persistent": os.environ.get("DSPARK_PERSISTENT", "1") != "0"}
+             # the attention half of a layer as one persistent launch (kernels/attention_block.py), DSPARK_PERSISTENT=1;
+             # off by default: slower than its four launches on the H200 (benchmarks/RESULTS.md, issue 44)
+             "persistent": os.environ.get("DSPARK_PERSISTENT", "0") == "1"}
 
 
 def kernels_on() -> bool:
