@@ -140,7 +140,8 @@ def test_attention_block(dtype, b, t, kv_len, hidden, hq, hkv, d):
     early and without. Shapes: decode and verify at Qwen3-8B's, two sequences over more o_proj tiles than SMs
     (5120 / 32 = 160), a draft block of 16, a group of 1."""
     case = _attention_block_case(dtype, b, t, kv_len, hidden, hq, hkv, d)
-    assert K.attention_block_fits(case["qkv"], hq, hkv, d, case["o_weight"], None, None, False)
+    with K.persistent_mode(True):  # off by default (DSPARK_PERSISTENT=1)
+        assert K.attention_block_fits(case["qkv"], hq, hkv, d, case["o_weight"], None, None, False)
     ref_caches = {k: case[k].clone() for k in ("cache_k", "cache_v")}
     ref = K.attention_block_ref(**{**case, **ref_caches})
     for l2_prefetch in (True, True, False):
@@ -176,15 +177,17 @@ def test_attention_block_replays_from_a_graph_equal_to_eager(dtype):
 
 
 def test_attention_block_declines_what_it_does_not_take():
-    """Prefills, explicit masks, an o_proj bias, many rows and mixed dtypes run the four operations."""
+    """Prefills, explicit masks, an o_proj bias, many rows and mixed dtypes run the four operations; so does
+    everything with the persistent launch off (the default)."""
     case = _attention_block_case(torch.float32, 1, 2, 40, 64, hq=4, hkv=2, d=32)
     q, w = case["qkv"], case["o_weight"]
-    assert K.attention_block_fits(q, 4, 2, 32, w, None, None, False)
-    assert not K.attention_block_fits(q, 4, 2, 32, w, None, None, True)
-    assert not K.attention_block_fits(q, 4, 2, 32, w, None, torch.ones(1, dtype=torch.bool), False)
-    assert not K.attention_block_fits(q, 4, 2, 32, w, torch.zeros(64, device=DEVICE), None, False)
-    assert not K.attention_block_fits(q.expand(9, 2, -1), 4, 2, 32, w, None, None, False)
-    assert not K.attention_block_fits(q, 4, 2, 32, w.double(), None, None, False)
+    with K.persistent_mode(True):
+        assert K.attention_block_fits(q, 4, 2, 32, w, None, None, False)
+        assert not K.attention_block_fits(q, 4, 2, 32, w, None, None, True)
+        assert not K.attention_block_fits(q, 4, 2, 32, w, None, torch.ones(1, dtype=torch.bool), False)
+        assert not K.attention_block_fits(q, 4, 2, 32, w, torch.zeros(64, device=DEVICE), None, False)
+        assert not K.attention_block_fits(q.expand(9, 2, -1), 4, 2, 32, w, None, None, False)
+        assert not K.attention_block_fits(q, 4, 2, 32, w.double(), None, None, False)
     with K.persistent_mode(False):
         assert not K.attention_block_fits(q, 4, 2, 32, w, None, None, False)
 
