@@ -19,8 +19,9 @@ def test_acceptance_pooled_over_rounds():
     assert m["spec_decode_acceptance_length"] == pytest.approx(1 + 4 / 3)
     assert m["spec_decode_acceptance_rate"] == pytest.approx(4 / 8)
     assert m["spec_decode_num_draft_tokens"] == 8 and m["spec_decode_num_accepted_tokens"] == 4
-    # joint: position 1 accepted in 2 of 3 rounds proposing it, position 2 in 1 of 3, position 3 in 1 of 2
-    assert m["spec_decode_per_position_acceptance_rates"] == pytest.approx([2 / 3, 1 / 3, 1 / 2])
+    # joint, over all 3 rounds: position 1 accepted in 2, position 2 in 1, position 3 in 1 (the round that
+    # proposed 2 accepts nothing at 3): they sum to AL - 1
+    assert m["spec_decode_per_position_acceptance_rates"] == pytest.approx([2 / 3, 1 / 3, 1 / 3])
     # conditional: position 2 reached (1 accepted, 2 proposed) by rounds 1 and 3, accepted in round 1
     assert m["spec_decode_conditional_acceptance_rates"] == pytest.approx([2 / 3, 1 / 2, 1.0])
     assert m["spec_decode_acceptance_histogram"] == [1, 1, 0, 1]

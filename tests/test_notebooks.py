@@ -225,7 +225,8 @@ def test_per_position_acceptance_has_wilson_intervals_and_leaves_out_sparse_posi
     assert frames.wilson(5, 5)[1] == 1.0 and frames.wilson(5, 5)[0] < 0.6  # all accepted: not a certainty
     # 40 rounds propose 3 drafts: 20 accept none, 12 one, 6 two, 2 all three
     counts = pd.DataFrame([{"run": "r", "system": "dspark", "method": "dspark", "temperature": 0.0,
-                            "max_concurrency": 1, "position": k, "proposed": 40, "reached": r, "accepted": a}
+                            "max_concurrency": 1, "position": k, "rounds": 40, "proposed": 40, "reached": r,
+                            "accepted": a}
                            for k, r, a in ((1, 40, 20), (2, 20, 8), (3, 8, 2))])
     pos = frames.positions(counts)
     assert list(pos["joint"]) == [0.5, 0.2, 0.05] and list(pos["conditional"]) == [0.5, 0.4, 0.25]

@@ -163,8 +163,9 @@ def _colours(keys: list[tuple]) -> dict[tuple, str]:
 
 
 def position_curves(runs: Runs, min_rounds: int = MIN_ROUNDS):
-    """Per draft position, the joint acceptance (share of rounds accepting it) and the conditional one
-    (given the position before it was accepted), each with its Wilson 95 % interval; a conditional
+    """Per draft position, the joint acceptance (share of all rounds accepting it: a round that proposed
+    nothing accepts nothing) and the conditional one (given the position before it was accepted and this
+    one proposed), each with its Wilson 95 % interval; a conditional
     point from fewer than `min_rounds` rounds reaching it is left out (the figure says which)."""
     pos = positions(runs.counts[~runs.counts["method"].isin([BASELINE])])
     if pos.empty:
@@ -188,13 +189,15 @@ def position_curves(runs: Runs, min_rounds: int = MIN_ROUNDS):
         cond.plot(kept["position"], kept["conditional"], marker="o", markersize=3, label=label, **style)
         cond.fill_between(kept["position"], kept["conditional_lo"], kept["conditional_hi"], color=style["color"],
                           alpha=shade)
-    for ax, what in ((joint, "joint: P(position k accepted)"), (cond, "conditional: P(k accepted | k - 1 accepted)")):
+    for ax, what in ((joint, "joint: P(k accepted), over all rounds"),
+                     (cond, "conditional: P(k accepted | k - 1 accepted, k proposed)")):
         ax.set(xlabel="draft position", ylim=(0, 1.02), title=what)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    joint.set_ylabel("acceptance")
+    joint.set_ylabel("share of rounds")
     joint.legend(fontsize=7)
-    note = "Shaded: Wilson 95 % intervals." + (
+    note = "Joint: rounds accepting position k over every round, those that proposed fewer than k drafts " \
+           "included (the points sum to the pooled AL - 1). Shaded: Wilson 95 % intervals." + (
         f" Conditional points from fewer than {min_rounds} rounds reaching their position are left out, from the "
         f"position given: {', '.join(dropped)}." if dropped else "")
     return _titled(fig, "acceptance by draft position", runs.caption(), note)

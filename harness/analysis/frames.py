@@ -6,8 +6,8 @@ never meets a missing column.
 - `load_runs(paths)`: `requests` (one row per request, failed ones flagged; drafted rounds and accepted
   drafts from the rounds or from the backend's totals), `rounds` (one row per verify round: drafts
   proposed and accepted, each slot's confidence where the draft has a confidence head), `counts` (per
-  request, or per served wave where only the server counted, and draft position: rounds that proposed,
-  reached and accepted it), `summary` (the summary rows),
+  request, or per served wave where only the server counted, and draft position: the rounds of the
+  request or wave, and those that proposed, reached and accepted it), `summary` (the summary rows),
   `meta` (what produced each run: backend, device, target, split, categories, date, git revision) and
   `warnings` (each run's summary warnings: incomplete, failed requests, contention);
 - `positions(counts)`: per system, the joint and conditional acceptance of each draft position, with
@@ -40,8 +40,9 @@ REQUEST_COLUMNS = (*KEY, "prompt_tokens", "output_tokens", "ttft_ms", "tpot_ms",
                    "matches_baseline", "spec_rounds", "spec_accepted", "acceptance_length", "acceptance_from",
                    "target_confidence")
 ROUND_COLUMNS = (*KEY, "round", "proposed", "accepted", "confidences")
-COUNT_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", "position", "proposed", "reached",
-                 "accepted")
+POSITION_COUNTS = ("position", "rounds", "proposed", "reached", "accepted")  # (`_position_counts`' tuple)
+COUNT_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", "position", "rounds", "proposed",
+                 "reached", "accepted")
 META_COLUMNS = ("run", "path", "backend", "device", "cpu", "cores", "target", "split", "categories", "systems",
                 "date", "git", "dirty", "requests_done", "requests_expected", "complete")
 SUMMARY_COLUMNS = ("run", "system", "method", "temperature", "max_concurrency", "category", "requests",
@@ -96,22 +97,23 @@ def _meta(label: str, path: Path, manifest: dict, summary: dict) -> dict:
             "label": summary.get("label"), "parallel": summary.get("parallel")}
 
 
-def _position_counts(proposed: list[int], accepted: list[int]) -> list[tuple[int, int, int, int]]:
-    """(position k, rounds proposing k, rounds that could accept k: accepted k - 1 and proposed k, rounds
-    accepting k) from one request's rounds."""
+def _position_counts(proposed: list[int], accepted: list[int]) -> list[tuple[int, int, int, int, int]]:
+    """(position k, the request's rounds, rounds proposing k, rounds that could accept k: accepted k - 1
+    and proposed k, rounds accepting k) from one request's rounds; position 1 always, so that a request
+    whose rounds proposed nothing (n-gram without a match) still counts its rounds."""
     out = []
-    for k in range(1, max(proposed, default=0) + 1):
-        out.append((k, sum(d >= k for d in proposed), sum(a >= k - 1 and d >= k for a, d in zip(accepted, proposed)),
-                    sum(a >= k for a in accepted)))
+    for k in range(1, max(max(proposed, default=0), 1 if proposed else 0) + 1):
+        out.append((k, len(proposed), sum(d >= k for d in proposed),
+                    sum(a >= k - 1 and d >= k for a, d in zip(accepted, proposed)), sum(a >= k for a in accepted)))
     return out
 
 
-def _total_counts(totals: dict) -> list[tuple[int, int, int, int]]:
+def _total_counts(totals: dict) -> list[tuple[int, int, int, int, int]]:
     """The same from a backend's totals (vLLM's per request, or a server's counters over a wave): as vLLM
     counts them, every speculative step proposes every position."""
     steps, per_pos = totals.get("num_spec_steps") or 0, totals.get("accepted_per_pos") or []
-    return [(k, steps, steps if k == 1 else per_pos[k - 2], per_pos[k - 1]) for k in range(1, len(per_pos) + 1)
-            if steps]
+    return [(k, steps, steps, steps if k == 1 else per_pos[k - 2], per_pos[k - 1])
+            for k in range(1, len(per_pos) + 1) if steps]
 
 
 def load_runs(paths: list[Path | str], progress=None) -> Runs:
@@ -142,11 +144,11 @@ def load_runs(paths: list[Path | str], progress=None) -> Runs:
             where = {k: base[k] for k in ("run", "system", "method", "temperature", "max_concurrency")}
             if lengths:
                 spec = (len(lengths), sum(accepted), "rounds")
-                counts += [where | dict(zip(("position", "proposed", "reached", "accepted"), c))
+                counts += [where | dict(zip(POSITION_COUNTS, c))
                            for c in _position_counts(proposed, accepted)]
             elif totals.get("num_spec_steps"):
                 spec = (totals["num_spec_steps"], totals.get("num_accepted_draft_tokens") or 0, "totals")
-                counts += [where | dict(zip(("position", "proposed", "reached", "accepted"), c))
+                counts += [where | dict(zip(POSITION_COUNTS, c))
                            for c in _total_counts(totals)]
             else:
                 spec = (None, None, None)
@@ -164,7 +166,7 @@ def load_runs(paths: list[Path | str], progress=None) -> Runs:
             if w.get("wave") in counted_waves and w.get("spec_counters"):
                 where = {"run": label, "system": w.get("system"), "method": methods.get(w.get("system")),
                          "temperature": float(w.get("temperature") or 0.0), "max_concurrency": w.get("max_concurrency", 1)}
-                counts += [where | dict(zip(("position", "proposed", "reached", "accepted"), c))
+                counts += [where | dict(zip(POSITION_COUNTS, c))
                            for c in _total_counts(w["spec_counters"])]
         summaries += [{"run": label, **row} for row in summary["rows"]]
         synthetic += [{"run": label, **row} for row in measured_vs_derived(summary, label)]
@@ -179,18 +181,22 @@ def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
 
 
 def positions(counts: pd.DataFrame, by: tuple[str, ...] = ("run", "system", "temperature")) -> pd.DataFrame:
-    """Per group and draft position k: the joint acceptance (rounds accepting k / rounds proposing k)
-    and the conditional one (given k - 1 accepted), as `metrics.acceptance` defines them, each with its
-    Wilson 95 % interval and the rounds behind it."""
-    cols = [*by, "position", "proposed", "reached", "accepted", "joint", "joint_lo", "joint_hi", "conditional",
-            "conditional_lo", "conditional_hi"]
+    """Per group and draft position k: the joint acceptance (rounds accepting k / all the group's rounds:
+    a round that proposed fewer than k drafts accepts nothing at k, so the joint rates sum to the
+    acceptance length - 1) and the conditional one (given k - 1 accepted and k proposed), as
+    `metrics.acceptance` defines them, each with its Wilson 95 % interval and the rounds behind it."""
+    cols = [*by, "position", "rounds", "proposed", "reached", "accepted", "joint", "joint_lo", "joint_hi",
+            "conditional", "conditional_lo", "conditional_hi"]
     if counts.empty:
         return pd.DataFrame(columns=cols)
     summed = counts.groupby([*by, "position"], sort=False)[["proposed", "reached", "accepted"]].sum().reset_index()
+    # every request or wave with rounds has a position-1 row: the group's rounds are theirs
+    rounds = counts[counts["position"] == 1].groupby(list(by), sort=False)["rounds"].sum().reset_index()
+    summed = summed.merge(rounds, on=list(by), how="left").fillna({"rounds": 0})
     rows = []
     for r in summed.to_dict("records"):
-        joint, cond = wilson(r["accepted"], r["proposed"]), wilson(r["accepted"], r["reached"])
-        rows.append(r | {"joint": r["accepted"] / r["proposed"] if r["proposed"] else math.nan,
+        joint, cond = wilson(r["accepted"], r["rounds"]), wilson(r["accepted"], r["reached"])
+        rows.append(r | {"joint": r["accepted"] / r["rounds"] if r["rounds"] else math.nan,
                          "joint_lo": joint[0], "joint_hi": joint[1],
                          "conditional": r["accepted"] / r["reached"] if r["reached"] else math.nan,
                          "conditional_lo": cond[0], "conditional_hi": cond[1]})

@@ -19,11 +19,13 @@ def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int
     - `spec_decode_acceptance_length`: tokens per round (1 + accepted / rounds), as vLLM;
     - `spec_decode_acceptance_rate`: accepted / proposed draft tokens;
     - `spec_decode_num_accepted_tokens_per_pos`: rounds that accepted position k (vLLM's counter);
-    - `spec_decode_per_position_acceptance_rates`: joint, P(position k accepted | k proposed);
+    - `spec_decode_per_position_acceptance_rates`: joint, P(position k accepted) over every round (a round
+      that proposed fewer than k drafts, n-gram's with no match among them, accepts nothing at k): they
+      sum to acceptance length - 1, whatever the proposals;
     - `spec_decode_conditional_acceptance_rates`: P(k accepted | k - 1 accepted and k proposed);
     - `spec_decode_acceptance_histogram`: rounds by accepted draft count (index 0..max proposed).
-    Positions no round proposed are None. `accepted_counts` (drafts accepted per round) default to
-    acceptance length - 1; they differ in a round whose accepted draft was a stop token (no bonus).
+    Conditional rates of positions no round reached are None. `accepted_counts` (drafts accepted per round)
+    default to acceptance length - 1; they differ in a round whose accepted draft was a stop token (no bonus).
     """
     rounds = len(acceptance_lengths)
     if rounds == 0:
@@ -33,9 +35,8 @@ def acceptance(acceptance_lengths: Sequence[int], proposal_lengths: Sequence[int
                 "spec_decode_conditional_acceptance_rates": [], "spec_decode_acceptance_histogram": []}
     accepted = list(accepted_counts) if accepted_counts is not None else [n - 1 for n in acceptance_lengths]
     k_max = max(proposal_lengths)
-    proposed_at = [sum(d >= k for d in proposal_lengths) for k in range(1, k_max + 1)]
     accepted_at = [sum(a >= k for a in accepted) for k in range(1, k_max + 1)]
-    joint = [acc / prop if prop else None for acc, prop in zip(accepted_at, proposed_at)]
+    joint = [acc / rounds for acc in accepted_at]
     conditional = []
     for k in range(1, k_max + 1):
         # rounds that accepted k - 1 and proposed k: the ones that could accept position k

@@ -11,12 +11,23 @@ from harness.analysis.summary import parallel_label
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
-    """summary.png: per-position (joint) acceptance by system, and each speculative system's speedup over
+    """summary.png: `summary_figure` saved."""
+    import matplotlib.pyplot as plt
+
+    fig = summary_figure(summary, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_figure(summary: dict, title: str):
+    """summary.png's figure: per-position (joint) acceptance by system over all its rounds (a round that proposed
+    fewer than k drafts accepts nothing at k: the points sum to the pooled AL - 1), and each speculative system's speedup over
     plain decoding with its interval, per temperature (plain decoding, 1 by definition, is the line)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     overall = [r for r in summary["rows"] if r["category"] == "overall"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -26,7 +37,9 @@ def plot(summary: dict, path: Path, title: str) -> None:
             level = f" c={r['max_concurrency']}" if summary.get("max_concurrency", [1]) != [1] else ""
             left.plot(range(1, len(rates) + 1), [x if x is not None else float("nan") for x in rates], marker="o",
                       label=f"{r['system']} T={r['temperature']:g}{level} (AL {r['spec_decode_acceptance_length']:.2f})")
-    left.set(xlabel="draft position", ylabel="share of rounds accepting it", ylim=(0, 1), title="acceptance by position")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left.set(xlabel="draft position", ylabel="share of all rounds accepting it", ylim=(0, 1),
+             title="acceptance by position, over all rounds")
     if left.lines:
         left.legend(fontsize=7)
     drafted = [r for r in overall if r["system"] != summary.get("baseline")]
@@ -36,18 +49,19 @@ def plot(summary: dict, path: Path, title: str) -> None:
     errors = [[max(0.0, v - (r["speedup_ci95"] or [v, v])[0]) for v, r in zip(values, drafted)],
               [max(0.0, (r["speedup_ci95"] or [v, v])[1] - v) for v, r in zip(values, drafted)]]
     right.bar(range(len(values)), values, yerr=errors, capsize=3, color="tab:blue")
-    for i, r in enumerate(drafted):
-        if r.get("speedup_ci95_reason"):  # (no interval to draw: say why on the bar)
-            right.annotate(f"too few\nprompts ({r['speedup_pairs']})", (i, values[i]), ha="center", va="bottom",
-                           fontsize=6)
+    few = [i for i, r in enumerate(drafted) if r.get("speedup_ci95_reason")]
+    for i in few:  # (no interval to draw: say why on the bar)
+        right.annotate(f"too few\nprompts ({drafted[i]['speedup_pairs']})", (i, values[i]), ha="center",
+                       va="bottom", fontsize=6, xytext=(0, 2), textcoords="offset points")
+    if few:  # headroom above the tallest bar for its two lines, under the panel's title
+        right.set_ylim(top=max([1.0] + [v + e for v, e in zip(values, errors[1])]) * 1.3)
     right.axhline(1.0, color="grey", linewidth=0.8, label="plain decoding")
     right.set_xticks(range(len(values)), labels, fontsize=7)
     right.set(ylabel="speedup over plain (TPOT)", title="speedup, 95 % interval")
     right.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def plot_sweep(summary: dict, path: Path, caption: str) -> None:

@@ -1,0 +1,89 @@
+"""Figures that count what their labels say (issue 52): per-position acceptance over every verify round
+(n-gram's rounds that proposed nothing included) in summary.png, the HTML's joint panel and the metrics;
+the predicted speedup line per system from its own round cost; a note where a profile and a run were
+timed under different conditions; the "too few prompts" label clear of the panel title; the engines
+notebook's settings line, the one `parity` prints."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+import run_folders  # noqa: E402
+
+from harness.analysis import figures, frames  # noqa: E402
+from harness.analysis.metrics import acceptance  # noqa: E402
+from harness.analysis.plots import summary_figure  # noqa: E402
+from harness.analysis.summary import summarize_folder  # noqa: E402
+
+# n-gram's rounds of two requests: most rounds find no match and propose nothing (they still verify one
+# token); 10 rounds, 3 of which proposed: position 1 accepted in 2, position 2 in 1, position 3 in none
+NGRAM = {"q1": ([0, 0, 3, 0, 2], [0, 0, 2, 0, 1]), "q2": ([0, 0, 0, 3, 0], [0, 0, 0, 0, 0])}
+
+
+def _ngram_run(root, prompts=("q1", "q2")):
+    """plain and n-gram on two prompts, n-gram's rounds as NGRAM."""
+    records = []
+    for q in prompts:
+        proposed, accepted = NGRAM[q]
+        records.append(run_folders.native("plain", q, 10.0))
+        records.append(run_folders.native("ngram", q, 9.0, method="ngram") | {
+            "proposal_lengths": proposed, "accepted_counts": accepted, "acceptance_lengths": [a + 1 for a in accepted],
+            "num_rounds": len(accepted)})
+    return run_folders.write(root / "ngram", records, systems=["plain", "ngram"])
+
+
+def test_joint_acceptance_counts_every_round_in_the_metrics_the_frames_and_both_figures(tmp_path):
+    proposed = NGRAM["q1"][0] + NGRAM["q2"][0]
+    accepted = NGRAM["q1"][1] + NGRAM["q2"][1]
+    m = acceptance([a + 1 for a in accepted], proposed, accepted)
+    # over all 10 rounds, not over the 3 that proposed (2/3, 1/3, 0/2 were drawn before)
+    assert m["spec_decode_per_position_acceptance_rates"] == pytest.approx([0.2, 0.1, 0.0])
+    assert sum(m["spec_decode_per_position_acceptance_rates"]) == pytest.approx(m["spec_decode_acceptance_length"] - 1)
+    assert m["spec_decode_conditional_acceptance_rates"] == pytest.approx([2 / 3, 1 / 2, 0.0])  # given k proposed
+
+    run = _ngram_run(tmp_path)
+    pos = frames.positions(frames.load_runs([run]).counts.query("system == 'ngram'"))
+    assert list(pos["rounds"]) == [10, 10, 10] and list(pos["joint"]) == pytest.approx([0.2, 0.1, 0.0])
+    assert list(pos["proposed"]) == [3, 3, 2] and list(pos["conditional"]) == pytest.approx([2 / 3, 1 / 2, 0.0])
+
+    fig = figures.position_curves(frames.load_runs([run]))
+    joint, cond = fig.axes[0], fig.axes[1]
+    assert list(joint.lines[0].get_ydata()) == pytest.approx([0.2, 0.1, 0.0])
+    assert "over all rounds" in joint.get_title() and "k proposed" in cond.get_title()
+    assert "sum to the pooled AL - 1" in " ".join(t.get_text() for t in fig.texts)
+
+    summary = summarize_folder(run)
+    left = summary_figure(summary, "t").axes[0]
+    assert list(left.lines[0].get_ydata()) == pytest.approx([0.2, 0.1, 0.0])
+    assert left.get_ylabel() == "share of all rounds accepting it" and "over all rounds" in left.get_title()
+
+
+def test_a_request_whose_rounds_all_proposed_nothing_still_counts_its_rounds(tmp_path):
+    records = [run_folders.native("ngram", "q1", 9.0, method="ngram") | {
+        "proposal_lengths": [0] * 6, "accepted_counts": [0] * 6, "acceptance_lengths": [1] * 6, "num_rounds": 6},
+        run_folders.native("ngram", "q2", 9.0, method="ngram") | {
+        "proposal_lengths": [2, 2], "accepted_counts": [2, 1], "acceptance_lengths": [3, 2], "num_rounds": 2}]
+    run = run_folders.write(tmp_path / "r", records, systems=["ngram"])
+    pos = frames.positions(frames.load_runs([run]).counts)
+    assert list(pos["rounds"]) == [8, 8] and list(pos["joint"]) == pytest.approx([2 / 8, 1 / 8])
+
+
+@pytest.mark.parametrize("prompts", [1, 2, 3])
+def test_the_too_few_prompts_label_stays_clear_of_the_panel_title(tmp_path, prompts):
+    records = [run_folders.native(s, q, tpot) for q in run_folders.MANY[:prompts]
+               for s, tpot in (("plain", 10.0), ("dspark", 5.0))]
+    summary = summarize_folder(run_folders.write(tmp_path / "few", records, systems=["plain", "dspark"]))
+    fig = summary_figure(summary, "a run of few prompts")
+    fig.canvas.draw()
+    right = fig.axes[1]
+    labels = [t for t in right.texts if "too few" in t.get_text()]
+    assert labels and f"prompts ({prompts})" in labels[0].get_text()
+    renderer = fig.canvas.get_renderer()
+    box, title, axes = (labels[0].get_window_extent(renderer), right.title.get_window_extent(renderer),
+                        right.get_window_extent(renderer))
+    assert not box.overlaps(title) and box.y1 <= axes.y1  # inside the panel, under its title
