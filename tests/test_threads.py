@@ -25,7 +25,7 @@ def test_the_rule(tmp_path, monkeypatch, no_thread_env):
     (small / "model.safetensors").write_bytes(b"\0" * 1000)
     with (large / "model.safetensors").open("wb") as f:  # a sparse file: the rule reads sizes, never weights
         f.truncate(SMALL_MODEL_BYTES + 1)
-    assert choose(3, "cpu", small) == (3, "--threads")
+    assert choose(usable_cores(), "cpu", small) == (usable_cores(), "--threads")  # (more: refused, see test_option_mistakes)
     n, why = choose(None, "cpu", small)
     assert n == 1 and why.startswith("auto: target weights 0 MB")
     assert choose(None, "cpu", large) == (usable_cores(), "auto: every usable core (a large target)")

@@ -40,7 +40,8 @@ RUN_OPTIONS = [
     ("dataset_path", Optional[str], typer.Option(None, help="Local SPEED-Bench data: a file, or a folder holding "
                                                  "<split>.jsonl or <split>/*.parquet (hub, specdec_bench, "
                                                  "NeMo-Skills).")),
-    ("dataset_revision", Optional[str], typer.Option(None, help="Pin the hub dataset's revision (commit or tag).")),
+    ("dataset_revision", Optional[str], typer.Option(None, help="Pin the hub dataset's revision (commit or tag); "
+                                                   "refused with the demo suite or --dataset-path.")),
     ("systems", Optional[str], typer.Option(None, help=systems_help())),
     ("backend", Optional[str], typer.Option(None, help="native (our engine), vllm (vLLM offline), vllm-server (vLLM "
                                             "served, started per system) or openai (a server at --base-url) "

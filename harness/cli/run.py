@@ -36,7 +36,9 @@ def run(
     profiled: Optional[str] = typer.Option(None, hidden=True, help="Set by `profile` for its child runs."),
 ):
     """Run SPEED-Bench prompts through every system of an experiment and compare them."""
-    from harness.runs.plan import check_options, load_dataset, resolve_settings, resume_options, select_prompts
+    from harness.runs import context
+    from harness.runs.plan import (check_options, load_dataset, resolve_settings, resume_options, select_prompts,
+                                   user_turns)
     from harness.specs.experiments import load_experiment
 
     if profiled not in (None, "nsys", "torch"):
@@ -71,7 +73,8 @@ def run(
             raise typer.Exit(1)
         return
     data = load_dataset(opts, experiment, settings)
-    select_prompts(data, settings)  # a split, category or data file mistake answers before the models load
+    rows = select_prompts(data, settings)  # a split, category or data file mistake answers before the models load
+    context.check(settings, rows, user_turns(rows, settings["turns"]), opts.resume)  # (and a request too long)
     from harness.runs.runner import run as run_all
 
     path, summary = run_all(opts, err, data)
@@ -108,7 +111,7 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
     from dspark.config import TargetConfig
     from harness.backends.registry import backend_class
     from harness.backends.systems import resolve_system
-    from harness.runs import estimate
+    from harness.runs import context, estimate
     from harness.runs.plan import load_dataset, plan_jobs, select_prompts, user_turns
 
     try:
@@ -123,6 +126,8 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
     rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
     from harness.analysis.synthetic_check import label
 
+    turns_of = None if prompts is None else user_turns(prompts, settings["turns"])
+    context.check(settings, prompts, turns_of, opts.resume)  # (what the run would refuse, refused here too)
     named = label(settings)
     t = Table(title=escape(f"dry run: experiment {exp.name}, target {exp.target} ({target_path})"
                            + (f" [{named}]" if named else "")))
@@ -132,7 +137,7 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
         t.add_row(r["system"], r["draft"] or "-", r["format"] or "-", r["method"] or "-",
                   str(r.get("num_speculative_tokens", "-")), "yes" if r["fits_target"] else "NO", r["problem"] or "")
     show(console, t)
-    jobs = None if prompts is None else plan_jobs(settings, prompts, user_turns(prompts, settings["turns"]),
+    jobs = None if prompts is None else plan_jobs(settings, prompts, turns_of,
                                                   backend_class(settings["backend"]).capabilities.interleaves)
     size = estimate.run_size(settings, jobs, None if prompts is None else len(prompts)) | {"dataset_unread": unread}
     dtype = str(pick_dtype(opts.dtype, opts.device)).removeprefix("torch.")

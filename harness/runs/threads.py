@@ -6,7 +6,9 @@ costs many times over when another process competes for the cores (its threads w
 other at every operation): `benchmarks/threads.py` measures it, `benchmarks/RESULTS.md` records
 it. So, in order:
 
-1. `--threads N` is used as given;
+1. `--threads N` is used as given, from 1 to the cores this process may use (`os.sched_getaffinity`):
+   more threads than cores wait on each other at every operation (TPOT 100 times worse on the demo), so
+   more is refused in one line before anything loads;
 2. a thread count the user set in the environment (OMP_NUM_THREADS, MKL_NUM_THREADS) is respected:
    torch has already read it;
 3. on the CPU, a target whose weights are at most `SMALL_MODEL_BYTES` runs on one thread, a larger
@@ -39,6 +41,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def check(requested: int) -> None:
+    """Refuse a `--threads` count below 1 or above the usable cores (the rule above, step 1)."""
+    if requested < 1:
+        raise DSparkError(f"--threads is {requested}; give at least 1")
+    cores = usable_cores()
+    if requested > cores:
+        raise DSparkError(f"--threads is {requested}, but this process may use {cores} core(s); give at most {cores} "
+                          "(more threads than cores wait on each other at every step)")
+
+
 def weights_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
 
@@ -50,8 +62,7 @@ def choose(requested: int | None, device: str, target_folder: Path | None) -> tu
     if isinstance(requested, Recorded):
         return int(requested), "as the run recorded"
     if requested is not None:
-        if requested < 1:
-            raise DSparkError(f"--threads is {requested}; give at least 1")
+        check(requested)
         return requested, "--threads"
     set_vars = [f"{var}={os.environ[var]}" for var in ENV_VARS if os.environ.get(var)]
     if set_vars:

@@ -66,6 +66,16 @@ def check_split(split: str) -> None:
         raise DSparkError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
 
 
+def check_revision(revision: str, source: str) -> None:
+    """Refuse a dataset revision where nothing would read it: only the hub has revisions; the demo suite
+    ships with the package and local files are read as they are (a revision given there was silently ignored)."""
+    if source != "hub":
+        where = "--dataset-path reads local files as they are" if source == "files" else \
+            "the demo suite ships with the package"
+        raise DSparkError(f"--dataset-revision {revision}: a revision applies only to hub datasets ({HUB_ID}); "
+                          f"{where}: drop --dataset-revision")
+
+
 def load(split: str, dataset_path: Path | None = None, source: str = "hub", revision: str | None = None) -> Dataset:
     """The rows of one SPEED-Bench config (`split`), from `dataset_path`, the demo suite or the hub."""
     check_split(split)
@@ -110,7 +120,7 @@ def _local_files(path: Path, split: str) -> list[Path]:
 
 
 def read_records(path: Path) -> list[dict]:
-    """Rows of a .jsonl, .json (a list) or .parquet file as dicts."""
+    """Rows of a .jsonl, .json (a list) or .parquet file as dicts (any other name is read as JSONL)."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pandas as pd
@@ -120,7 +130,11 @@ def read_records(path: Path) -> list[dict]:
         except Exception as exc:  # pyarrow raises many types for a bad file
             raise DSparkError(f"{path}: unreadable parquet ({type(exc).__name__}: {exc})") from None
         return frame.to_dict("records")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DSparkError(f"{path}: not UTF-8 text; give SPEED-Bench rows as a JSONL, JSON (a list) or parquet "
+                          "file") from None
     if suffix == ".json":
         try:
             data = json.loads(text)

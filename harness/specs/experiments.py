@@ -134,49 +134,71 @@ def load_experiment(name_or_path: str) -> Experiment:
     return parse(data, str(path), hashlib.sha256(raw).hexdigest())
 
 
-def parse(data: dict, where: str, sha256: str = "") -> Experiment:
-    def need(table: dict, key: str, kind, context: str):
-        if key not in table:
-            raise DSparkError(f"{where}: {context}'{key}' is missing")
-        value = table[key]
-        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-            raise DSparkError(f"{where}: {context}'{key}' must be {getattr(kind, '__name__', kind)}")
-        return value
+EXPECTED = {str: "a string", int: "a whole number", bool: "true or false", dict: "a table", list: "a list"}
 
-    name = need(data, "name", str, "")
-    target = need(data, "target", str, "")
-    backend = data.get("backend", "native")
+
+def typed(table: dict, key: str, kind: type, where: str, context: str = "", default=None, at_least: int | None = None,
+          required: bool = False):
+    """`table[key]` (`default` when absent, unless `required`), refused in one line
+    naming the file, the key, the value and the type expected where it is of another type (a bool is no number,
+    a float no whole number) or below `at_least`: TOML's `output_len = "lots"` otherwise surfaced as a Python
+    ValueError, and `shuffle = "no"` silently meant true."""
+    if key not in table:
+        if required:
+            raise DSparkError(f"{where}: {context}'{key}' is missing")
+        return default
+    value = table[key]
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+    if not ok or (at_least is not None and value < at_least):
+        expected = EXPECTED.get(kind, kind.__name__) + (f" of at least {at_least}" if at_least is not None else "")
+        raise DSparkError(f"{where}: {context}{key} = {json.dumps(value, default=str)}: expected {expected}")
+    return value
+
+
+def parse(data: dict, where: str, sha256: str = "") -> Experiment:
+    name = typed(data, "name", str, where, required=True)
+    target = typed(data, "target", str, where, required=True)
+    description = typed(data, "description", str, where, default="")
+    backend = typed(data, "backend", str, where, default="native")
     if backend not in BACKENDS:
         raise DSparkError(f"{where}: backend '{backend}' is not available; use one of {', '.join(BACKENDS)}")
-    dataset = data.get("dataset", "hub")
+    dataset = typed(data, "dataset", str, where, default="hub")
     if dataset not in DATASETS:
         raise DSparkError(f"{where}: dataset '{dataset}' must be one of {', '.join(DATASETS)}")
-    sampling = data.get("sampling", {})
+    revision = typed(data, "dataset_revision", str, where)
+    if revision is not None and dataset != "hub":
+        raise DSparkError(f"{where}: dataset_revision = {json.dumps(revision)}: a revision applies only to hub "
+                          f"datasets; dataset is \"{dataset}\" (drop dataset_revision)")
+    sampling = typed(data, "sampling", dict, where, default={})
+    output_len = typed(sampling, "output_len", int, where, "sampling.", 2048, at_least=1)
+    num_prompts = typed(sampling, "num_prompts", int, where, "sampling.", at_least=1)
+    shuffle = typed(sampling, "shuffle", bool, where, "sampling.", True)
+    seed = typed(sampling, "seed", int, where, "sampling.", 0)
     temps = sampling.get("temperatures", [0.0])
     if not isinstance(temps, list) or not temps or not all(isinstance(t, (int, float)) and 0 <= t <= MAX_TEMPERATURE
                                                            for t in temps):  # (nan compares false: refused too)
-        raise DSparkError(f"{where}: sampling.temperatures must be a non-empty list of numbers from 0 to "
-                          f"{MAX_TEMPERATURE:g}")
+        raise DSparkError(f"{where}: sampling.temperatures = {json.dumps(temps, default=str)}: expected a non-empty "
+                          f"list of numbers from 0 to {MAX_TEMPERATURE:g}")
     turns = sampling.get("turns", "first")
     if turns not in ("first", "all"):
-        raise DSparkError(f"{where}: sampling.turns must be 'first' or 'all'")
+        raise DSparkError(f"{where}: sampling.turns = {json.dumps(turns, default=str)}: expected \"first\" or \"all\"")
     systems, names = [], set()
-    for i, raw in enumerate(data.get("systems", [])):
+    for i, raw in enumerate(typed(data, "systems", list, where, default=[])):
         context = f"systems[{i}]."
-        sname = need(raw, "name", str, context)
-        method = need(raw, "method", str, context)
+        if not isinstance(raw, dict):
+            raise DSparkError(f"{where}: systems[{i}] = {json.dumps(raw, default=str)}: expected a table ([[systems]])")
+        sname = typed(raw, "name", str, where, context, required=True)
+        method = typed(raw, "method", str, where, context, required=True)
         if method not in METHODS:
             raise DSparkError(f"{where}: {context}method '{method}' must be one of {', '.join(METHODS)}")
-        draft = raw.get("draft")
+        draft = typed(raw, "draft", str, where, context)
         if (draft is None) != (method in ("plain", "ngram")):
             raise DSparkError(f"{where}: system '{sname}': {'a' if draft is None else 'no'} draft is expected "
                               f"with method '{method}'")
         if sname in names:
             raise DSparkError(f"{where}: two systems are named '{sname}'")
         names.add(sname)
-        k = raw.get("num_speculative_tokens")
-        if k is not None and (not isinstance(k, int) or k < 1):
-            raise DSparkError(f"{where}: system '{sname}': num_speculative_tokens must be a positive integer")
+        k = typed(raw, "num_speculative_tokens", int, where, context, at_least=1)
         policy = _confidence(raw, f"{where}: system '{sname}'", where)
         if policy["confidence"] != "off" and method not in ("dspark", "dflash"):
             raise DSparkError(f"{where}: system '{sname}': confidence = \"{policy['confidence']}\" needs a draft with a "
@@ -200,13 +222,8 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
         systems.append(System(sname, method, draft, k, **policy, acceptance=acceptance))
     if not systems:
         raise DSparkError(f"{where}: no [[systems]]; name at least one")
-    num_prompts = sampling.get("num_prompts")
-    engine_args = data.get("engine_args", {})
-    if not isinstance(engine_args, dict):
-        raise DSparkError(f"{where}: [engine_args] must be a table of vLLM engine arguments")
-    return Experiment(name=name, target=target, systems=tuple(systems), description=data.get("description", ""),
-                      backend=backend, dataset=dataset, dataset_revision=data.get("dataset_revision"),
-                      temperatures=tuple(float(t) for t in temps), output_len=int(sampling.get("output_len", 2048)),
-                      num_prompts=None if num_prompts is None else int(num_prompts),
-                      shuffle=bool(sampling.get("shuffle", True)), seed=int(sampling.get("seed", 0)), turns=turns,
-                      engine_args=dict(engine_args), path=where, sha256=sha256)
+    engine_args = typed(data, "engine_args", dict, where, default={})
+    return Experiment(name=name, target=target, systems=tuple(systems), description=description,
+                      backend=backend, dataset=dataset, dataset_revision=revision,
+                      temperatures=tuple(float(t) for t in temps), output_len=output_len, num_prompts=num_prompts,
+                      shuffle=shuffle, seed=seed, turns=turns, engine_args=dict(engine_args), path=where, sha256=sha256)
