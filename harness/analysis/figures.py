@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from harness.analysis.frames import BASELINE, Profiles, Runs, positions, prompt_speedups
-from harness.analysis.metrics import bootstrap
+from harness.analysis.metrics import MIN_PAIRS, length_interval, side_text
 from harness.analysis.present import Note
 
 MIN_ROUNDS = 10  # a conditional acceptance from fewer rounds reaching its position is left out: noise
@@ -114,7 +114,8 @@ def no_speedup(runs: Runs, what: str) -> str:
 
 def acceptance_length(runs: Runs):
     """Acceptance length (tokens per round, pooled over a group's rounds) per system and category, one
-    panel per temperature, with a 95 % bootstrap interval over requests."""
+    panel per temperature, with the 95 % t interval over requests of `metrics.length_interval` (no bar from
+    fewer than MIN_PAIRS requests)."""
     req = _done(runs.requests)
     req = req[req["spec_rounds"].fillna(0) > 0]
     if req.empty:
@@ -135,12 +136,9 @@ def acceptance_length(runs: Runs):
                 sample = list(zip(g["spec_rounds"], g["spec_accepted"]))
                 if not sample:
                     continue
-
-                def pooled(strata):
-                    return 1 + sum(a for s in strata for _, a in s) / sum(n for s in strata for n, _ in s)
-
-                value = pooled([sample])
-                low, high = bootstrap([sample], pooled) or (value, value)
+                got = length_interval([sample])
+                value = got["centre"]
+                low, high = got["ci"] or (value, value)
                 xs.append(i + (j - (len(groups) - 1) / 2) * width)
                 ys.append(value)
                 lo.append(value - low)
@@ -154,7 +152,8 @@ def acceptance_length(runs: Runs):
         ax.set(title=f"T={temp:g}", xlabel="category")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("acceptance length (tokens per round)")
-    return _titled(fig, "acceptance length by category, 95 % interval over requests", runs.caption())
+    return _titled(fig, f"acceptance length by category, 95 % t interval over requests (none below {MIN_PAIRS})",
+                   runs.caption())
 
 
 def _colours(keys: list[tuple]) -> dict[tuple, str]:
@@ -300,7 +299,7 @@ def paired_speedup(runs: Runs):
         ax.errorbar([i + 0.15], [mean], yerr=[[mean - ci[0]], [ci[1] - mean]], fmt="D", color="black", capsize=4)
         few = isinstance(row.get("speedup_ci95_reason"), str)  # (too few prompts: the diamond alone, and why)
         note = f"\ntoo few\nprompts ({row['speedup_pairs']:.0f})" if few else ""
-        ax.annotate(f"{mean:.2f}x{note}", (i + 0.22, mean), fontsize=8, va="center")
+        ax.annotate(f"{side_text(mean)}x{note}", (i + 0.22, mean), fontsize=8, va="center")
     ax.set_xticks(range(len(groups)), [_tick(dict(zip(("run", "system", "temperature", "max_concurrency"), k)),
                                              several) for k, _ in groups], fontsize=8)
     ax.set_xlim(-0.6, len(groups) - 0.4)

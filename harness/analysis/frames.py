@@ -12,7 +12,7 @@ never meets a missing column.
   `warnings` (each run's summary warnings: incomplete, failed requests, contention);
 - `positions(counts)`: per system, the joint and conditional acceptance of each draft position, with
   Wilson 95 % intervals from the counts;
-- `bootstrap` / `acceptance_intervals`: 95 % intervals over requests;
+- `acceptance_intervals`: the acceptance length's 95 % t interval over requests (`metrics.length_interval`);
 - `load_profiles(paths, summarize=...)`: a profile folder (`<system>.summary.json`, or the
   `<system>.sqlite` / `<system>/trace.torch.json` it summarises), or one trace or summary file:
   kernel categories, NVTX step ranges, launches, host operators (a PyTorch trace's self times), and
@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from dspark.errors import DSparkError
-from harness.analysis.metrics import bootstrap, wilson
+from harness.analysis.metrics import length_interval, wilson
 from harness.analysis.records import MANIFEST, REQUESTS, read_manifest, read_requests, read_waves, trace_name
 from harness.analysis.study import measured_vs_derived
 from harness.analysis.summary import BASELINE, summarize_folder
@@ -203,23 +203,20 @@ def positions(counts: pd.DataFrame, by: tuple[str, ...] = ("run", "system", "tem
     return pd.DataFrame(rows, columns=cols)
 
 
-def _macro_length(strata: list[list[tuple[float, float]]]) -> float:
-    """The acceptance length as the summary's overall row has it: pooled within a category (1 + accepted
-    / rounds), averaged over categories."""
-    return sum(1 + sum(a for _, a in s) / sum(n for n, _ in s) for s in strata) / len(strata)
-
-
 def acceptance_intervals(requests: pd.DataFrame,
                          by: tuple[str, ...] = ("run", "system", "temperature", "max_concurrency")) -> pd.DataFrame:
-    """Per group, the acceptance length (macro over categories, as the summary's) and its 95 % bootstrap
-    interval over requests, stratified by category; groups whose requests carry no counts are left out."""
-    cols = [*by, "acceptance_length", "acceptance_ci95", "requests"]
+    """Per group, the acceptance length (macro over categories, as the summary's) and its 95 % t interval
+    over requests, stratified by category, by the speedups' rule (`metrics.length_interval`: none below
+    MIN_PAIRS requests, `acceptance_ci95_reason` then says why); groups whose requests carry no counts
+    are left out."""
+    cols = [*by, "acceptance_length", "acceptance_ci95", "acceptance_ci95_reason", "requests"]
     done = requests[~requests["failed"].astype(bool) & (requests["spec_rounds"].fillna(0) > 0)]
     rows = []
     for key, g in done.groupby(list(by), sort=False):
         strata = [list(zip(c["spec_rounds"], c["spec_accepted"])) for _, c in g.groupby("category", sort=True)]
-        rows.append(dict(zip(by, key)) | {"acceptance_length": _macro_length(strata),
-                                          "acceptance_ci95": bootstrap(strata, _macro_length), "requests": len(g)})
+        got = length_interval(strata)
+        rows.append(dict(zip(by, key)) | {"acceptance_length": got["centre"], "acceptance_ci95": got["ci"],
+                                          "acceptance_ci95_reason": got["reason"], "requests": len(g)})
     return pd.DataFrame(rows, columns=cols)
 
 

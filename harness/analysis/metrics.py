@@ -8,7 +8,6 @@ target's bonus or correction token). `acceptance_lengths` holds a + 1 per round 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 
 
@@ -110,22 +109,6 @@ def latency_stats(name: str, values: Sequence[float]) -> dict:
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 
-def bootstrap(strata: list[list], stat, resamples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
-    """A 95 % percentile-bootstrap interval of `stat(strata)`, resampling items within each stratum
-    (a category's requests or prompts); None with fewer than two items in all. A stratum of one item has
-    no spread of its own to resample: it draws from all one-item strata together (4 prompts in 4
-    categories would otherwise give an interval of zero width, however far apart their values)."""
-    strata = [s for s in strata if s]
-    if sum(map(len, strata)) < 2:
-        return None
-    rng = random.Random(seed)
-    singles = [s[0] for s in strata if len(s) == 1]
-    pools = [singles if len(s) == 1 else s for s in strata]
-    boot = sorted(stat([[p[rng.randrange(len(p))] for _ in s] for s, p in zip(strata, pools)])
-                  for _ in range(resamples))
-    return percentile(boot, 2.5), percentile(boot, 97.5)
-
-
 def wilson(successes: float, trials: float, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of a proportion: honest with few trials or a share near 0 or 1, where
     the normal approximation claims a spread of 0."""
@@ -151,7 +134,27 @@ times it at 95 %)."""
 
 def too_few_pairs(pairs: int) -> str:
     """What a speedup with fewer than MIN_PAIRS prompt pairs shows instead of an interval and a verdict."""
-    return f"too few prompts ({pairs}) for an interval"
+    return too_few(pairs, "prompts")
+
+
+def too_few(n: int, what: str) -> str:
+    """What a figure from fewer than MIN_PAIRS prompts (pairs) or requests shows instead of an interval."""
+    return f"too few {what} ({n}) for an interval"
+
+
+def side_text(v: float, digits: int = 2) -> str:
+    """A ratio to `digits` decimals, or more where rounding would print a value that is not 1 as 1
+    (0.9966: "0.997", never "1.00"): a speedup, or an interval's end, keeps in print the side of 1 that
+    its verdict rests on."""
+    d = digits
+    while v != 1 and float(f"{v:.{d}f}") == 1 and d < 15:
+        d += 1
+    return f"{v:.{d}f}"
+
+
+def interval_text(ci: Sequence[float], digits: int = 2) -> str:
+    """An interval as "lo-hi", each end by `side_text`: one that excludes 1 never prints as touching it."""
+    return f"{side_text(ci[0], digits)}-{side_text(ci[1], digits)}"
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -232,6 +235,36 @@ def ratio_interval(strata: Sequence[Sequence[float]], level: float = 0.95) -> di
     se = math.sqrt(squares / df * sum(1 / len(s) for s in logs)) / len(logs)
     half = t_quantile(0.5 + level / 2, df) * se
     return {"centre": math.exp(centre), "ci": [math.exp(centre - half), math.exp(centre + half)], "df": df}
+
+
+def length_interval(strata: Sequence[Sequence[tuple[float, float]]], level: float = 0.95) -> dict:
+    """An acceptance length (per stratum, a category: 1 + accepted / rounds pooled over its requests; then
+    the mean over strata, as the summary's overall row) with the speedups' rule for an interval: a Student
+    t interval on per-request values, none below MIN_PAIRS requests. A request's value is its residual
+    from its stratum's pooled length, (accepted - R x rounds) / mean rounds (the linearised ratio
+    estimator: a long request weighs as much as its rounds); the variance is pooled within strata as
+    `ratio_interval`'s, strata of one request counting together as one. `strata` holds (rounds, accepted)
+    per request. {"centre", "ci" (None with too few requests or no spread), "requests", "reason"}."""
+    strata = [[(n, a) for n, a in s if n] for s in strata]
+    strata = [s for s in strata if s]
+    if not strata:
+        return {"centre": None, "ci": None, "requests": 0, "reason": None}
+    lengths = [1 + sum(a for _, a in s) / sum(n for n, _ in s) for s in strata]
+    centre = sum(lengths) / len(lengths)
+    requests = sum(map(len, strata))
+    if requests < MIN_PAIRS:
+        return {"centre": centre, "ci": None, "requests": requests, "reason": too_few(requests, "requests")}
+    residuals = [[(a - (length - 1) * n) / (sum(m for m, _ in s) / len(s)) for n, a in s]
+                 for s, length in zip(strata, lengths)]
+    singles = [length for s, length in zip(strata, lengths) if len(s) == 1]  # (their spread: across them)
+    spread = [r for r in residuals if len(r) > 1] + ([singles] if len(singles) > 1 else [])
+    df = sum(len(r) - 1 for r in spread)
+    squares = sum((x - sum(r) / len(r)) ** 2 for r in spread for x in r)
+    if not df or not squares:  # (every request alike: no spread to scale an interval by)
+        return {"centre": centre, "ci": None, "requests": requests, "reason": "no spread between requests"}
+    se = math.sqrt(squares / df * sum(1 / len(s) for s in strata)) / len(strata)
+    half = t_quantile(0.5 + level / 2, df) * se
+    return {"centre": centre, "ci": [centre - half, centre + half], "requests": requests, "reason": None}
 
 
 def speedup_macro(groups: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict | None:

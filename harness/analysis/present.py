@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from harness.analysis.frames import BASELINE, Profiles, Runs, acceptance_intervals
-from harness.analysis.metrics import MIN_PAIRS
+from harness.analysis.metrics import MIN_PAIRS, interval_text, side_text
+from harness.analysis.summary_text import warning_lines
 
 TITLE = "DSpark benchmark report"
 
@@ -36,6 +37,16 @@ def fmt(v, digits: int = 2) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
+
+
+def ratio_cell(v) -> str:
+    """A speedup, or its interval (a pair), or why it has none: `metrics.side_text`'s digits, so that a
+    figure or an interval's end that is not 1 never prints as 1.00."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (list, tuple)):
+        return "-" if len(v) != 2 or any(missing(x) for x in v) else interval_text(v)
+    return "-" if missing(v) else side_text(v)
 
 
 def percent(v) -> str:
@@ -159,7 +170,7 @@ def summary_table(runs: Runs) -> Table:
         drafted = rows[rows["method"] != BASELINE]
         quality = synthetic if drafted["profile_acceptance_length"].notna().all() else quality + synthetic
     return Table(rows, [*_lead_columns(runs, rows), ("requests_label", "requests", 0), ("mean_tpot_ms", "TPOT ms", 2),
-                        ("speedup_label", "speedup", 0), ("speedup_ci95", "95 % CI", 2),
+                        ("speedup_label", "speedup", 0), ("speedup_ci95", "95 % CI", ratio_cell),
                         ("spec_decode_acceptance_length", "AL", 2), ("acceptance_ci95", "AL 95 % CI", 2),
                         *quality, *_contended(rows)])
 
@@ -170,7 +181,7 @@ def speed_table(runs: Runs) -> Table:
     rows = overall_rows(runs)
     return Table(rows, [*_lead_columns(runs, rows), ("requests_label", "requests", 0), ("mean_ttft_ms", "TTFT ms", 1),
                         ("mean_tpot_ms", "TPOT ms", 2), ("p90_tpot_ms", "p90 TPOT ms", 2), ("cv_tpot_ms", "TPOT cv", 2),
-                        ("speedup_label", "speedup", 0), ("speedup_ci95", "95 % CI", 2),
+                        ("speedup_label", "speedup", 0), ("speedup_ci95", "95 % CI", ratio_cell),
                         ("output_throughput", "output tok/s", 1), ("throughput_speedup", "throughput speedup", 2),
                         *_contended(rows)], caption=None)
 
@@ -226,7 +237,7 @@ def overall_rows(runs: Runs) -> pd.DataFrame:
         return rows.assign(system_label=[], requests_label=[], speedup_label=[], matches_label=[], busy_label=[],
                            acceptance_ci95=[])
     intervals = acceptance_intervals(runs.requests)[["run", "system", "temperature", "max_concurrency",
-                                                     "acceptance_ci95"]]
+                                                     "acceptance_ci95", "acceptance_ci95_reason"]]
     rows = rows.merge(intervals, on=["run", "system", "temperature", "max_concurrency"], how="left")
     several = runs.meta.shape[0] > 1
     rows["system_label"] = [f"{r.run}/{r.system}" if several else r.system for r in rows.itertuples()]
@@ -234,7 +245,9 @@ def overall_rows(runs: Runs) -> pd.DataFrame:
     rows["requests_label"] = [requests_cell(r) for r in records]
     rows["matches_label"] = [matches_cell(r) for r in records]
     rows["busy_label"] = [busy_cell(r) for r in records]
-    rows["speedup_label"] = ["baseline" if r["method"] == BASELINE else fmt(r.get("speedup")) for r in records]
+    rows["speedup_label"] = ["baseline" if r["method"] == BASELINE else ratio_cell(r.get("speedup")) for r in records]
+    rows["acceptance_ci95"] = [r["acceptance_ci95_reason"] if isinstance(r.get("acceptance_ci95_reason"), str)
+                               else r.get("acceptance_ci95") for r in records]
     rows["speedup_ci95"] = [None if r["method"] == BASELINE else interval_cell(r) for r in records]
     return rows
 
@@ -253,13 +266,13 @@ def clause(row: dict, name: str, sweep: bool) -> str:
     if missing(s):
         return f"{name}: no speedup at {at} (no request paired with plain decoding's)"
     if isinstance(reason, str):
-        return f"{name}: {reason} at {at} ({s:.2f}x measured, no verdict)"
-    interval = f"95 % CI {ci[0]:.2f}-{ci[1]:.2f}"
+        return f"{name}: {reason} at {at} ({side_text(s)}x measured, no verdict)"
+    interval = f"95 % CI {interval_text(ci)}"
     if ci[0] > 1:
-        return f"{name}: {s:.2f}x faster than plain decoding at {at} ({interval})"
+        return f"{name}: {side_text(s)}x faster than plain decoding at {at} ({interval})"
     if ci[1] < 1:
-        return f"{name}: slower than plain decoding at {at}, {s:.2f}x ({interval})"
-    return f"{name}: no clear speedup at {at}, {s:.2f}x (the {interval} spans 1)"
+        return f"{name}: slower than plain decoding at {at}, {side_text(s)}x ({interval})"
+    return f"{name}: no clear speedup at {at}, {side_text(s)}x (the {interval} spans 1)"
 
 
 def verdict(runs: Runs) -> str:
@@ -300,6 +313,21 @@ def where(meta: dict) -> str:
             f"git {git}; {meta.get('date')}")
 
 
+def warning_html(warning: str) -> str:
+    """A warning as an item of the headline's list: its first line, then its "- " lines as a list under it
+    and any other line on its own (`summary.warnings` puts one fact a line)."""
+    e = html.escape
+    first, *rest = warning.split("\n")
+    out = f"<li><strong>Warning:</strong> {e(first)}"
+    for i, line in enumerate(rest):
+        item = line.startswith("- ")
+        opens = item and not (i and rest[i - 1].startswith("- "))
+        closes = item and (i + 1 == len(rest) or not rest[i + 1].startswith("- "))
+        out += ("<ul>" if opens else "") + (f"<li>{e(line[2:])}</li>" if item else f"<br>{e(line)}") + \
+            ("</ul>" if closes else "")
+    return out + "</li>"
+
+
 @dataclass
 class Headline:
     """The report's first screen: its title, what ran where, the verdict, the headline table and the
@@ -326,12 +354,12 @@ class Headline:
             lines.append(summary_table(self.runs)._repr_html_())
         warned = self.warnings()
         if warned:
-            lines.append('<ul class="dspark-warnings">' + "".join(f"<li><strong>Warning:</strong> {e(w)}</li>"
-                                                                  for w in warned) + "</ul>")
+            lines.append('<ul class="dspark-warnings">' + "".join(warning_html(w) for w in warned) + "</ul>")
         lines.append('<p class="dspark-legend">speedup: geometric mean over prompts of plain decoding\'s TPOT '
                      "over the system's, paired by prompt, with its 95 % Student t interval (on the log ratios; none from "
                      f"fewer than {MIN_PAIRS} prompt pairs, too few to rule out chance); AL: acceptance length "
-                     "(tokens per verify round) with its 95 % bootstrap interval over requests; accepted: "
+                     "(tokens per verify round) with its 95 % Student t interval over requests (the speedup's rule, "
+                     f"none from fewer than {MIN_PAIRS} requests); accepted: "
                      "accepted / proposed draft tokens; = plain: greedy outputs equal to plain decoding's" +
                      ("; busy: requests timed while other processes competed for the cores, of those measured (a "
                       "speedup's interval then also covers their times scaled back to a quiet machine)"
@@ -344,7 +372,7 @@ class Headline:
         lines += [f"{m['run']}: {where(m)}" for m in self.runs.meta.to_dict("records")]
         lines += [f"Verdict: {verdict(self.runs)}"] + ([] if overall_rows(self.runs).empty else
                                                          [repr(summary_table(self.runs))])
-        return "\n".join(lines + [f"Warning: {w}" for w in self.warnings()])
+        return "\n".join(lines + [line for w in self.warnings() for line in warning_lines(w, "Warning: ")])
 
 
 def launches_table(profiles: Profiles) -> Table | Note:

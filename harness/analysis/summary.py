@@ -9,9 +9,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from harness.analysis.synthetic_check import add_synthetic, mismatches
-from harness.analysis.metrics import (MIN_PAIRS, acceptance, acceptance_from_totals, latency_stats, percentile,
-                                      speedup_with_contention)
-from harness.analysis.records import read_manifest, read_requests, read_waves
+from harness.analysis.metrics import (MIN_PAIRS, acceptance, acceptance_from_totals, interval_text, latency_stats,
+                                      percentile, speedup_with_contention)
+from harness.analysis.records import REQUESTS, read_manifest, read_requests, read_waves
 
 BASELINE = "plain"  # the method of the baseline system
 NO_SPEEDUP = {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0, "speedup_ci95_reason": None}
@@ -255,17 +255,33 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
                "cores": cores, "load_avg_max": max(loads, default=None),
                **{k: v for k, v in contention_figures([r for r in records if not r.get("failed")]).items()
                   if k in ("contention_measured", "contended_requests", "other_cores_mean", "other_cores_max")},
-               "contention_widened": [
-                   f"{row_name(r)}: {r['speedup_ci95'][0]:.2f}-{r['speedup_ci95'][1]:.2f} (wall times alone: "
-                   f"{r['speedup_ci95_timed'][0]:.2f}-{r['speedup_ci95_timed'][1]:.2f})"
-                   for r in rows if r["category"] == "overall" and r.get("speedup_ci95_timed")
-                   and r["speedup_ci95"]],
+               **widenings(rows),
                "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
                         "speedups, its interval a t interval over prompts stratified by category, none below "
                         f"{MIN_PAIRS} prompt pairs); counts, tokens, time, "
                         "throughputs and percentiles pool every request; pooled_acceptance_length pools every "
                         "round; speedups are against plain decoding at the same concurrency"}
     return summary | {"warnings": warnings(summary)}
+
+
+def widenings(rows: list[dict]) -> dict:
+    """Which overall intervals contention widened, and by how much: `contention_widened`, one line per row
+    whose interval moved (the widened one, the wall-time one and the change), and `contention_unwidened`,
+    the rows whose busy requests' times scaled back to a quiet machine gave an interval inside the
+    wall-time one (the union is then the wall-time interval: nothing was widened, and saying so is the
+    truth)."""
+    checked = [r for r in rows if r["category"] == "overall" and r.get("speedup_ci95_timed") and r["speedup_ci95"]]
+    widened, unwidened = [], []
+    for r in checked:
+        (lo, hi), (lo_t, hi_t) = r["speedup_ci95"], r["speedup_ci95_timed"]
+        if (lo, hi) == (lo_t, hi_t):
+            unwidened.append(row_name(r))
+            continue
+        moved = ", ".join(f"{side} by {d:.2g}" for side, d in (("lower end down", lo_t - lo), ("upper end up", hi - hi_t))
+                          if d > 0)
+        widened.append(f"{row_name(r)}: {interval_text([lo, hi])} (wall times alone: {interval_text([lo_t, hi_t])}; "
+                       f"{moved})")
+    return {"contention_widened": widened, "contention_unwidened": unwidened}
 
 
 def row_name(row: dict) -> str:
@@ -278,21 +294,18 @@ def warnings(summary: dict) -> list[str]:
     """What a reader must know before trusting the figures: an unfinished run, a loaded machine, speedups
     from too few prompts for an interval."""
     out = []
-    if summary.get("complete") is False:
+    if summary.get("requests_missing"):  # (what is missing says more than "0 of n done")
+        out.append(f"no {REQUESTS} in {summary['run_dir']}: the run's finished requests are gone (deleted or moved), "
+                   f"so there is nothing to summarise; put the file back, or time them again with dspark-bench run "
+                   f"--resume {summary['run_dir']}")
+    elif summary.get("complete") is False:
         out.append(f"incomplete run: {summary['requests_done']} of {summary['requests_expected']} requests done "
                    f"(finish it with dspark-bench run --resume {summary.get('run_dir', 'DIR')})")
     if summary.get("requests_failed"):
         out.append(f"{summary['requests_failed']} requests failed (timed out or refused; each recorded with its "
                    "error in requests.jsonl, left out of every figure, not sent again)")
     if summary.get("contended_requests"):
-        other = summary.get("other_cores_mean")
-        widened = summary.get("contention_widened") or []
-        out.append(f"contention: {summary['contended_requests']} of {summary['contention_measured']} timed requests "
-                   "ran while other processes competed for the cores" +
-                   (f" (they used {other:.1f} of {summary['cores']} cores on average meanwhile)"
-                    if other is not None and summary.get("cores") else "") +
-                   ("; speedup intervals widened to cover those requests' times scaled back to a quiet machine: "
-                    + "; ".join(widened) if widened else "") + "; rerun on a quiet machine for tight figures")
+        out.append(contention_warning(summary))
     elif not summary.get("contention_measured") and summary.get("cores") and \
             (summary.get("load_avg_max") or 0) > summary["cores"]:  # (a run from before contention was measured)
         out.append(f"noisy timing: the load average reached {summary['load_avg_max']:.1f} on {summary['cores']} "
@@ -307,6 +320,26 @@ def warnings(summary: dict) -> list[str]:
     return out
 
 
+def contention_warning(summary: dict) -> str:
+    """The contention warning, one fact a line ("- " starts a line of a list): how many requests were
+    timed on a busy machine, each interval that covering their quiet-machine times widened and by how
+    much, and the rows where it changed nothing."""
+    other = summary.get("other_cores_mean")
+    widened, unwidened = summary.get("contention_widened") or [], summary.get("contention_unwidened") or []
+    lines = [f"contention: {summary['contended_requests']} of {summary['contention_measured']} timed requests ran "
+             "while other processes competed for the cores" +
+             (f" (they used {other:.1f} of {summary['cores']} cores on average meanwhile)"
+              if other is not None and summary.get("cores") else "") + "; rerun on a quiet machine for tight figures"]
+    if widened:
+        lines += ["speedup intervals widened to cover those requests' times scaled back to a quiet machine:"]
+        lines += [f"- {w}" for w in widened]
+    if unwidened:
+        lines += [("widening changed no interval" if not widened else "not widened") + f": {', '.join(unwidened)}" +
+                  " (the busy requests' times scaled back to a quiet machine give an interval inside the wall-time "
+                  "one)"]
+    return "\n".join(lines)
+
+
 def parallel_label(settings: dict) -> str | None:
     """"TP n" (and ", draft TP m") where the run set vLLM's tensor-parallel sizes, else None (one device)."""
     args = settings.get("engine_args") or {}
@@ -318,11 +351,12 @@ def summarize_folder(run_dir: Path) -> dict:
     """The summary of a run folder's requests (read only: a torn last line is skipped, not cut), held
     against the plan and core count in its manifest, its systems in the order `--systems` gave them."""
     manifest = read_manifest(run_dir) or {}
-    records = read_requests(run_dir)
+    records, notes = requests_and_notes(run_dir)
     summary = summarize(records, manifest.get("requests_expected"),
                         (manifest.get("provenance") or {}).get("cores"), read_waves(run_dir),
                         (manifest.get("options") or {}).get("systems"))
     summary = add_synthetic(summary, manifest.get("settings") or {}, records)
     summary["parallel"] = parallel_label(manifest.get("settings") or {})
     summary["run_dir"] = str(Path(run_dir).resolve())
-    return summary | {"warnings": warnings(summary)}
+    summary["requests_missing"] = not (Path(run_dir) / REQUESTS).is_file()
+    return summary | {"warnings": notes + warnings(summary)}

@@ -7,8 +7,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+import textwrap
 
-from harness.analysis.metrics import MIN_PAIRS
+from harness.analysis.metrics import MIN_PAIRS, interval_text, side_text
 from harness.analysis.summary import warnings
 
 
@@ -34,10 +35,31 @@ SYNTHETIC = {("accept", "spec_decode_acceptance_rate"): ("profile AL", "profile_
              ("= plain", "matches_baseline"): ("realised rates", "realised_rates")}
 
 
+def swept(summary: dict) -> bool:
+    """Whether the run timed requests at a concurrency other than one at a time (a sweep's levels, or one
+    level above 1): only then has it a concurrency table. A run with no request has none."""
+    return any(k != 1 for k in summary.get("max_concurrency") or [])
+
+
+WRAP = 110  # the width a warning's lines are wrapped at
+
+
+def warning_lines(warning: str, lead: str = "warning: ") -> list[str]:
+    """A warning as the terminal and summary.md print it: its lines (a line "- x" is an item of a list,
+    indented under the first), each wrapped at WRAP characters, never inside a figure or an interval."""
+    out = []
+    for i, line in enumerate(warning.split("\n")):
+        item = line.startswith("- ")
+        first = lead if i == 0 else "  - " if item else "  "
+        out += textwrap.wrap(line[2:] if item else line, WRAP, initial_indent=first,
+                             subsequent_indent=" " * (4 if item else 2), break_long_words=False, break_on_hyphens=False)
+    return out
+
+
 def columns(summary: dict) -> list[tuple[str, str]]:
     """The table's columns: COLUMNS, the concurrency where the run swept it, and how many requests were
     timed on a busy machine where any was."""
-    cols = COLUMNS[:2] + [SWEPT] + COLUMNS[2:] if summary.get("max_concurrency", [1]) != [1] else list(COLUMNS)
+    cols = COLUMNS[:2] + [SWEPT] + COLUMNS[2:] if swept(summary) else list(COLUMNS)
     if summary.get("contended_requests"):
         cols.insert(cols.index(("requests", "requests")) + 1, BUSY)
     if summary.get("synthetic"):  # in place of acceptance and equality where every draft is synthetic, else beside
@@ -57,9 +79,9 @@ def cells(row: dict, cols: list[tuple[str, str]] = COLUMNS) -> list[str]:
         if key == "realised_rates":
             cells.append("-" if not v else "/".join("-" if x is None else f"{x:.2f}" for x in v))
         elif key == "speedup_ci95":
-            cells.append(row.get("speedup_ci95_reason") or ("-" if not v else f"{v[0]:.2f}-{v[1]:.2f}"))
+            cells.append(row.get("speedup_ci95_reason") or ("-" if not v else interval_text(v)))
         elif key == "speedup":
-            cells.append(_fmt(v) + ("*" if row.get("speedup_ci95_spans_1") or row.get("speedup_ci95_reason") else ""))
+            cells.append(("-" if v is None else side_text(v)) + ("*" if row.get("speedup_ci95_spans_1") or row.get("speedup_ci95_reason") else ""))
         elif key == "requests":
             expected = row.get("requests_expected")
             failed = f" ({row['failed']} failed)" if row.get("failed") else ""
@@ -132,7 +154,8 @@ def sweep_cells(row: dict) -> list[str]:
 def contention_line(summary: dict) -> str:
     """The line a table's title gets when requests were timed on a busy machine."""
     return (f"CONTENTION: {summary['contended_requests']} of {summary['contention_measured']} requests timed on a busy "
-            "machine (busy column)" + ("; speedup intervals widened" if summary.get("contention_widened") else ""))
+            "machine (busy column)" + ("; speedup intervals widened" if summary.get("contention_widened") else
+                                       "; widening changed no interval" if summary.get("contention_unwidened") else ""))
 
 
 def titled(title: str, summary: dict) -> str:
@@ -165,14 +188,15 @@ def markdown(summary: dict, title: str) -> str:
     if summary.get("contended_requests"):
         lines += [contention_line(summary), ""]
     cats = list(dict.fromkeys(r["category"] for r in summary["rows"]))
-    for cat in ["overall"] + [c for c in cats if c != "overall"]:
+    for cat in (["overall"] if cats else []) + [c for c in cats if c != "overall"]:  # (no request: no table)
         cols = columns(summary)
         lines += [f"## {cat}", "", "| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(cells(r, cols)) + " |" for r in summary["rows"] if r["category"] == cat]
         lines.append("")
-    lines += [f"**Warning**: {w}" for w in warnings(summary)] + ([""] if warnings(summary) else [])
+    for w in warnings(summary):
+        lines += warning_lines(w, "**Warning**: ") + [""]
     lines += [legend(summary), ""]
-    if summary.get("max_concurrency", [1]) != [1]:
+    if swept(summary):
         cols = SWEEP_COLUMNS
         lines += ["## concurrency sweep (overall)", "", "| " + " | ".join(h for h, _ in cols) + " |",
                   "|" + "---|" * len(cols)]

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from dspark.errors import DSparkError
 from harness.cli import options, paths
-from harness.analysis.summary_text import synthetic_lines
+from harness.analysis.summary_text import swept, synthetic_lines, warning_lines
 from harness.cli.render import err, out, show, summary_table, sweep_table
 from harness.runs.plan import RunOptions
 from harness.specs.experiments import Experiment
@@ -90,14 +90,15 @@ def print_summary(summary: dict, title: str, category: str = "overall", console:
     """The comparison table; for a served run (its requests streamed: inter-token latencies) or a sweep, the
     serving figures per level as `vllm bench serve` reports them; then what a reader must know before
     trusting them."""
-    show(console, summary_table(summary, title, category))
-    swept = summary.get("max_concurrency", [1]) != [1]
-    if swept or any(r.get("median_itl_ms") is not None for r in summary["rows"]):
-        show(console, sweep_table(summary, "concurrency sweep (overall rows)" if swept else "serving (overall rows)"))
+    if any(r["category"] == category for r in summary["rows"]):  # (a run with no finished request: no empty table)
+        show(console, summary_table(summary, title, category))
+    level = swept(summary)
+    if level or any(r.get("median_itl_ms") is not None for r in summary["rows"]):
+        show(console, sweep_table(summary, "concurrency sweep (overall rows)" if level else "serving (overall rows)"))
     for line in synthetic_lines(summary):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    for line in summary.get("warnings", []):
-        console.print(f"warning: {line}", style="yellow", highlight=False, soft_wrap=True)
+    for warning in summary.get("warnings", []):
+        console.print("\n".join(warning_lines(warning)), style="yellow", highlight=False, markup=False, soft_wrap=True)
     if summary["baseline"] is None and summary["rows"]:
         console.print("no speedup: plain decoding was not among the systems", style="dim")
 
