@@ -158,3 +158,16 @@ def test_a_run_without_requests_jsonl_says_so_and_prints_no_empty_table(tmp_path
     # a run stopped before any request finished: the file is there, empty; no sweep table either
     code, out, _ = run_cli(monkeypatch, capfd, "report", empty(tmp_path))
     assert code == 0 and "concurrency sweep" not in out and "incomplete run: 0 of 4" in out
+
+
+def test_report_a_b_never_prints_a_speedup_that_is_not_1_as_1():
+    """`report A B`'s deltas: B's speedup 0.998 reads 0.998, not 1.00."""
+    from harness.cli.render import deltas_table
+
+    row = {"system": "dflash", "temperature": 0.0, "max_concurrency": 1, "speedup": [1.2, 0.998],
+           "speedup_diff": -0.202, "intervals_overlap": False, "speedup_pairs": [8, 8],
+           "speedup_ci95_reason": [None, None], "acceptance_length": [2.0, 2.0], "acceptance_length_diff": 0.0,
+           "tpot_ms": [5.0, 6.0], "tpot_ratio": 1.2}
+    console = Console(file=io.StringIO(), width=200)
+    console.print(deltas_table({"rows": [row]}, ("A", "B"), "t"))
+    assert "1.20 -> 0.998" in console.file.getvalue()

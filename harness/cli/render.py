@@ -16,6 +16,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from harness.analysis.metrics import side_text
 from harness.analysis.summary_text import (SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, contention_line, legend, sweep_cells,
                                           titled)
 
@@ -165,8 +166,8 @@ DELTAS_LEGEND = ("each figure A -> B; change: B - A (TPOT: B / A, above 1 when B
 def deltas_table(result: dict, names: tuple[str, str], title: str) -> Table:
     """`compare_runs.deltas`: per system x temperature both runs have, B's speedup, acceptance length and
     TPOT against A's."""
-    def two(pair: list, digits: int = 2) -> str:
-        return " -> ".join("-" if v is None else f"{v:.{digits}f}" for v in pair)
+    def two(pair: list, digits: int = 2, text=None) -> str:
+        return " -> ".join("-" if v is None else text(v) if text else f"{v:.{digits}f}" for v in pair)
 
     def num(v, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
@@ -184,7 +185,7 @@ def deltas_table(result: dict, names: tuple[str, str], title: str) -> Table:
         if few:
             overlap = words(f"too few prompts ({', '.join(few)})")
         t.add_row(r["system"], f"{r['temperature']:g}", *([str(r["max_concurrency"])] if swept else []),
-                  two(r["speedup"]), num(r["speedup_diff"], "+.2f"), overlap,
+                  two(r["speedup"], text=side_text), num(r["speedup_diff"], "+.2f"), overlap,
                   two(r["acceptance_length"]), num(r["acceptance_length_diff"], "+.2f"),
                   two(r["tpot_ms"], 1), "-" if r["tpot_ratio"] is None else f"{r['tpot_ratio']:.2f}x")
     return t

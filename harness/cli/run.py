@@ -125,6 +125,12 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
     target_path = resolve_path(exp.target)
     target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
     rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
+    if settings["backend"] in ("vllm", "vllm-server"):  # what the installed vLLM refuses, as the run would
+        from harness.backends.vllm_checks import dry_run_rows
+        from harness.runs.synthetic import with_synthetic
+
+        rows = dry_run_rows(rows, [with_synthetic(exp.system(n), settings) for n in settings["systems"]], opts.device,
+                            target_path)
     from harness.analysis.synthetic_check import label
 
     turns_of = None if prompts is None else user_turns(prompts, settings["turns"])
