@@ -94,13 +94,27 @@ def random_eagle3(cfg: Eagle3Config, target: Qwen3Target, seed: int = 1, std: fl
     return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False).fuse()
 
 
+# The folders `make_tiny` writes, one model each; its manifest.json lists them (how a folder it made is known again).
+TINY_MODELS = ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab", "eagle3", "eagle3-speculators",
+               "eagle3-deepspec")
+
+
+def made_by_make_tiny(folder: Path) -> bool:
+    """Whether `folder` holds an earlier `make_tiny` output (its manifest.json names exactly `TINY_MODELS`), which
+    a new one may overwrite: writing over anything else would mix random models into someone's files."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and sorted(manifest) == sorted(TINY_MODELS)
+
+
 def make_tiny(out: str | Path, seed: int = 0) -> dict[str, Path]:
     """Save a random tiny target with a tokenizer and drafts in every real format. Returns their folders."""
     out = Path(out)
     tcfg = tiny_target_config()
     target = random_target(tcfg, seed)
-    paths = {name: out / name for name in ("target", "dspark", "dspark-speculators", "dflash", "dflash-zlab",
-                                           "eagle3", "eagle3-speculators", "eagle3-deepspec")}
+    paths = {name: out / name for name in TINY_MODELS}
     save_target(target, paths["target"])
     save_tokenizer(build_tokenizer(), paths["target"])
     dspark = random_draft(tiny_draft_config(tcfg), target, seed + 1)

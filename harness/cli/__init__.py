@@ -13,6 +13,7 @@ import typer.core
 from dspark.errors import DSparkError
 from harness.cli.calibrate import calibrate as calibrate_command
 from harness.cli.engine_bench import engine_bench as engine_bench_command
+from harness.cli.empty_values import refuse_empty
 from harness.cli.generate import generate as generate_command
 from harness.cli.inspect import inspect as inspect_command
 from harness.cli.make_tiny import make_tiny_cmd
@@ -33,6 +34,12 @@ class _Listed(typer.core.TyperGroup):
 
     def list_commands(self, ctx) -> list[str]:
         return [name for name in COMMANDS if name in self.commands]
+
+    def resolve_command(self, ctx, args):
+        """The command named, once no option or argument of it is given an empty value (`empty_values`)."""
+        name, command, rest = super().resolve_command(ctx, args)
+        refuse_empty(command, list(rest), name)
+        return name, command, rest
 
 
 # Plain (click) help: flags read as `--ngram` or `--ignore-eos / --no-ignore-eos`, and it reads in a log. `-h` is

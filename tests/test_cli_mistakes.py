@@ -1,0 +1,72 @@
+"""Mistakes a new user makes on the command line (issue 52), each answered in one line and exit 2 before any
+work: an empty value (an unset shell variable), make-tiny into a folder that is not its own, a resume past
+--steps, a run compared with itself, a missing file; and figures that must not mislead (random weights'
+size, the demo model's text)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+
+import dspark
+
+
+def _refused(monkeypatch, capfd, *args, says: str) -> str:
+    """The command's one line on stderr, after checking it was refused (exit 2, nothing on stdout)."""
+    code, out, err = run_cli(monkeypatch, capfd, *args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err, (args, code, out, err)
+    return err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["make-tiny", ""], "make-tiny OUT_DIR is empty"),
+    (["make-tiny", "  "], "make-tiny OUT_DIR is empty"),
+    (["run", "--resume", ""], "run --resume is empty"),
+    (["run", "--out=", "--dry-run"], "run --out is empty"),
+    (["profile", "--torch", "--out", ""], "profile --out is empty"),
+    (["train-draft", "--target", "demo", "--data", "demo", "--out", "", "--steps", "1"], "train-draft --out is empty"),
+    (["report", "runs/a", "", "--html", "r.html"], "report RUN_DIRS is empty"),
+    (["report", "runs/a", "--html", ""], "report --html is empty"),
+    (["trace", "summarize", ""], "trace summarize FILE is empty"),
+    (["generate", "--target", "", "--no-draft", "--prompt", "hi"], "generate --target is empty"),
+    (["calibrate", "runs/a", "--plot", ""], "calibrate --plot is empty"),
+])
+def test_an_empty_value_is_refused_before_the_command_runs(args, says, tmp_path, monkeypatch, capfd):
+    """"" reads as the current folder to a path option and as "not given" to an optional text: make-tiny ""
+    wrote nine models into the working folder, run --resume "" started a new run, train-draft --out ""
+    saved its draft in the working folder. Each is refused in one line naming the option, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    err = _refused(monkeypatch, capfd, *args, says=says)
+    assert "an empty value names nothing" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_option_whose_default_is_empty_takes_an_empty_value(monkeypatch, capfd):
+    """engine-bench --sweep-context "" is its default (no sweep): not refused as empty."""
+    code, out, err = run_cli(monkeypatch, capfd, "engine-bench", "--sweep-context", "", "--help")
+    assert code == 0 and "--sweep-context" in out, err
+
+
+def test_make_tiny_refuses_a_folder_of_other_files_and_a_package(tmp_path, monkeypatch, capfd):
+    """make-tiny . from the repository root wrote config.json and model.safetensors into dspark/: a folder
+    holding other files, a Python package's folder and a new folder inside one are refused, nothing written."""
+    (tmp_path / "notes.txt").write_text("mine")
+    _refused(monkeypatch, capfd, "make-tiny", tmp_path, says="holds other files, not an earlier make-tiny output")
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    package = Path(dspark.__file__).parent
+    _refused(monkeypatch, capfd, "make-tiny", package, says=f"inside the Python package {package}")
+    _refused(monkeypatch, capfd, "make-tiny", package / "tiny-models", says=f"inside the Python package {package}")
+    assert not (package / "tiny-models").exists() and not (package / "target").exists()
+
+
+def test_make_tiny_writes_a_new_folder_and_again_over_its_own(tmp_path, monkeypatch, capfd):
+    """A new folder is written; the same folder again (an earlier make-tiny output) is overwritten."""
+    for _ in range(2):
+        code, out, err = run_cli(monkeypatch, capfd, "make-tiny", tmp_path / "tiny")
+        assert code == 0, err
+    manifest = json.loads((tmp_path / "tiny" / "manifest.json").read_text())
+    assert sorted(manifest) == sorted(["target", "dspark", "dspark-speculators", "dflash", "dflash-zlab", "eagle3",
+                                       "eagle3-speculators", "eagle3-deepspec"])
