@@ -148,3 +148,53 @@ def test_resuming_a_run_that_can_never_finish_says_so(tmp_path, monkeypatch, cap
         code, out, err = run_cli(monkeypatch, capfd, "run", "--resume", run, *mode)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert f"--resume {run}: this run can never finish" in err and "start a new run with --output-len " in err
+
+
+def _earlier_run(folder: Path, target: str, when: str, output_len: int, threads: int, seconds: float) -> Path:
+    """A finished earlier run of plain decoding on this machine: its manifest (settings, threads, provenance)
+    and summary (one overall row: `seconds` for 100 output tokens)."""
+    from run_folders import native, write
+
+    from harness.runs.estimate import machine_of
+
+    write(folder, [native("plain", "q1", 5.0)], systems=["plain"])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["settings"] |= {"target": target, "dtype": "auto", "output_len": output_len, "ignore_eos": False,
+                             "turns": "first"}
+    manifest["threads"] = {"count": threads, "chosen_by": "--threads"}
+    manifest["provenance"] |= machine_of("cpu") | {"time_utc": when}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    row = {"system": "plain", "category": "overall", "temperature": 0.0, "max_concurrency": 1,
+           "duration_s": seconds, "output_tokens": 100}
+    (folder / "summary.json").write_text(json.dumps({"rows": [row]}))
+    return folder
+
+
+@needs_demo
+def test_the_dry_run_estimate_scales_the_earlier_run_with_the_closest_settings(tmp_path, monkeypatch, capfd):
+    """Two earlier runs of the same target on this machine: the newer at another output length and thread
+    count, the older at this run's. The estimate comes from the older (closest settings), and the dry run
+    says so; without it, from the newer, naming what differs."""
+    monkeypatch.chdir(tmp_path)
+    target = str(DEMO_DIR / "target")  # (a target name no committed run has)
+    exp = tmp_path / "mine.toml"
+    exp.write_text(f'name = "mine"\ntarget = "{target}"\ndataset = "demo"\n[sampling]\noutput_len = 8\n'
+                   '[[systems]]\nname = "plain"\nmethod = "plain"\n')
+    near = _earlier_run(tmp_path / "results" / "near", target, "2026-01-01T00:00:00+00:00", 8, 1, 1.0)
+    far = _earlier_run(tmp_path / "results" / "far", target, "2026-06-01T00:00:00+00:00", 512, 2, 5.0)
+    args = ["run", "--experiment", exp, "--category", "coding", "--num-prompts", "2", "--temperature", "0",
+            "--threads", "1", "--device", "cpu", "--dry-run"]
+    code, out, err = run_cli(monkeypatch, capfd, *args, "--json")
+    assert code == 0, err
+    guess = json.loads(out)["estimate"]
+    assert [s["path"] for s in guess["sources"]] == [str(near.resolve())] and guess["earlier_runs"] == 2
+    assert guess["sources"][0]["differs"] == []
+    assert guess["seconds"] == pytest.approx([2 * 8 * 0.01, 2 * 8 * 0.01])
+    code, out, err = run_cli(monkeypatch, capfd, *args)
+    assert code == 0 and "results/near (measured 2026-01-01): scaled from the closest settings of 2 earlier runs, " \
+                         "the same settings" in out, out
+    (near / "summary.json").unlink()
+    code, out, err = run_cli(monkeypatch, capfd, *args)
+    assert code == 0 and "results/far (measured 2026-06-01): scaled from the closest settings of 1 earlier run, " \
+                         "differs in output_len 512 (this run 8), threads 2 (this run 1)" in out, out
+    assert far.is_dir()

@@ -112,7 +112,7 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
     from dspark.config import TargetConfig
     from harness.backends.registry import backend_class
     from harness.backends.systems import resolve_system
-    from harness.runs import context, estimate
+    from harness.runs import context, estimate, threads
     from harness.runs.plan import load_dataset, plan_jobs, select_prompts, user_turns
 
     try:
@@ -152,6 +152,7 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
                                                         estimate.machine_of(opts.device), dtype)
     for line in _size_lines(size) + _estimate_lines(guess, settings, opts.device):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+    count = threads.choose(opts.threads, opts.device, target_path)[0]  # (the run's own count, as it would choose)
     return {"systems": rows, "size": size, "estimate": guess}
 
 
@@ -191,8 +192,10 @@ def _estimate_lines(guess: dict | None, settings: dict, device: str) -> list[str
     figure = f"about {duration(low)}" if high <= 1.05 * low else f"between {duration(low)} and {duration(high)}"
     part = "" if guess["requests"] == guess["of"] else f" for {guess['requests']:,} of the {guess['of']:,} requests"
     lines = [f"time: {figure}{part}, from {' and '.join(guess['ways'])} on a machine like this one ({machine}):"]
-    lines += [f"  {_shown(s['path'])} (measured {s['measured_utc'][:10] or 'at an unrecorded time'})"
-              for s in guess["sources"]]
+    lines += [f"  {_shown(s['path'])} (measured {s['measured_utc'][:10] or 'at an unrecorded time'})" + (
+        f": scaled from the closest settings of {_count(guess['earlier_runs'], 'earlier run')}, "
+        + (f"differs in {', '.join(s['differs'])}" if s["differs"] else "the same settings")
+        if s["way"] == "earlier runs" else "") for s in guess["sources"]]
     if guess["missing"]:
         lines.append(f"  no figure for {', '.join(guess['missing'])}: not measured here before")
     lines.append(f"  rough: {'; '.join(guess['caveats'])}")

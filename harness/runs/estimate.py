@@ -4,7 +4,9 @@ they should take, from what was measured before on a machine of this kind. In or
 1. Earlier runs of the same target, backend, device and dtype on a machine of this kind (the same GPU;
    on a CPU, the same processor and core count), unprofiled, in the working folder's results/ or the
    checkout's results/ and benchmarks/results/: each system's time per output token at its temperature and
-   concurrency level (its requests' in-flight time over their output tokens), the newest run that has it.
+   concurrency level (its requests' in-flight time over their output tokens), from the run whose settings are
+   closest (`distance`; the newest among equals) that has it. The newest run alone misled: a run at another
+   output length or thread count times its tokens differently (54 s estimated from it, 37 s measured).
 2. Else, for our engine, an `engine-bench --json` measurement on this GPU (or CPU) of a target of the
    same shape (random weights, one context length) in the checkout's benchmarks/results/: plain decoding a
    decode step per token; a drafter of the bench's method and block a verify round per token at most
@@ -17,6 +19,7 @@ Loading the models, the warm-up and a server's start are never counted: the figu
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -64,9 +67,37 @@ def _roots() -> list[Path]:
     return found
 
 
-def earlier_runs(settings: dict, machine: dict) -> list[dict]:
-    """Finished or partial runs like this one (see the module's first way), newest first: {path, when,
-    rows (their summary's overall rows)}."""
+# settings whose difference counts 1 in `distance` (the output length and thread count count by their ratio)
+SAME = ("device", "systems", "split", "ignore_eos", "turns", "compile", "acceptance", "engine_args")
+
+
+def distance(was: dict, was_threads: int | None, settings: dict, threads: int | None) -> tuple[float, list[str]]:
+    """How far an earlier run's settings (`was`, and the thread count it ran at) are from this run's: the
+    target, backend, dtype and machine are the same already (else it is no source). Each setting of `SAME`
+    that differs counts 1 (the device's index, the set of systems, the split, --ignore-eos, the turns,
+    --compile, synthetic acceptance, vLLM's engine arguments); the output length counts the doublings
+    between the two, |log2(was / now)| (a cache and attention that grow with it); the thread count twice
+    its doublings (on a CPU it changes a step's time more than anything else: `benchmarks/threads.py`).
+    Temperatures and concurrency levels are matched per system, not here. Returns (distance, what differs,
+    as `name was (this run now)`)."""
+    far, differs = 0.0, []
+    for key in SAME:
+        if (was.get(key) or None) != (settings.get(key) or None) and not (
+                key == "systems" and set(was.get(key) or ()) == set(settings.get(key) or ())):
+            far += 1
+            differs.append(f"{key} {json.dumps(was.get(key))} (this run {json.dumps(settings.get(key))})")
+    for key, now, then, weight in (("output_len", settings.get("output_len"), was.get("output_len"), 1),
+                                   ("threads", threads, was_threads, 2)):
+        if now and then and now != then:
+            far += weight * abs(math.log2(then / now))
+            differs.append(f"{key} {then} (this run {now})")
+    return far, differs
+
+
+def earlier_runs(settings: dict, machine: dict, threads: int | None = None) -> list[dict]:
+    """Finished or partial runs like this one (see the module's first way), closest settings first
+    (`distance`), the newest first among equals: {path, when, rows (their summary's overall rows),
+    distance, differs}. `threads`: the count this run would use."""
     runs = []
     for root in _roots():
         for summary_file in root.rglob("summary.json"):
@@ -85,13 +116,16 @@ def earlier_runs(settings: dict, machine: dict) -> list[dict]:
             rows = [r for r in summary.get("rows", []) if r.get("category") == "overall"
                     and r.get("duration_s") and r.get("output_tokens")]
             if rows:
-                runs.append({"path": summary_file.parent, "when": prov.get("time_utc") or "", "rows": rows})
-    return sorted(runs, key=lambda r: r["when"], reverse=True)
+                far, differs = distance(was, (manifest.get("threads") or {}).get("count"), settings, threads)
+                runs.append({"path": summary_file.parent, "when": prov.get("time_utc") or "", "rows": rows,
+                             "distance": far, "differs": differs})
+    runs.sort(key=lambda r: r["when"], reverse=True)  # (a stable sort: the newest first among equals)
+    return sorted(runs, key=lambda r: r["distance"])
 
 
 def _from_runs(group: tuple, runs: list[dict]) -> tuple[float, dict] | None:
-    """Seconds per output token of (system, temperature, level) from the newest run that timed the system
-    at that level (at the nearest temperature), and that run."""
+    """Seconds per output token of (system, temperature, level) from the first of `runs` (the closest) that
+    timed the system at that level (at the nearest temperature), and that run."""
     system, temp, level = group
     for run in runs:
         rows = [r for r in run["rows"] if r["system"] == system and r.get("max_concurrency", 1) == level]
@@ -137,13 +171,14 @@ def _from_engine(system: dict, bench: dict) -> tuple[float, float] | None:
 
 
 def estimate(settings: dict, jobs: list[tuple], systems: list[dict], target_cfg, machine: dict,
-             dtype: str) -> dict:
+             dtype: str, threads: int | None = None) -> dict:
     """The time of `jobs`, every request taken at output_len tokens: {seconds: [low, high] of the requests
     with a figure, requests (those), of (all), ways (earlier runs, engine-bench), sources, missing (the
     system x temperature x level groups with no figure), caveats}. `systems`: the resolved systems (the
-    dry run's rows); `dtype`: the one the run would use."""
+    dry run's rows); `dtype` and `threads`: what the run would use. Each source says how its settings differ
+    from this run's (`differs`) and how many earlier runs were weighed."""
     groups = Counter((j[0], j[2], j[1]) for j in jobs)
-    runs = earlier_runs(settings, machine)
+    runs = earlier_runs(settings, machine, threads)
     by_name = {s["system"]: s for s in systems}
     bench = engine_costs(target_cfg, machine, dtype) if settings["backend"] == "native" and not all(
         _from_runs(g, runs) for g in groups) else None
@@ -157,7 +192,7 @@ def estimate(settings: dict, jobs: list[tuple], systems: list[dict], target_cfg,
             missing.append(f"{system} T={temp:g}" + (f" c={level}" if level != 1 else ""))
             continue
         source, way = (measured[1], "earlier runs") if measured else (bench, "engine-bench")
-        sources[str(source["path"])] = source["when"]
+        sources[str(source["path"])] = {"measured_utc": source["when"], "way": way, "differs": source.get("differs", [])}
         ways += [way] if way not in ways else []
         tokens = n * settings["output_len"]
         low, high, done = low + tokens * span[0], high + tokens * span[1], done + n
@@ -170,5 +205,5 @@ def estimate(settings: dict, jobs: list[tuple], systems: list[dict], target_cfg,
         caveats.append(f"engine-bench times a step alone (random weights, context {bench['context_len']}): no host "
                        "work between steps, no prefill; a drafter's range spans every draft accepted to none")
     return {"seconds": [low, high] if done else None, "requests": done, "of": len(jobs), "ways": ways,
-            "sources": [{"path": p, "measured_utc": w} for p, w in sources.items()], "missing": missing,
+            "sources": [{"path": p, **v} for p, v in sources.items()], "earlier_runs": len(runs), "missing": missing,
             "machine": machine, "caveats": caveats}
