@@ -87,3 +87,34 @@ def test_the_too_few_prompts_label_stays_clear_of_the_panel_title(tmp_path, prom
     box, title, axes = (labels[0].get_window_extent(renderer), right.title.get_window_extent(renderer),
                         right.get_window_extent(renderer))
     assert not box.overlaps(title) and box.y1 <= axes.y1  # inside the panel, under its title
+
+
+BENCH = {"decode_ms": 4.0, "round_ms": 10.44, "round_over_decode": 2.61, "shapes": {"draft": {"name": "demo-dspark"}},
+         "eagle3": {"name": "demo-eagle3", "round_ms": 6.0}}
+
+
+def test_each_system_gets_the_line_of_its_own_round_cost_and_none_without_one(tmp_path):
+    from harness.analysis import study_figures
+
+    records = [run_folders.native(s, q, tpot, method=s if s != "plain" else None)
+               for q in run_folders.MANY[:3] for s, tpot in (("plain", 10.0), ("dspark", 5.0), ("eagle3", 6.0),
+                                                              ("ngram", 9.0))]
+    run = run_folders.write(tmp_path / "four", records, systems=["plain", "dspark", "eagle3", "ngram"])
+    fig = study_figures.speedup_vs_acceptance(frames.load_runs([run]), BENCH)
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.lines if "AL /" in line.get_label()}
+    dspark = lines["dspark: AL / 2.61 (demo-dspark's round, engine-bench)"]
+    eagle3 = lines["eagle3: AL / 1.50 (demo-eagle3's round, engine-bench)"]
+    for line, cost in ((dspark, 2.61), (eagle3, 1.5)):
+        xs, ys = line.get_xdata(), line.get_ydata()
+        assert ys[-1] == pytest.approx(xs[-1] / cost) and ys[0] == pytest.approx(1 / cost)
+    assert len(lines) == 2  # no line through n-gram's points: engine-bench timed no n-gram round
+    dots = {c.get_label(): c.get_facecolor()[0] for c in ax.collections}
+    assert tuple(dspark.get_color()) == pytest.approx(tuple(dots["dspark T=0"]))  # each line in its system's colour
+    assert "No predicted line for ngram" in " ".join(t.get_text() for t in fig.texts)
+    # a vLLM run's systems are not our engine's: no line through them, and the figure says so
+    served = run_folders.write(tmp_path / "served", records, systems=["plain", "dspark", "eagle3", "ngram"],
+                               backend="vllm")
+    fig = study_figures.speedup_vs_acceptance(frames.load_runs([served]), BENCH)
+    assert not [line for line in fig.axes[0].lines if "AL /" in line.get_label()]
+    assert "No predicted line for dspark, eagle3, ngram" in " ".join(t.get_text() for t in fig.texts)

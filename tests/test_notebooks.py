@@ -159,11 +159,12 @@ def test_every_section_draws_or_says_why_in_one_line_on_every_kind_of_run(folder
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness.analysis import figures, frames, present, reliability
+    from harness.analysis import figures, frames, present, reliability, study_figures
 
     runs = frames.load_runs([folders[kind]])
+    modules = {"reliability_diagrams": reliability, "speedup_vs_acceptance": study_figures}
     for section in SECTIONS:
-        drawn = getattr(reliability if section == "reliability_diagrams" else figures, section)(runs)
+        drawn = getattr(modules.get(section, figures), section)(runs)
         want = EXPECTED[kind].get(section)
         if isinstance(drawn, str):
             assert "\n" not in drawn and want != FIG, (section, drawn)
@@ -345,7 +346,9 @@ def test_report_html_of_a_native_and_a_vllm_run_with_a_cpu_profile_and_step_cost
     body = _html_report(tmp_path, monkeypatch, capfd, run_folders.mixed(tmp_path), run_folders.vllm(tmp_path),
                         "--profile", run_folders.cpu_profile(tmp_path), "--profile", raw, "--engine-bench", bench)
     assert "aten::zeta_op" in body  # the raw PyTorch trace was read (its host operators)
-    assert "AL / round cost (1.50 decode steps, engine-bench)" in body  # the predicted curve, named in its alt text
+    # each block-draft system's predicted line, named with whose round it uses (in the alt text); none for vLLM's
+    assert "dspark (mixed): AL / 1.50 (the block draft's round, engine-bench)" in body
+    assert "dspark (vllm): AL /" not in body
     assert "mixed/dspark: 2.00x faster than plain decoding at T=0" in _words(body)
     assert "vllm/dspark: no speedup" in _words(body)
     for warning in ("mixed: incomplete run", "mixed: 1 requests failed", "mixed: contention"):

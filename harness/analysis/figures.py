@@ -309,33 +309,6 @@ def paired_speedup(runs: Runs):
                    runs.caption())
 
 
-def speedup_vs_acceptance(runs: Runs, round_over_decode: float | None = None):
-    """Per prompt, speedup against acceptance length; with `round_over_decode` (a round's cost in decode
-    steps, from `engine-bench --json`), the curve the step costs predict: speedup = AL / round cost."""
-    sp = prompt_speedups(runs)
-    if sp.empty:
-        return no_speedup(runs, "speedup against acceptance length")
-    sp = sp.dropna(subset=["acceptance_length"])
-    if sp.empty:
-        return no_acceptance(runs, "speedup against acceptance length")
-    several = runs.meta.shape[0] > 1
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, g in sp.groupby(["run", "system", "temperature", "max_concurrency"], sort=False):
-        ax.scatter(g["acceptance_length"], g["speedup"], s=14,
-                   label=_label(dict(zip(("run", "system", "temperature", "max_concurrency"), key)), several))
-    shown = list(sp["speedup"])
-    if round_over_decode:
-        top = max([2.0] + list(sp["acceptance_length"]))
-        xs = [1 + (top - 1) * i / 50 for i in range(51)]
-        ax.plot(xs, [x / round_over_decode for x in xs], color="black", linewidth=1,
-                label=f"AL / round cost ({round_over_decode:.2f} decode steps, engine-bench)")
-        shown += [xs[0] / round_over_decode, xs[-1] / round_over_decode]
-    _speedup_axis(ax, shown)
-    ax.set(xlabel="acceptance length (tokens per round)", ylabel="speedup over plain (TPOT)")
-    ax.legend(fontsize=7)
-    return _titled(fig, "speedup against acceptance length", runs.caption())
-
-
 def speedup_vs_concurrency(rows: pd.DataFrame, caption: str, baseline: str | None = BASELINE):
     """A sweep: per system, output throughput and the TPOT speedup over plain decoding at the same
     concurrency (95 % interval) against the level. `rows`: summary rows (overall ones are used)."""

@@ -35,6 +35,18 @@ def bench_costs(engine_bench: dict) -> dict[str, tuple[float, float]]:
     return out
 
 
+def predicted_costs(engine_bench: dict) -> dict[str, tuple[float, str]]:
+    """{method: (round cost in plain decode steps, whose round it is)} from our `engine-bench --json`
+    (`bench_costs`), for drawing AL / round cost against the systems of those methods only: n-gram and
+    any method engine-bench did not time get no prediction. Empty where the file holds no step costs."""
+    if not engine_bench.get("decode_ms") or not engine_bench.get("round_ms"):
+        return {}
+    block = ((engine_bench.get("shapes") or {}).get("draft") or {}).get("name") or "the block draft"
+    whose = {"dspark": f"{block}'s round", "dflash": f"{block}'s round, at least DFlash's",
+             "eagle3": f"{(engine_bench.get('eagle3') or {}).get('name') or 'EAGLE-3'}'s round"}
+    return {m: (rnd / step, whose[m]) for m, (step, rnd) in bench_costs(engine_bench).items()}
+
+
 def vllm_level_costs(engine_bench: dict) -> dict[int, tuple[float, float]]:
     """{concurrency: (vLLM plain step ms, vLLM DSpark round ms)} from `engine-bench --against vllm --json`."""
     levels = (engine_bench.get("against_vllm") or {}).get("levels") or []

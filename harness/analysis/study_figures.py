@@ -1,12 +1,60 @@
-"""The study's figures: measured against derived speedups, and our engine beside vLLM, each titled with
-what produced it and the acceptance profile (random weights, synthetic acceptance: never a draft's quality).
-Rows are `study.measured_vs_derived`'s; the concurrency sweep is `figures.speedup_vs_concurrency`."""
+"""Measured speedups held against the ones step costs derive: per prompt against acceptance length with
+each system's own predicted line (any run), and the study's figures, measured against derived and our
+engine beside vLLM, each titled with what produced it and the acceptance profile (random weights,
+synthetic acceptance: never a draft's quality). The study's rows are `study.measured_vs_derived`'s; the
+concurrency sweep is `figures.speedup_vs_concurrency`."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt  # (the backend is the caller's: inline in a notebook, Agg for files)
 
-from harness.analysis.figures import _speedup_axis, _titled
+from harness.analysis.figures import _label, _speedup_axis, _titled, no_acceptance, no_speedup
+from harness.analysis.frames import Runs, prompt_speedups
+from harness.analysis.study import predicted_costs
+
+SERIES = ("run", "system", "temperature", "max_concurrency")
+
+
+def speedup_vs_acceptance(runs: Runs, engine_bench: dict | None = None):
+    """Per prompt, speedup against acceptance length; with `engine_bench` (`engine-bench --json`), for
+    each system of a native run whose method engine-bench timed, the line its own round cost predicts
+    (speedup = AL / round cost in decode steps), in its colour and named with whose round it is. A
+    round's cost is a method's own (n-gram's, EAGLE-3's and DSpark's differ), so no line is drawn
+    through a system whose cost was not measured, nor through a vLLM run's: the figure says which."""
+    sp = prompt_speedups(runs)
+    if sp.empty:
+        return no_speedup(runs, "speedup against acceptance length")
+    sp = sp.dropna(subset=["acceptance_length"])
+    if sp.empty:
+        return no_acceptance(runs, "speedup against acceptance length")
+    several = runs.meta.shape[0] > 1
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {}
+    for key, g in sp.groupby(list(SERIES), sort=False):
+        dots = ax.scatter(g["acceptance_length"], g["speedup"], s=14, label=_label(dict(zip(SERIES, key)), several))
+        colours.setdefault(key[:2], dots.get_facecolor()[0])
+    shown, unmeasured = list(sp["speedup"]), []
+    costs = predicted_costs(engine_bench) if engine_bench else {}
+    methods = runs.requests.drop_duplicates(["run", "system"]).set_index(["run", "system"])["method"]
+    native = set(runs.meta.loc[runs.meta["backend"].fillna("native") == "native", "run"])
+    top = max([2.0] + list(sp["acceptance_length"]))
+    xs = [1 + (top - 1) * i / 50 for i in range(51)]
+    for (run, system), colour in colours.items() if engine_bench else ():
+        cost = costs.get(methods.get((run, system))) if run in native else None
+        if cost is None:
+            unmeasured.append(_label({"run": run, "system": system}, several))
+            continue
+        name = _label({"run": run, "system": system}, several)
+        ax.plot(xs, [x / cost[0] for x in xs], color=colour, linewidth=1,
+                label=f"{name}: AL / {cost[0]:.2f} ({cost[1]}, engine-bench)")
+        shown += [xs[0] / cost[0], xs[-1] / cost[0]]
+    _speedup_axis(ax, shown)
+    ax.set(xlabel="acceptance length (tokens per round)", ylabel="speedup over plain (TPOT)")
+    ax.legend(fontsize=7)
+    note = (f"No predicted line for {', '.join(unmeasured)}: engine-bench timed no round of "
+            f"{'its' if len(unmeasured) == 1 else 'their'} method on this engine." if unmeasured else None)
+    return _titled(fig, "speedup against acceptance length" + (", and AL / round cost per system" if costs else ""),
+                   runs.caption(), note)
 
 
 def _name(r: dict) -> str:

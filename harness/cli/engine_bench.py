@@ -54,7 +54,8 @@ def engine_bench(
     Needs a CUDA GPU for the published shapes (the default there: device kernels timed against the
     GPU's own copy bandwidth). On a CPU it times the demo pair's shapes, eagerly (or compiled) with the wall clock,
     against the CPU's copy bandwidth, on the threads a CPU run of them would use (seconds); its
-    `round_over_decode` draws the speed notebook's predicted-speedup curve for a CPU run."""
+    round cost (and EAGLE-3's, where timed) draws the speed notebook's predicted-speedup line of each system of
+    those methods in a CPU run."""
     from dspark.dtypes import dtype_name
     from harness.cli.options import device as resolve_device
     from harness.cli.options import number_list

@@ -25,7 +25,8 @@ def report(
     profile: Optional[list[Path]] = typer.Option(None, "--profile", help="With --html: a profile folder or trace "
                                                  "file for the where-the-time-goes notebook (repeatable)."),
     engine_bench: Optional[Path] = typer.Option(None, "--engine-bench", help="With --html: an `engine-bench --json` "
-                                                "file; the speed notebook draws the speedup its round cost predicts."),
+                                                "file; the speed notebook draws, per system of a method it timed, the speedup "
+                                                "its own round cost predicts."),
 ):
     """Print the comparison tables of saved runs again (recomputed from their requests); --html writes the
     report notebooks' figures for them."""
