@@ -198,3 +198,22 @@ def test_the_dry_run_estimate_scales_the_earlier_run_with_the_closest_settings(t
     assert code == 0 and "results/far (measured 2026-06-01): scaled from the closest settings of 1 earlier run, " \
                          "differs in output_len 512 (this run 8), threads 2 (this run 1)" in out, out
     assert far.is_dir()
+
+
+@needs_demo
+def test_a_later_turn_past_the_context_is_a_failed_request_naming_output_len(tmp_path, monkeypatch, capfd):
+    """Without --ignore-eos a first reply's length is not known before the run: a second turn that outgrows
+    the context after a long reply (random weights: no stop token, 1000 tokens) is recorded as failed,
+    naming run's own option, and the run goes on (never the engine's `--max-new-tokens`)."""
+    from harness.analysis.records import read_requests
+
+    exp = tmp_path / "turns.toml"
+    exp.write_text('name = "turns"\ntarget = "random:demo"\ndataset = "demo"\n[sampling]\nturns = "all"\n'
+                   'temperatures = [0.0]\n[[systems]]\nname = "plain"\nmethod = "plain"\n')
+    run = tmp_path / "r"
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--category", "math", "--num-prompts", "1",
+                           "--output-len", "1000", "--device", "cpu", "--out", run)
+    assert code == 0 and "max-new-tokens" not in err, err
+    first, second = sorted(read_requests(run), key=lambda r: r["turn"])
+    assert not first.get("failed") and first["output_tokens"] == 1000
+    assert second["failed"] and "+ --output-len (1000) passes the target's context (2048)" in second["error"]
