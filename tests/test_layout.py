@@ -89,8 +89,9 @@ ALLOWED = {
     "harness.backends": ("dspark", "harness.specs", "harness.backends"),
     "harness.runs": ("dspark", "harness.specs", "harness.backends", "harness.analysis", "harness.runs"),
     # (and the capture window's protocol with the child it profiles: its file names and variables; and how a
-    # child in a process group of its own is stopped, as the vLLM servers are)
-    "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.backends.capture",
+    # child in a process group of its own is stopped, as the vLLM servers are; a profile folder owned as a run's)
+    "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.runs.owner",
+                          "harness.backends.capture",
                           "harness.backends.process_group", "harness.profiling"),
     # (and, for engine-bench --against vllm, what starts a vLLM engine and reads its counters; the step timing and
     # round-cost measurement it shares with the native backend, which measures the scheduler's costs at start)

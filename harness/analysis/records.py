@@ -5,6 +5,7 @@ reader of it (report, summaries, profiles, notebooks)."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 from dspark.errors import DSparkError
@@ -44,9 +45,14 @@ def read_waves(run_dir: Path, repair: bool = False) -> list[dict]:
     return read_requests(run_dir, repair, WAVES)
 
 
+class RepeatedRequests(UserWarning):
+    """A request recorded more than once in a run's `requests.jsonl` (two processes ran the run at once,
+    before a run folder was owned by one: `harness.runs.owner`); each is counted once."""
+
+
 def read_requests(run_dir: Path, repair: bool = False, name: str = REQUESTS) -> list[dict]:
-    """Finished requests. A last line without its newline was torn (the process died while writing
-    it): it is skipped, and cut from the file when `repair` (only a resuming run writes)."""
+    """Finished requests, each once. A last line without its newline was torn (the process died while
+    writing it): it is skipped, and cut from the file when `repair` (only a resuming run writes)."""
     path = Path(run_dir) / name
     if not path.is_file():
         return []
@@ -63,7 +69,30 @@ def read_requests(run_dir: Path, repair: bool = False, name: str = REQUESTS) -> 
     if repair and good < len(data):
         with path.open("r+b") as f:
             f.truncate(good)
-    return records
+    return once(records, path) if name == REQUESTS else records
+
+
+def once(records: list[dict], path: Path) -> list[dict]:
+    """`records` with a request recorded again (the same `request_key`) dropped, the first kept, and a
+    warning (`RepeatedRequests`) saying how many were dropped: a request is counted once, never twice."""
+    first: dict[tuple, dict] = {}
+    for record in records:
+        first.setdefault(request_key(record), record)
+    if len(first) < len(records):
+        again = len(records) - len(first)
+        warnings.warn(RepeatedRequests(
+            f"{path}: {again} request{'s' if again > 1 else ''} recorded more than once (two processes ran this "
+            f"run at the same time); each counted once ({len(first)} requests)"), stacklevel=3)
+    return list(first.values())
+
+
+def requests_and_notes(run_dir: Path, repair: bool = False) -> tuple[list[dict], list[str]]:
+    """A run's finished requests (`read_requests`) and, as lines for its summary's warnings or a resumed
+    run's notices, what reading them found (a request recorded more than once): said beside the figures."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RepeatedRequests)
+        records = read_requests(run_dir, repair)
+    return records, [str(w.message) for w in caught if issubclass(w.category, RepeatedRequests)]
 
 
 TRACE_SUFFIXES = (".summary.json", ".json.gz", ".json", ".sqlite", ".nsys-rep")  # a trace file: <name><suffix>

@@ -11,7 +11,7 @@ from pathlib import Path
 from harness.analysis.synthetic_check import add_synthetic, mismatches
 from harness.analysis.metrics import (MIN_PAIRS, acceptance, acceptance_from_totals, interval_text, latency_stats,
                                       percentile, speedup_with_contention)
-from harness.analysis.records import REQUESTS, read_manifest, read_requests, read_waves
+from harness.analysis.records import REQUESTS, read_manifest, read_waves, requests_and_notes
 
 BASELINE = "plain"  # the method of the baseline system
 NO_SPEEDUP = {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0, "speedup_ci95_reason": None}
@@ -293,7 +293,7 @@ def row_name(row: dict) -> str:
 def warnings(summary: dict) -> list[str]:
     """What a reader must know before trusting the figures: an unfinished run, a loaded machine, speedups
     from too few prompts for an interval."""
-    out = []
+    out = list(summary.get("repeated_requests") or [])
     if summary.get("requests_missing"):  # (what is missing says more than "0 of n done")
         out.append(f"no {REQUESTS} in {summary['run_dir']}: the run's finished requests are gone (deleted or moved), "
                    f"so there is nothing to summarise; put the file back, or time them again with dspark-bench run "
@@ -356,6 +356,7 @@ def summarize_folder(run_dir: Path) -> dict:
                         (manifest.get("provenance") or {}).get("cores"), read_waves(run_dir),
                         (manifest.get("options") or {}).get("systems"))
     summary = add_synthetic(summary, manifest.get("settings") or {}, records)
+    summary["repeated_requests"] = notes  # (said first among the warnings)
     summary["parallel"] = parallel_label(manifest.get("settings") or {})
     summary["run_dir"] = str(Path(run_dir).resolve())
     summary["requests_missing"] = not (Path(run_dir) / REQUESTS).is_file()

@@ -64,6 +64,10 @@ def run(
     opts = replace(opts, device=options.device(opts.device))  # `auto` resolved; a recorded device must be here too
     if not new:  # the run's own experiment: as recorded (--resume), or as the profile gave it
         experiment = load_experiment(opts.experiment)
+    if resume:  # (an edited experiment file named key by key, before its settings are held against the run's)
+        from harness.runs.folder import RunFolder
+
+        RunFolder(Path(resume)).check_experiment(experiment)
     settings = resolve_settings(opts, experiment)
     if dry_run:
         plan = _dry_run(opts, experiment, settings, err if as_json else out)

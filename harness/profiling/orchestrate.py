@@ -28,6 +28,7 @@ from harness.profiling.child import STALL_S, Child
 from harness.profiling.compare import REFERENCE, compare, load_inputs, summarize_any
 from harness.profiling.nsys import NsysPlan, choose_preset, export_sqlite, find_nsys, nsys_command, plan_flags
 from harness.runs.folder import RunFolder
+from harness.runs.owner import own
 
 
 
@@ -59,6 +60,7 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
         raise DSparkError(f"{out_dir} exists; profiles never overwrite earlier traces (give another --out, or "
                           f"--resume {out_dir} to finish it)")
     out_dir.mkdir(parents=True)
+    owner = own(out_dir, f"continue with dspark-bench profile --resume {out_dir}")  # (one process at a time)
     if note:
         console.print(note, highlight=False, soft_wrap=True)
     folder = RunFolder(out_dir)
@@ -96,7 +98,8 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
         record["commands"][system] = nsys_command(plan, out_dir / system, child) if plan else child
         jobs.append((system, record["commands"][system], requests_per_system, method))
     folder.write_json("profile.json", record)
-    return _profile_jobs(jobs, [], out_dir, console, record, plan, vllm, env, stall_s)
+    with owner:
+        return _profile_jobs(jobs, [], out_dir, console, record, plan, vllm, env, stall_s)
 
 
 def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
@@ -110,6 +113,7 @@ def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
     if "methods" not in record:
         raise DSparkError(f"--resume {out_dir}: this profile was made before profiles could be resumed; profile "
                           "again with another --out")
+    owner = own(out_dir, f"continue with dspark-bench profile --resume {out_dir}")  # (before a file is removed)
     vllm = "vllm" in record  # (what the children of a vLLM profile were started with)
     plan = NsysPlan(Path(record["nsys"]), record["nsys_version"], record["flags"], record["dropped"]) \
         if record["kind"] == "nsys" else None
@@ -135,7 +139,8 @@ def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
     left = [j[0] for j in jobs] + [f"{s} (summarised only)" for s, _ in finished]
     console.print(f"resuming {out_dir}: " + (", ".join(left) if left else "nothing left to do"), highlight=False,
                   soft_wrap=True)
-    return _profile_jobs(jobs, finished, out_dir, console, record, plan, vllm, _child_env(record, vllm), stall_s)
+    with owner:
+        return _profile_jobs(jobs, finished, out_dir, console, record, plan, vllm, _child_env(record, vllm), stall_s)
 
 
 def _remove(*paths: Path) -> None:

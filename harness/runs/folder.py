@@ -36,7 +36,8 @@ class RunFolder:
         a run that failed before its manifest leaves (a backend's logs, `LEFTOVERS`) is not someone else's."""
         if (self.path / MANIFEST).exists() or (self.path / REQUESTS).exists():
             raise DSparkError(f"{self.path} already holds a run; use --resume {self.path} or another --out")
-        if named and self.path.is_dir() and any(not any(p.match(g) for g in LEFTOVERS) for p in self.path.iterdir()):
+        if named and self.path.is_dir() and any(p.name != LOCK and not any(p.match(g) for g in LEFTOVERS)
+                                                for p in self.path.iterdir()):  # (LOCK: `harness.runs.owner`)
             raise DSparkError(f"--out {self.path}: the folder holds other files, not a run; choose an empty or new "
                               "folder (or --resume DIR to finish an unfinished run)")
 
@@ -120,6 +121,34 @@ class RunFolder:
         tmp = self.path / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, self.path / name)
+
+
+def experiment_text(exp: Experiment) -> str:
+    """The experiment file as the run read it (recorded in the manifest, so a resume can name what changed)."""
+    return Path(exp.path).read_bytes().decode("utf-8")
+
+
+_ABSENT = object()
+
+
+def _flat(table: dict, prefix: str = "") -> dict:
+    """A TOML document's values by key path: `sampling.output_len`, `systems[2].method` (a list of tables
+    by index; any other list is one value)."""
+    out = {}
+    for key, value in table.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out |= _flat(value, path + ".")
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for i, item in enumerate(value):
+                out |= _flat(item, f"{path}[{i}].")
+        else:
+            out[path] = value
+    return out
+
+
+def _shown(values: dict, key: str) -> str:
+    return json.dumps(values[key], default=str) if key in values else "(absent)"
 
 
 def experiment_text(exp: Experiment) -> str:

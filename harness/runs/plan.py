@@ -81,9 +81,7 @@ def resume_options(opts: RunOptions, given: set[str]) -> RunOptions:
     before options were recorded keeps the old rule: the arguments given are the run's (its settings
     are compared later)."""
     folder = RunFolder(Path(opts.resume))
-    manifest = folder.manifest()
-    if manifest is None:
-        raise DSparkError(f"--resume {folder.path}: no manifest.json there; not a run folder")
+    manifest = folder.resumable()
     recorded = manifest.get("options")
     if recorded is None:
         return opts

@@ -35,7 +35,8 @@ from dspark.errors import DSparkError
 from dspark.tokenizer import chat_prompt_ids, conversation
 from harness.analysis.metrics import first_difference, request_latencies
 from harness.analysis.plots import plot, plot_sweep, run_caption
-from harness.analysis.records import MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key
+from harness.analysis.records import (MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key,
+                                      requests_and_notes)
 from harness.analysis.summary import expected_requests, summarize_folder
 from harness.analysis.summary_text import markdown, to_csv
 from harness.analysis.synthetic_check import label
@@ -43,7 +44,8 @@ from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
 from harness.runs import contention, threads
-from harness.runs.folder import RunFolder
+from harness.runs.folder import RunFolder, experiment_text
+from harness.runs.owner import Owner, own
 from harness.runs.plan import (RunOptions, default_out, load_dataset, plan_jobs, recorded_options, request_seed,
                                resolve_settings, select_prompts, user_turns)
 from harness.runs.progress import Interrupted, RunProgress
@@ -78,6 +80,7 @@ def run(opts: RunOptions, console: Console, data: datasets.Dataset | None = None
                     else:
                         progress.step(f"{wave.system} T={wave.temperature:g}{level}", what)
                     session.serve(wave, progress.advance)
+        summary = write_summaries(session.folder)  # (before the folder is let go)
     except KeyboardInterrupt:
         write_summaries(session.folder)  # of the finished requests, marked incomplete
         again = (f"profile --resume {session.folder.path.parent}" if opts.profiled  # (a profile's child)
@@ -90,7 +93,8 @@ def run(opts: RunOptions, console: Console, data: datasets.Dataset | None = None
         for prepared in session.prepared.values():
             session.backend.release(prepared)
         gc.unfreeze()  # (the warm-ups froze what loading left: collectable again, at exit too)
-    return session.folder.path, write_summaries(session.folder)
+        session.owner.release()
+    return session.folder.path, summary
 
 
 @dataclass
@@ -108,18 +112,33 @@ class Session:
     tokenizer: object
     prepared: dict
     records: dict[tuple, dict]  # finished requests by request_key
+    owner: Owner  # this process's hold on the folder (`harness.runs.owner`), from before anything loads
     warmed: set = field(default_factory=set)
 
     @classmethod
     def open(cls, opts: RunOptions, console: Console, data: datasets.Dataset | None = None) -> Session:
         """Load and check everything before the first request: settings against a resumed run's, the
         prompts (of `data`, else of the dataset loaded here), the target, the thread count, the systems;
-        then write (or check) the manifest."""
+        then write (or check) the manifest. The folder is this process's alone from before anything
+        loads (`own`): a second process is refused, and the folder let go if loading fails."""
         exp = load_experiment(opts.experiment)
         settings = resolve_settings(opts, exp)
         folder = RunFolder(Path(opts.resume) if opts.resume else Path(opts.out) if opts.out else default_out(settings))
+        again = (f"continue with dspark-bench profile --resume {folder.path.parent}" if opts.profiled  # (a child)
+                 else f"continue with dspark-bench run --resume {folder.path}")
+        owner = own(folder.path, again)
+        try:
+            return cls._load(opts, console, data, exp, settings, folder, owner)
+        except BaseException:
+            owner.release()
+            raise
+
+    @classmethod
+    def _load(cls, opts: RunOptions, console: Console, data: datasets.Dataset | None, exp, settings: dict,
+              folder: RunFolder, owner: Owner) -> Session:
+        """`open`'s work once the folder is owned."""
         if opts.resume:
-            folder.check_resume(settings)
+            folder.check_resume(settings, exp)
         data = load_dataset(opts, exp, settings) if data is None else data
         rows = select_prompts(data, settings)
         if settings["num_prompts"] is not None and len(rows) < settings["num_prompts"]:
@@ -155,7 +174,8 @@ class Session:
         else:
             folder.create({"settings": settings, "options": recorded_options(opts),
                            "experiment": {"path": exp.path, "sha256": exp.sha256,
-                                          "systems": [asdict(s) for s in exp.systems]},
+                                          "systems": [asdict(s) for s in exp.systems],
+                                          "toml": experiment_text(exp)},  # (what a resume names the changes against)
                            **inputs, "methods": {n: p.method for n, p in prepared.items()},
                            "threads": {"count": n_threads, "chosen_by": threads_by},
                            **({"label": named} if (named := label(settings)) else {}),
@@ -163,14 +183,19 @@ class Session:
                                [(name, temp, row.category, conc) for name, conc, temp, row, _ in jobs]),
                            "backend": backend.record(), "profiled": opts.profiled or False,
                            "provenance": provenance(opts.device)})
-        records = {request_key(r): r for r in read_requests(folder.path, repair=True)}
+        done, notes = requests_and_notes(folder.path, repair=True)  # (a request recorded twice: done once)
+        for note in notes:
+            console.print(f"warning: {note}", style="yellow", highlight=False, markup=False, soft_wrap=True)
+        records = {request_key(r): r for r in done}
         read_waves(folder.path, repair=True)  # (a torn last wave line is cut before more are appended)
-        session = cls(opts, settings, folder, rows, turns_of, jobs, backend, tokenizer, prepared, records)
+        session = cls(opts, settings, folder, rows, turns_of, jobs, backend, tokenizer, prepared, records, owner)
         if opts.resume:
             failed = sum(1 for r in records.values() if r.get("failed"))
-            console.print(f"resuming {folder.path}: {len(jobs) - len(session.pending())} of {len(jobs)} requests "
-                          "already done" + (f" ({failed} of them failed: kept as failed, not sent again)" if failed
-                                            else ""), highlight=False, soft_wrap=True)
+            left = len(session.pending())
+            console.print(f"resuming {folder.path}: {len(jobs) - left} of {len(jobs)} requests already done"
+                          + (f" ({failed} of them failed: kept as failed, not sent again)" if failed else "")
+                          + ("; nothing left to run (the summaries are written again)" if not left else ""),
+                          highlight=False, soft_wrap=True)
         console.print(f"threads: {n_threads} ({threads_by})", highlight=False, soft_wrap=True)
         return session
 

@@ -1,0 +1,191 @@
+"""A run folder is one process's at a time, and nothing is counted twice (issue 52): a second `run` of a
+folder another process holds is refused in one line naming that process, before any model loads; a
+lock left by a killed process blocks nothing; a request recorded twice is read once, with a warning,
+by the report and by a resume; `run --resume` of an edited experiment file names each key that changed;
+`--resume` of something that is not an unfinished run says what it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+
+import run_folders
+from dspark.checkpoint import DEMO_DIR
+from dspark.errors import DSparkError
+from harness.analysis.records import RepeatedRequests, read_requests
+from harness.analysis.summary import summarize_folder
+from harness.runs.owner import LOCK, own
+
+needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
+                                reason="the demo models are not built")
+SMALL = ["--category", "coding", "--num-prompts", "2", "--output-len", "3", "--temperature", "0", "--device", "cpu"]
+HOLDER = ("import sys, time\nfrom harness.runs.owner import own\nowner = own(sys.argv[1], 'x')\n"
+          "print('held', flush=True)\ntime.sleep(600)\n")
+
+
+def _script() -> str:
+    script = Path(sys.executable).with_name("dspark-bench")
+    if not script.is_file():
+        pytest.skip("the dspark-bench console script is not installed next to this Python")
+    return str(script)
+
+
+@needs_demo
+def test_a_second_process_is_refused_while_the_first_owns_the_folder(tmp_path, monkeypatch, capfd):
+    """While one process owns the run folder, `run --resume` in another exits 2 with one line naming the
+    folder, the owner's pid and what to do, before any model loads; a fresh `run --out` of a folder being
+    written is refused the same way. Once the owner is killed (kill -9: no chance to clean up) the folder
+    resumes at once."""
+    run = tmp_path / "r"
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--systems", "plain,ngram", *SMALL, "--out", run)
+    assert code == 0, err
+    done = len(read_requests(run))
+    with own(run, "continue with dspark-bench run --resume"):
+        second = subprocess.run([_script(), "run", "--resume", str(run)], capture_output=True, text=True,
+                                timeout=600)
+        assert second.returncode == 2, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in second.stderr
+        assert str(run) in lines[0] and f"process {os.getpid()} is running it now" in lines[0]
+        assert f"kill {os.getpid()}" in lines[0] and f"then continue with dspark-bench run --resume {run}" in lines[0]
+        assert "threads:" not in second.stderr  # (refused before anything loaded)
+    assert len(read_requests(run)) == done
+
+    fresh = tmp_path / "fresh"
+    with own(fresh, "continue"):  # (another `run --out fresh` setting up: no manifest yet)
+        code, _, err = run_cli(monkeypatch, capfd, "run", "--systems", "plain", *SMALL, "--out", fresh)
+        assert code == 2 and f"process {os.getpid()} is running it now" in err and len(err.strip().splitlines()) == 1
+        assert "threads:" not in err
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(DSparkError, match=f"process {holder.pid} is running it now"):
+            own(run, "continue")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", run)
+    assert code == 0, err
+    assert f"{done} of {done} requests already done; nothing left to run" in err
+
+
+def test_a_lock_left_by_a_killed_process_blocks_nothing_and_a_failed_start_leaves_no_folder(tmp_path):
+    """The kernel drops a dead owner's lock: the folder is taken at once. A folder made for an owner that
+    wrote nothing is removed when it lets go (a new run that failed before its manifest leaves nothing)."""
+    folder = tmp_path / "r"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=60)
+    assert (folder / LOCK).read_text() == str(holder.pid)  # (its pid is still written there)
+    with own(folder, "continue") as owner:
+        assert (folder / LOCK).read_text() == str(os.getpid()) and not owner.made
+    made = tmp_path / "new"
+    with own(made, "continue"):
+        assert made.is_dir()
+    assert not made.exists()
+
+
+def _doubled(tmp_path: Path) -> Path:
+    """4 prompts of plain and dspark, then plain's q1 recorded a second time with another time (as two
+    resumes at once wrote it): counted twice, plain's mean TPOT and dspark's speedup would move."""
+    records = [run_folders.native(s, q, 5.0 if s == "plain" else 4.0) for s in ("plain", "dspark")
+               for q in run_folders.QIDS]
+    path = run_folders.write(tmp_path / "doubled", records, systems=["plain", "dspark"])
+    with (path / "requests.jsonl").open("a") as f:
+        f.write(json.dumps(run_folders.native("plain", "q1", 50.0)) + "\n")
+    return path
+
+
+def test_a_request_recorded_twice_is_counted_once_with_a_warning(tmp_path, monkeypatch, capfd):
+    path = _doubled(tmp_path)
+    with pytest.warns(RepeatedRequests, match="1 request recorded more than once"):
+        records = read_requests(path)
+    assert len(records) == 8 and all(r["tpot_ms"] != 50.0 for r in records)  # (the first kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the summary says it among its warnings, not as a Python warning)
+        summary = summarize_folder(path)
+    rows = {r["system"]: r for r in summary["rows"] if r["category"] == "overall"}
+    assert rows["plain"]["requests"] == 4 and rows["plain"]["mean_tpot_ms"] == 5.0
+    assert rows["dspark"]["speedup"] == pytest.approx(1.25)
+    assert "1 request recorded more than once" in summary["warnings"][0]
+    assert "each counted once (8 requests)" in summary["warnings"][0]
+    code, out, err = run_cli(monkeypatch, capfd, "report", path)
+    assert code == 0, err
+    assert "recorded more than once" in out and "counted once" in out
+
+
+TOML = ('name = "mine"\ntarget = "demo"\ndataset = "demo"\n[sampling]\ntemperatures = [0.0]\noutput_len = 3\n'
+        'num_prompts = 2\n[[systems]]\nname = "plain"\nmethod = "plain"\n'
+        '[[systems]]\nname = "ngram"\nmethod = "ngram"\nnum_speculative_tokens = 7\n')
+
+
+@needs_demo
+def test_resume_of_an_edited_experiment_names_each_changed_key(tmp_path, monkeypatch, capfd):
+    """The edited file's keys, old and new values, and what to do, in one line, before anything loads; a
+    comment alone is named as such. The file restored, the run resumes, each request once, even with a
+    request recorded twice in the meantime."""
+    exp = tmp_path / "mine.toml"
+    exp.write_text(TOML)
+    run = tmp_path / "r"
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--category", "coding", "--device", "cpu",
+                           "--out", run)
+    assert code == 0, err
+    exp.write_text(TOML.replace("output_len = 3", "output_len = 4").replace("= 7", "= 5"))
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", run)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "sha256" not in err.lower()
+    assert f"the experiment file {exp} changed since the run started" in err
+    assert "sampling.output_len: 3 -> 4; systems[1].num_speculative_tokens: 7 -> 5" in err
+    assert "restore the file as it was" in err and "--out DIR" in err
+    exp.write_text("# edited\n" + TOML)
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", run)
+    assert code == 2 and "(only comments or layout)" in err
+    exp.write_text(TOML)
+    lines = (run / "requests.jsonl").read_text().splitlines(keepends=True)
+    (run / "requests.jsonl").write_text("".join(lines + lines[:1]))
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", run)
+    assert code == 0, err
+    assert "warning:" in err and "1 request recorded more than once" in err
+    assert f"{len(lines)} of {len(lines)} requests already done; nothing left to run" in err
+
+
+def test_resume_of_a_folder_that_holds_no_unfinished_run_says_what_it_is(tmp_path, monkeypatch, capfd):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("x")
+    profile = tmp_path / "prof"
+    profile.mkdir()
+    (profile / "profile.json").write_text("{}")
+    for folder, said in ((tmp_path / "nosuch", "no such folder"),
+                         (other, "not a run folder (no manifest.json"),
+                         (profile, f"a profile's folder, not a run's; finish it with dspark-bench profile --resume "
+                                   f"{profile}")):
+        code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", folder)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and said in err, err
+    assert not (tmp_path / "nosuch").exists()
+
+
+def test_a_profile_folder_is_one_process_at_a_time(tmp_path):
+    """`profile --resume DIR` while another process has DIR is refused before any file there is touched."""
+    from rich.console import Console
+
+    from harness.profiling.orchestrate import resume_profile
+
+    folder = tmp_path / "p"
+    folder.mkdir()
+    (folder / "profile.json").write_text(json.dumps({"kind": "torch", "methods": {"plain": "plain"},
+                                                     "requests_per_system": None, "commands": {}}))
+    (folder / "plain").mkdir()  # (a partial child run that resuming would remove)
+    with own(folder, "continue"):
+        with pytest.raises(DSparkError, match=f"process {os.getpid()} is running it now.*profile --resume"):
+            resume_profile(folder, Console(file=open(os.devnull, "w")))
+    assert (folder / "plain").is_dir()
