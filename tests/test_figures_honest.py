@@ -118,3 +118,22 @@ def test_each_system_gets_the_line_of_its_own_round_cost_and_none_without_one(tm
     fig = study_figures.speedup_vs_acceptance(frames.load_runs([served]), BENCH)
     assert not [line for line in fig.axes[0].lines if "AL /" in line.get_label()]
     assert "No predicted line for dspark, eagle3, ngram" in " ".join(t.get_text() for t in fig.texts)
+
+
+def test_the_engines_notebook_shows_the_settings_line_parity_prints(tmp_path, monkeypatch, capfd):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    from cli_runner import run_cli
+
+    from harness.analysis.notebooks import execute, inputs
+    from harness.analysis.parity import parity, settings_note
+
+    a, b = run_folders.mixed(tmp_path), run_folders.vllm(tmp_path)  # native against vLLM: settings differ
+    line = settings_note(parity(a, b))
+    assert line.startswith("settings differ (A vs B): ") and "backend native vs vllm" in line
+    code, stdout, _ = run_cli(monkeypatch, capfd, "parity", a, b)
+    assert code == 0 and line in stdout.replace("\n", "")  # the command's own line
+    nb = execute("engines", inputs([], parity=(a, b)))
+    shown = json.dumps([o.get("data", {}).get("text/plain", "") + o.get("data", {}).get("text/html", "")
+                        for c in nb.cells if c.cell_type == "code" for o in c.outputs])
+    assert json.dumps(line)[1:-1] in shown

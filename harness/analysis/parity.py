@@ -41,7 +41,7 @@ from pathlib import Path
 
 from dspark.dtypes import resolved_dtype
 from dspark.errors import DSparkError
-from harness.analysis.compare_runs import settings_diff
+from harness.analysis.compare_runs import settings_diff, settings_line
 from harness.analysis.metrics import acceptance, acceptance_from_totals, first_difference
 from harness.analysis.records import MANIFEST, read_manifest, read_requests
 
@@ -274,6 +274,14 @@ def _policy(manifest: dict, system: str) -> str:
                                          if found.get("confidence_threshold") else "off")
     extra = [f"{k}={found[k]}" for k in ("confidence_costs", "confidence_temperatures") if found.get(k)]
     return policy + (f" ({', '.join(extra)})" if extra else "")
+
+
+def settings_note(result: dict) -> str:
+    """A `parity` result's settings line, as the command prints it under its header and the engines
+    notebook shows it: the settings that differ between A and B (`compare_runs.settings_line`), or that
+    they are equal."""
+    differ = result["settings_differ"]
+    return settings_line(differ) + (": the requests both ran are compared, prompt by prompt" if differ else "")
 
 
 def parity(dir_a: Path, dir_b: Path) -> dict:

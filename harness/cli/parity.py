@@ -22,8 +22,8 @@ def parity(
     """Compare two runs of the same prompts: inputs, greedy outputs, sampled outputs of equal seeds, rounds,
     acceptance. Runs that asked for different requests (target, dataset, output length) are refused; other
     settings may differ (the header names them): the requests both ran are compared."""
-    from harness.analysis.compare_runs import settings_line
     from harness.analysis.parity import parity as compare
+    from harness.analysis.parity import settings_note
 
     result = compare(run_a, run_b)
     if not result["groups"]:
@@ -38,9 +38,7 @@ def parity(
     out.print(f"A = {a['path']} ({a['backend']}, {a['device']}); B = {b['path']} ({b['backend']}, {b['device']}); "
               f"float error taken as a top-2 logit margin below {result['float_error']:g}", highlight=False, markup=False,
               soft_wrap=True)
-    differ = result["settings_differ"]
-    out.print(settings_line(differ) + (": the requests both ran are compared, prompt by prompt" if differ else ""),
-              highlight=False, markup=False, soft_wrap=True)
+    out.print(settings_note(result), highlight=False, markup=False, soft_wrap=True)
     for g in result["groups"]:
         level = "" if g["max_concurrency"] == 1 else f", concurrency {g['max_concurrency']}"
         title = f"{g['system']} ({g['method']}) at T={g['temperature']:g}{level}: {g['prompt_ids_equal']}/{g['prompts']} " \
