@@ -360,4 +360,4 @@ def summarize_folder(run_dir: Path) -> dict:
     summary["parallel"] = parallel_label(manifest.get("settings") or {})
     summary["run_dir"] = str(Path(run_dir).resolve())
     summary["requests_missing"] = not (Path(run_dir) / REQUESTS).is_file()
-    return summary | {"warnings": notes + warnings(summary)}
+    return summary | {"warnings": warnings(summary)}

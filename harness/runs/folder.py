@@ -149,31 +149,3 @@ def _flat(table: dict, prefix: str = "") -> dict:
 
 def _shown(values: dict, key: str) -> str:
     return json.dumps(values[key], default=str) if key in values else "(absent)"
-
-
-def experiment_text(exp: Experiment) -> str:
-    """The experiment file as the run read it (recorded in the manifest, so a resume can name what changed)."""
-    return Path(exp.path).read_bytes().decode("utf-8")
-
-
-_ABSENT = object()
-
-
-def _flat(table: dict, prefix: str = "") -> dict:
-    """A TOML document's values by key path: `sampling.output_len`, `systems[2].method` (a list of tables
-    by index; any other list is one value)."""
-    out = {}
-    for key, value in table.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out |= _flat(value, path + ".")
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for i, item in enumerate(value):
-                out |= _flat(item, f"{path}[{i}].")
-        else:
-            out[path] = value
-    return out
-
-
-def _shown(values: dict, key: str) -> str:
-    return json.dumps(values[key], default=str) if key in values else "(absent)"
