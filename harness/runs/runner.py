@@ -295,10 +295,16 @@ class Session:
                 continue
             messages = conversation(self.turns_of[row.question_id][: wave.turn + 1],
                                     [r["output_text"] for r in previous])
+            ids = chat_prompt_ids(self.tokenizer, messages)
+            if len(ids) + self.settings["output_len"] > self.backend.max_context:  # (a later turn after long replies)
+                self._write(self._failed(wave, row, f"prompt ({len(ids)}) + --output-len ({self.settings['output_len']}"
+                                                    f") passes the target's context ({self.backend.max_context})"))
+                advance()
+                continue
             seed = request_seed(self.settings["seed"], row.question_id, wave.turn, wave.temperature)
             sent.append(row)
             specs.append(self.spec(wave.system, wave.temperature, seed, messages))
-            prompts.append(chat_prompt_ids(self.tokenizer, messages))
+            prompts.append(ids)
         if not sent:
             return
         wave_id = uuid.uuid4().hex[:12]
@@ -316,12 +322,6 @@ class Session:
             else:
                 record = _record(wave.system, p.method, row, wave.turn, wave.temperature, spec.seed, ids, result,
                                  self.tokenizer)
-            ids = chat_prompt_ids(self.tokenizer, messages)
-            if len(ids) + self.settings["output_len"] > self.backend.max_context:  # (a later turn after long replies)
-                self._write(self._failed(wave, row, f"prompt ({len(ids)}) + --output-len ({self.settings['output_len']}"
-                                                    f") passes the target's context ({self.backend.max_context})"))
-                advance()
-                continue
                 if record["acceptance_source"] is None and p.method != "plain":
                     record["acceptance_source"] = counted  # (joined with the wave's counters by the summary)
                 base = self._find(self.baseline_system, row.question_id, wave.temperature, wave.turn,
