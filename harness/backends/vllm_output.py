@@ -20,6 +20,7 @@ from pathlib import Path
 
 from harness.backends.base import VLLM_LOG as LOG, VLLM_LOGGING as LOGGING
 
+ABOVE = r",? please check the stack trace above.*$"  # vLLM's pointer to a trace the terminal no longer shows
 EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
 
 # what the user's environment said before any engine of this process changed it
@@ -111,4 +112,4 @@ def failure_cause(log: Path, start: int = 0) -> str | None:
         f.seek(start)
         text = f.read().decode(errors="replace")
     found = [line.strip() for line in text.splitlines() if EXCEPTION_LINE.match(line.strip())]
-    return found[-1][:400] if found else None
+    return re.sub(ABOVE, "", found[-1])[:400] if found else None  # (the trace is in the log, not above)
