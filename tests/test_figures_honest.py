@@ -137,3 +137,45 @@ def test_the_engines_notebook_shows_the_settings_line_parity_prints(tmp_path, mo
     shown = json.dumps([o.get("data", {}).get("text/plain", "") + o.get("data", {}).get("text/html", "")
                         for c in nb.cells if c.cell_type == "code" for o in c.outputs])
     assert json.dumps(line)[1:-1] in shown
+
+
+def _profiled(root, tpot: float, contended: bool):
+    """A CPU profile folder whose dspark child run timed its requests at `tpot`, contended or not."""
+    path = run_folders.cpu_profile(root)
+    run_folders.write(path / "dspark", [run_folders.native("dspark", q, tpot, contended=contended)
+                                        for q in run_folders.QIDS], systems=["dspark"])
+    return path
+
+
+def _quiet_run(root, tpot: float = 5.6):
+    return run_folders.write(root / "quiet", [run_folders.native(s, q, t) for q in run_folders.QIDS
+                                              for s, t in (("plain", 10.0), ("dspark", tpot))],
+                             systems=["plain", "dspark"])
+
+
+def test_a_profile_timed_under_contention_beside_a_quiet_run_is_said_with_both_figures(tmp_path):
+    from harness.analysis.conditions import profile_notes
+
+    run = _quiet_run(tmp_path)
+    (note,) = profile_notes([run], [_profiled(tmp_path / "busy", 16.0, True)])
+    assert "profile cpu-profile/dspark was timed at 16.0 ms a token" in note and "under contention (4 of 4" in note
+    assert "run quiet's dspark at 5.6 ms, quiet" in note and "the profile saw contention" in note
+    assert "2.9x apart" in note
+    # no contention, but step times far apart: said too; alike and quiet: nothing to say
+    (far,) = profile_notes([run], [_profiled(tmp_path / "slow", 12.0, False)])
+    assert "their TPOTs are 2.1x apart" in far and "contention" not in far.split(":", 2)[2].split(",")[0]
+    assert profile_notes([run], [_profiled(tmp_path / "alike", 6.0, False)]) == []
+    assert profile_notes([run], [run_folders.cpu_profile(tmp_path / "bare")]) == []  # no requests: nothing known
+
+
+def test_the_html_report_shows_the_mixed_conditions_note(tmp_path, monkeypatch, capfd):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    from cli_runner import run_cli
+
+    run, profile = _quiet_run(tmp_path), _profiled(tmp_path / "busy", 16.0, True)
+    code, _, err = run_cli(monkeypatch, capfd, "report", run, "--profile", profile, "--html", tmp_path / "r.html")
+    assert code == 0, err
+    page = (tmp_path / "r.html").read_text()
+    assert "mixed conditions: profile cpu-profile/dspark was timed at 16.0 ms a token" in page
+    assert "s dspark at 5.6 ms, quiet: the profile saw contention, their TPOTs are 2.9x apart" in page

@@ -23,7 +23,8 @@ def report(
     html: Optional[Path] = typer.Option(None, "--html", help="Execute the report notebooks on these runs and "
                                         "write them, figures embedded, as one HTML file here (instead of the tables)."),
     profile: Optional[list[Path]] = typer.Option(None, "--profile", help="With --html: a profile folder or trace "
-                                                 "file for the where-the-time-goes notebook (repeatable)."),
+                                                 "file for the where-the-time-goes notebook (repeatable); one not "
+                                                 "timed as the runs were gets a note naming both."),
     engine_bench: Optional[Path] = typer.Option(None, "--engine-bench", help="With --html: an `engine-bench --json` "
                                                 "file; the speed notebook draws, per system of a method it timed, the speedup "
                                                 "its own round cost predicts."),
