@@ -5,7 +5,8 @@
 - each feature is gated by the vLLM release that has it, named with that release (a pure function of the
   version string), and the installed vLLM passes every gate;
 - an engine that cannot start (vLLM's CPU attention refuses the tiny target's head size 16) is one line
-  with vLLM's own cause and the path of its output, no traceback and no resume advice;
+  with vLLM's own cause and the path of its output, no traceback and no resume advice; so is a `vllm serve`
+  that exits before it is ready (a max_model_len past the target's), with the detail vLLM's config error gives;
 - what a failed vLLM run leaves in `--out` before its manifest does not block the folder's reuse.
 """
 
@@ -132,3 +133,19 @@ def test_an_engine_that_cannot_start_is_one_line_with_vllms_cause_and_its_log(ti
         run.stderr[-3000:]
     assert "Traceback" not in run.stderr and "resume" not in run.stderr
     assert "Traceback" in log.read_text()  # (the whole story is in the log)
+
+
+@needs_vllm
+def test_a_server_that_dies_before_ready_is_one_line_with_vllms_cause_and_its_log(tiny_dir, tmp_path):
+    from dspark.errors import DSparkError
+    from harness.backends import vllm_server
+
+    log = tmp_path / "server-plain.log"
+    args = {"max_model_len": 100000, "seed": 0, "dtype": "float32", "enforce_eager": True}  # past the target's 4096
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
+    with pytest.raises(DSparkError) as refused:
+        vllm_server.start(tiny_dir / "target", args, log, 900.0, env | {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("vllm serve exited (1) before it was ready: ")
+    assert ("ValidationError: 1 validation error for ModelConfig: Value error, User-specified max_model_len (100000) "
+            "is greater than the derived max_model_len") in line and line.endswith(f"(vLLM's output: {log})")

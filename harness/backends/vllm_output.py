@@ -105,11 +105,18 @@ def log_size(log: Path) -> int:
 
 
 def failure_cause(log: Path, start: int = 0) -> str | None:
-    """vLLM's own cause of a failure: the last exception line of its output in `log` past byte `start`."""
+    """vLLM's own cause of a failure: the last exception line of its output in `log` past byte `start` (a
+    config's validation error with its first detail line, which says what was wrong)."""
     if not log.is_file():
         return None
     with log.open("rb") as f:
         f.seek(start)
-        text = f.read().decode(errors="replace")
-    found = [line.strip() for line in text.splitlines() if EXCEPTION_LINE.match(line.strip())]
-    return re.sub(ABOVE, "", found[-1])[:400] if found else None  # (the trace is in the log, not above)
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()]
+    found = [i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)]
+    if not found:
+        return None
+    i = found[-1]
+    cause = re.sub(ABOVE, "", lines[i])  # (the trace is in the log, not above)
+    if "validation error" in cause and i + 1 < len(lines):  # pydantic's: the detail is on the next line
+        cause += ": " + lines[i + 1].split(" [type=")[0]
+    return cause[:400]
