@@ -382,6 +382,16 @@ def checkpoint_path(out_dir) -> Path | None:
                  if (p / "trainer_state.pt").is_file()), None)
 
 
+def checkpoint_step(out_dir) -> int | None:
+    """The steps the last checkpoint under `out_dir` has trained (None without one), read without the
+    target: a resume is checked against `--steps` before any model loads. (Memory-mapped: the optimizer
+    state beside it is not read.)"""
+    path = checkpoint_path(out_dir)
+    if path is None:
+        return None
+    return int(torch.load(path / "trainer_state.pt", weights_only=True, map_location="cpu", mmap=True)["step"])
+
+
 def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel | Eagle3Draft, int, dict] | None:
     """(draft, step, optimizer state) of the last checkpoint under `out_dir` (`checkpoint_path`), or None."""
     path = checkpoint_path(out_dir)

@@ -70,3 +70,49 @@ def test_make_tiny_writes_a_new_folder_and_again_over_its_own(tmp_path, monkeypa
     manifest = json.loads((tmp_path / "tiny" / "manifest.json").read_text())
     assert sorted(manifest) == sorted(["target", "dspark", "dspark-speculators", "dflash", "dflash-zlab", "eagle3",
                                        "eagle3-speculators", "eagle3-deepspec"])
+
+
+def test_train_draft_refuses_a_resume_past_steps_and_says_the_steps_it_trained(tmp_path, monkeypatch, capfd):
+    """A 2-step checkpoint resumed with --steps 1 showed "2/1" and then "draft saved ... 1 steps": refused in
+    one line before any model loads, naming the checkpoint's steps and the fix; a resume that trains says
+    how many steps it did now and where it resumed."""
+    out_dir = tmp_path / "td"
+    common = ["train-draft", "--target", "demo", "--data", "demo", "--out", out_dir, "--batch", "1",
+              "--num-anchors", "4", "--checkpoint-every", "1", "--device", "cpu"]
+    code, out, err = run_cli(monkeypatch, capfd, *common, "--steps", "2")
+    assert code == 0 and "(deepspec format, dspark, 2 steps)" in out, err
+    _refused(monkeypatch, capfd, *common, "--steps", "1", "--resume",
+             says=f"--resume: the checkpoint in {out_dir} has 2 steps, more than --steps 1; pass --steps 2 or more")
+    code, out, err = run_cli(monkeypatch, capfd, *common, "--steps", "3", "--resume")
+    assert code == 0 and "3 steps, 1 of them now, resumed at step 2)" in out, err
+
+
+def test_parity_refuses_a_run_compared_with_itself(tmp_path, monkeypatch, capfd):
+    """parity RUN RUN reported all equal with no note: the same folder (by another path too) and a copy of
+    it (the same start on the same host) are refused in one line; two separate runs are compared."""
+    import shutil
+
+    import run_folders
+
+    run = run_folders.write(tmp_path / "a", [run_folders.native("plain", "q1", 5.0)], systems=["plain"])
+    _refused(monkeypatch, capfd, "parity", run, run, says="are the same run folder")
+    _refused(monkeypatch, capfd, "parity", run, tmp_path / "." / "b" / ".." / "a", says="are the same run folder")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["provenance"]["host"] = "box"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copytree(run, tmp_path / "copy")
+    _refused(monkeypatch, capfd, "parity", run, tmp_path / "copy", says="are copies of one run (both started")
+    manifest["provenance"]["time_utc"] = "2026-01-02T04:00:00+00:00"  # a second run of the same settings
+    (tmp_path / "copy" / "manifest.json").write_text(json.dumps(manifest))
+    code, out, err = run_cli(monkeypatch, capfd, "parity", run, tmp_path / "copy")
+    assert code == 0 and "1/1 prompts with equal prompt ids" in out, err
+
+
+@pytest.mark.parametrize("name", ["nosuch.nsys-rep", "nosuch.json.gz", "nosuch.sqlite"])
+def test_trace_calls_a_missing_file_missing(name, tmp_path, monkeypatch, capfd):
+    """A missing .nsys-rep was answered "no working nsys found", a missing .json.gz "not a PyTorch profiler
+    Chrome trace (FileNotFoundError)": both commands say "no such file", before looking for nsys."""
+    monkeypatch.setenv("PATH", "/nonexistent")  # (no nsys: the answer must not depend on one)
+    for command in (["trace", "summarize"], ["trace", "compare"]):
+        _refused(monkeypatch, capfd, *command, tmp_path / name, says=f"{tmp_path / name}: no such file; give a")
+    _refused(monkeypatch, capfd, "trace", "summarize", tmp_path, says="a folder, not a trace file")

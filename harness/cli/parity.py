@@ -25,6 +25,7 @@ def parity(
     from harness.analysis.parity import parity as compare
     from harness.analysis.parity import settings_note
 
+    _check_two_runs(run_a, run_b)
     result = compare(run_a, run_b)
     if not result["groups"]:
         raise DSparkError(f"{run_a} and {run_b} share no prompt of any system and temperature; run the same "
@@ -81,6 +82,23 @@ def parity(
             level = "" if conc == 1 else f", concurrency {conc}"
             out.print(f"only in {'AB'[i]} (or no prompt in common): {system} at T={temp:g}{level}", style="dim",
                       highlight=False, markup=False)
+
+
+def _check_two_runs(run_a: Path, run_b: Path) -> None:
+    """Refuse a run compared with itself: the same folder (by any path to it), or a copy of it (a manifest
+    recording the same start on the same host). Its requests are the same records, so every figure would
+    read "equal", which says nothing about parity."""
+    from harness.analysis.records import read_manifest
+
+    if run_a.resolve() == run_b.resolve() or (run_a.exists() and run_b.exists() and run_a.samefile(run_b)):
+        raise DSparkError(f"{run_a} and {run_b} are the same run folder: a run compared with itself is equal by "
+                          "construction; give two runs of the same prompts (e.g. one per backend)")
+    manifests = [read_manifest(run) for run in (run_a, run_b)]
+    started = [((m or {}).get("provenance") or {}).get("time_utc") for m in manifests]
+    hosts = [((m or {}).get("provenance") or {}).get("host") for m in manifests]
+    if None not in (*started, *hosts) and started == started[::-1] and hosts == hosts[::-1]:
+        raise DSparkError(f"{run_a} and {run_b} are copies of one run (both started {started[0]} on {hosts[0]}): its "
+                          "records compared with themselves are equal by construction; give two separate runs")
 
 
 def sampled_line(s: dict, same_engine: bool) -> str:

@@ -60,6 +60,7 @@ def train_draft(
         TrainingStopped,
         checkpoint_format,
         checkpoint_path,
+        checkpoint_step,
         load_checkpoint,
         read_examples,
         stop_requested,
@@ -82,6 +83,10 @@ def train_draft(
                           "leave out --resume to start training there")
     if not resume and ((out_dir / "checkpoint").exists() or checkpoint_path(out_dir) is not None):
         raise DSparkError(f"{out_dir} already holds a checkpoint; pass --resume or choose another --out")
+    done = checkpoint_step(out_dir) if resume else None
+    if done is not None and done > steps:  # (training would do nothing, and the draft say it had `steps`)
+        raise DSparkError(f"--resume: the checkpoint in {out_dir} has {done} steps, more than --steps {steps}; pass "
+                          f"--steps {done} or more, or a new --out")
     if str(data) == "demo":
         data = DEMO_DIR / DEMO_DATA
     dev = options.device(device)
@@ -140,7 +145,8 @@ def train_draft(
             raise typer.Exit(3) from None
     fmt = checkpoint_format(draft)
     save_draft(draft, out_dir, fmt, tcfg)
-    out.print(f"draft saved to {out_dir} ({fmt} format, {method}, {steps} steps)", highlight=False, soft_wrap=True)
+    trained = f"{steps} steps" + (f", {steps - start} of them now, resumed at step {start}" if resumed else "")
+    out.print(f"draft saved to {out_dir} ({fmt} format, {method}, {trained})", highlight=False, soft_wrap=True)
 
 
 def _eagle3_config(tcfg, taps: tuple[int, ...] | None, num_tokens: int, ttt_length: int | None,

@@ -23,8 +23,13 @@ TOP_OPERATORS = 8  # operators per system in the comparison
 def summarize_any(path: Path, expect_method: str | None = None, engine: str | None = None) -> dict:
     """A .sqlite export, a PyTorch profiler .json or .json.gz trace, or a .nsys-rep (exported to SQLite
     first). `engine` "vllm": the trace of a vLLM run (its processes are checked; a PyTorch trace is its
-    worker's)."""
+    worker's). A path that is no file is called so before anything else (a missing .nsys-rep was answered
+    "no working nsys found", a missing .json.gz "not a PyTorch profiler Chrome trace")."""
     path = Path(path)
+    if not path.is_file():
+        what = "a folder, not a trace file (trace compare reads a profile's folder)" if path.is_dir() else \
+            "no such file"
+        raise DSparkError(f"{path}: {what}; give a .sqlite export, a .nsys-rep or a PyTorch .json / .json.gz trace")
     if path.name.endswith(SUFFIXES):
         return summarize_torch(path, expect_method)  # (vLLM's: its worker's own trace)
     if path.suffix == ".nsys-rep":
