@@ -75,3 +75,12 @@ class Qwen3Target(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         return kernels.linear(hidden, self.lm_head.weight).float()
+
+
+def weights_bytes(cfg: TargetConfig, dtype: torch.dtype) -> int:
+    """What the target's weights weigh in `dtype` (its parameter count times the dtype's size), counted on
+    the meta device: nothing is allocated. A `random:` target has no weight files to measure, and "0 MB"
+    both misled the reader and chose one thread for an 8B model."""
+    with torch.device("meta"):
+        model = Qwen3Target(cfg)
+    return sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()

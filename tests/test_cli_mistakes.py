@@ -116,3 +116,39 @@ def test_trace_calls_a_missing_file_missing(name, tmp_path, monkeypatch, capfd):
     for command in (["trace", "summarize"], ["trace", "compare"]):
         _refused(monkeypatch, capfd, *command, tmp_path / name, says=f"{tmp_path / name}: no such file; give a")
     _refused(monkeypatch, capfd, "trace", "summarize", tmp_path, says="a folder, not a trace file")
+
+
+def test_a_random_target_is_sized_by_its_parameters_never_0_mb(monkeypatch):
+    """A random:demo target printed "target weights 0 MB" (it has no weight files) and chose threads as if
+    it weighed nothing: its size is its parameter count times its config's dtype, the size of the demo's own
+    weight file (the same shape, stored in the same dtype), and the line says the weights are random."""
+    from dspark.checkpoint import DEMO_DIR, random_folder
+    from harness.runs.threads import ENV_VARS, choose, weights_bytes
+
+    for var in ENV_VARS:  # (a thread variable set would decide the count instead)
+        monkeypatch.delenv(var, raising=False)
+    size, what = weights_bytes(random_folder("demo"))
+    real, _ = weights_bytes(DEMO_DIR / "target")
+    assert what == "random target weights" and abs(size - real) < 0.01 * real
+    n, why = choose(None, "cpu", random_folder("demo"))
+    assert n == 1 and why.startswith(f"auto: random target weights {size / 1e6:.0f} MB") and " 0 MB" not in why
+    eight_b, _ = weights_bytes(random_folder("qwen3-8b"))  # (counted on the meta device: nothing allocated)
+    assert 15e9 < eight_b < 17.5e9  # Qwen3-8B: 8.2 B parameters in bfloat16
+
+
+@pytest.mark.parametrize("target, says", [("demo", "the demo target is a tiny 6.8 M-parameter model"),
+                                          ("random:demo", "(random weights, 6.8 M parameters: the text means nothing")])
+def test_generate_says_the_demo_models_text_is_not_meaningful(target, says, monkeypatch, capfd):
+    """The README's generate example printed nonsense from a 6.8 M model without a word: under the text, one
+    line says so, and what the run is for (the accounting)."""
+    code, out, err = run_cli(monkeypatch, capfd, "generate", "--target", target, "--no-draft", "--prompt", "Hi",
+                             "--max-new-tokens", "4", "--device", "cpu")
+    assert code == 0 and says in err, err
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "its text is not\nmeant to make sense" in readme  # (the README says it too)
+
+
+def test_generate_says_nothing_of_the_kind_for_another_target(tiny_dir, monkeypatch, capfd):
+    code, out, err = run_cli(monkeypatch, capfd, "generate", "--target", tiny_dir / "target", "--no-draft",
+                             "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--device", "cpu")
+    assert code == 0 and "not meant to make sense" not in err and "means nothing" not in err, err

@@ -27,7 +27,7 @@ def test_the_rule(tmp_path, monkeypatch, no_thread_env):
         f.truncate(SMALL_MODEL_BYTES + 1)
     assert choose(usable_cores(), "cpu", small) == (usable_cores(), "--threads")  # (more: refused, see test_option_mistakes)
     n, why = choose(None, "cpu", small)
-    assert n == 1 and why.startswith("auto: target weights 0 MB")
+    assert n == 1 and why.startswith("auto: target weights 0.001 MB")
     assert choose(None, "cpu", large) == (usable_cores(), "auto: every usable core (a large target)")
     assert choose(None, "cuda", small) == (torch.get_num_threads(), "torch default (GPU run)")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # torch read it at start-up: its count stands

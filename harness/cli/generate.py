@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -91,3 +92,22 @@ def generate(
     if result.num_rounds:
         summary += f", {result.num_rounds} rounds, acceptance length {result.acceptance_length:.2f}"
     err.print(summary + f", stop: {result.stop_reason}", highlight=False, soft_wrap=True)
+    note = _toy_target_note(loaded)
+    if note:
+        err.print(note, style="dim", highlight=False, soft_wrap=True)
+
+
+def _toy_target_note(loaded) -> str | None:
+    """The line that says the text above means nothing where the target is the demo model (a few million
+    parameters trained on a small corpus) or has random weights: a reader of the README's example saw
+    nonsense and took it for a fault. What such a run shows is the accounting (tokens, rounds, acceptance)."""
+    from dspark.checkpoint import DEMO_DIR, DEMO_MODELS, random_weights
+
+    params = sum(p.numel() for p in loaded.model.parameters()) / 1e6
+    if random_weights(Path(loaded.path)) is not None:
+        return f"(random weights, {params:.1f} M parameters: the text means nothing; the rounds and timing are " \
+               "the point)"
+    if Path(loaded.path).resolve() == (DEMO_DIR / DEMO_MODELS["demo"]).resolve():
+        return (f"(the demo target is a tiny {params:.1f} M-parameter model trained on a small corpus: its text is not "
+                "meant to make sense; the point is the accounting: tokens, rounds, acceptance length)")
+    return None

@@ -51,8 +51,20 @@ def check(requested: int) -> None:
                           "(more threads than cores wait on each other at every step)")
 
 
-def weights_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+def weights_bytes(folder: Path) -> tuple[int, str]:
+    """(bytes, what they are) of the target's weights: its .safetensors files' size; for a `random:` target,
+    which has none, its parameter count times its config's dtype size ("random target weights")."""
+    import torch
+
+    from dspark.checkpoint import random_weights, read_config
+    from dspark.config import TargetConfig
+    from dspark.target import weights_bytes as counted
+
+    if random_weights(Path(folder)) is None:
+        return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")), "target weights"
+    config = read_config(Path(folder))
+    dtype = getattr(torch, str(config.get("torch_dtype") or config.get("dtype") or "float32"), torch.float32)
+    return counted(TargetConfig.from_hf(config, str(folder)), dtype), "random target weights"
 
 
 def choose(requested: int | None, device: str, target_folder: Path | None) -> tuple[int, str]:
@@ -69,9 +81,10 @@ def choose(requested: int | None, device: str, target_folder: Path | None) -> tu
         return torch.get_num_threads(), f"{', '.join(set_vars)} (torch uses {torch.get_num_threads()})"
     if not device.startswith("cpu"):
         return torch.get_num_threads(), "torch default (GPU run)"
-    size = weights_bytes(target_folder) if target_folder is not None else None
+    size, what = weights_bytes(target_folder) if target_folder is not None else (None, "")
     if size is not None and size <= SMALL_MODEL_BYTES:
-        return 1, f"auto: target weights {size / 1e6:.0f} MB <= {SMALL_MODEL_BYTES / 1e6:.0f} MB"
+        shown = f"{size / 1e6:.0f}" if size >= 1e6 else f"{size / 1e6:.2g}"  # (no size below 0.5 MB shows as 0)
+        return 1, f"auto: {what} {shown} MB <= {SMALL_MODEL_BYTES / 1e6:.0f} MB"
     return usable_cores(), "auto: every usable core (a large target)"
 
 
