@@ -119,18 +119,22 @@ def test_a_vllm_runs_leftovers_do_not_block_its_out_folder(tmp_path, monkeypatch
 
 
 @needs_vllm
-def test_an_engine_that_cannot_start_is_one_line_with_vllms_cause_and_its_log(tiny_dir, tmp_path):
+@pytest.mark.parametrize("backend, log", [("vllm", "vllm.log"), ("vllm-server", "server-plain.log")])
+def test_an_engine_that_cannot_start_is_one_line_with_vllms_cause_and_its_log(tiny_dir, tmp_path, backend, log):
+    """The served engine dies at its first request while `vllm serve` goes on answering (HTTP 500 for every
+    request): once, its warm-up passed and the run ended with exit 0 and every request "failed"."""
     script = Path(sys.executable).with_name("dspark-bench")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
     run = subprocess.run([str(script), "run", "--experiment", _experiment(tmp_path, str(tiny_dir / "target")),
-                          "--systems", "plain", "--device", "cpu", "--out", tmp_path / "r"], capture_output=True,
-                         text=True, cwd=tmp_path, env=env | {"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=900)
+                          "--systems", "plain", "--backend", backend, "--device", "cpu", "--out", tmp_path / "r"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env | {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                         timeout=900)
     errors = [line for line in run.stderr.splitlines() if line.startswith("error")]
-    log = tmp_path / "r" / "vllm.log"
-    assert run.returncode == 2 and errors == [
-        f"error: vLLM {installed_version()} could not start system 'plain': RuntimeError: Worker failed with error "
-        f"'Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0' (vLLM's output: {log})"], \
-        run.stderr[-3000:]
+    log = tmp_path / "r" / log
+    assert run.returncode == 2 and len(errors) == 1, run.stderr[-3000:]
+    assert errors[0].startswith(f"error: vLLM {installed_version()} could not start system 'plain': ")
+    assert errors[0].endswith("RuntimeError: Worker failed with error 'Unsupported CPU attention configuration: "
+                              f"head_dim=16 isa=2 kv_cache_idx=0' (vLLM's output: {log})"), errors
     assert "Traceback" not in run.stderr and "resume" not in run.stderr
     assert "Traceback" in log.read_text()  # (the whole story is in the log)
 

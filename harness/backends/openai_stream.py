@@ -89,6 +89,10 @@ async def stream_chat(session, url: str, body: dict, timeout_s: float) -> Stream
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
+                if chunk.get("error"):  # a failure after the 200 (vLLM: its engine died), sent as an event
+                    error = chunk["error"]
+                    out.error = f"error event: {error.get('message', error) if isinstance(error, dict) else error}"[:300]
+                    break
                 if chunk.get("prompt_token_ids") is not None:
                     out.prompt_token_ids = list(chunk["prompt_token_ids"])
                 spec = (chunk.get("metrics") or {}).get("speculative_decoding")

@@ -73,10 +73,10 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         try:
             self.generate(prepared, prompt, short)
         except DSparkError:
-            if self.dead(prepared) is None:
+            if self.dead(prepared) is None:  # (the request's own fault: its own line)
                 raise
             raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}': its server "
-                              f"died on its first request: {server.cause()} (vLLM's output: {server.log})") from None
+                              f"failed its first request: {server.cause()} (vLLM's output: {server.log})") from None
 
     def _start(self, prepared: Prepared, max_len: int) -> vllm_server.Server:
         sc = prepared.handle["speculative_config"]
@@ -106,12 +106,16 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         return str(self.path)
 
     def dead(self, prepared: Prepared) -> str | None:
+        """Why the server no longer serves: exited, silent, or answering with a dead engine (its `/health`
+        fails while `/v1/models` still answers, and every request gets HTTP 500)."""
         server = prepared.handle["engine"]
-        if server.proc.poll() is None and vllm_server.models(server.base_url) is not None:
+        if server.proc.poll() is not None:
+            return f"vllm serve exited with {server.proc.returncode}: {server.cause()}"
+        if vllm_server.healthy(server.base_url):
             return None
-        if server.proc.poll() is None:
+        if vllm_server.models(server.base_url) is None:
             return f"vllm serve (pid {server.proc.pid}) no longer answers: {server.tail()}"
-        return f"vllm serve exited with {server.proc.returncode}: {server.tail()}"
+        return f"vllm serve (pid {server.proc.pid}) answers, but its engine died: {server.cause()}"
 
     def release(self, prepared: Prepared) -> None:
         server = prepared.handle.get("engine")

@@ -21,6 +21,8 @@ from pathlib import Path
 from harness.backends.base import VLLM_LOG as LOG, VLLM_LOGGING as LOGGING
 
 ABOVE = r",? please check the stack trace above.*$"  # vLLM's pointer to a trace the terminal no longer shows
+POINTER = r"(?i)see (?:the )?(?:stack trace|root cause)"  # an exception that only points to the one that caused it
+PREFIX = r"^(?:\(\w+ pid=\d+\)\s+)?(?:[A-Z]+ [\d-]+ [\d:,.]+ [^\]]*\]\s+)?"  # "(Worker pid=1) ERROR 12-05 09:05:36 [f.py:1] "
 EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
 
 # what the user's environment said before any engine of this process changed it
@@ -112,10 +114,12 @@ def failure_cause(log: Path, start: int = 0) -> str | None:
     with log.open("rb") as f:
         f.seek(start)
         lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()]
+    lines = [re.sub(PREFIX, "", line) for line in lines]
     found = [i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)]
+    causes = [i for i in found if not re.search(POINTER, re.sub(ABOVE, "", lines[i]))]  # (not "see above")
     if not found:
         return None
-    i = found[-1]
+    i = (causes or found)[-1]
     cause = re.sub(ABOVE, "", lines[i])  # (the trace is in the log, not above)
     if "validation error" in cause and i + 1 < len(lines):  # pydantic's: the detail is on the next line
         cause += ": " + lines[i + 1].split(" [type=")[0]

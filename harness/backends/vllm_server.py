@@ -95,6 +95,12 @@ def start(model: Path, engine_args: dict, log: Path, ready_s: float, env: dict |
     raise DSparkError(f"vllm serve was not ready after {ready_s:.0f} s: {server.tail()} (log: {log})")
 
 
+def healthy(base_url: str) -> bool:
+    """Whether the server's engine lives: vLLM's `/health` answers 503 once its EngineCore died, while
+    the server itself goes on answering everything else."""
+    return get(base_url + "/health") is not None
+
+
 def models(base_url: str) -> dict | None:
     """The server's `/v1/models`, or None while it does not answer."""
     body = get(base_url + "/v1/models")
