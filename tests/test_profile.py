@@ -494,7 +494,7 @@ def test_a_stalled_child_is_ended_and_the_profile_says_which_keeping_what_finish
     assert again.returncode == 0 and f"resuming {out}: dspark (summarised only)" in again.stderr, again.stderr
     assert "profiling dspark" not in again.stderr and (out / "dspark.summary.json").is_file()
     refused = subprocess.run([sys.executable, "-m", "harness.cli", "profile", "--resume", str(out), "--num-prompts",
-                              "3"], capture_output=True, text=True, timeout=60)
+                              "3"], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "leave out num_prompts" in refused.stderr
 
 
@@ -504,6 +504,6 @@ def test_sigterm_ends_a_profile_whose_child_is_stalled_and_the_child_with_it(tmp
     child = _stop_child(parent, "plain")
     time.sleep(0.5)
     parent.send_signal(signal.SIGTERM)
-    _, err = parent.communicate(timeout=60)  # the child's grace, then SIGKILL to its group
-    assert parent.returncode == 130 and "Traceback" not in err and err.strip().endswith("interrupted"), err
+    _, err = parent.communicate(timeout=600)  # the child's grace, then SIGKILL to its group (a hang guard only)
+    assert parent.returncode == 143 and "Traceback" not in err and err.strip().endswith("interrupted"), err
     assert not running(child)

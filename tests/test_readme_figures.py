@@ -95,7 +95,7 @@ def test_a_readme_without_the_markers_is_refused_in_one_line_before_any_work(tmp
     text = (ROOT / "README.md").read_text().replace(figures.marker("profile", end=True), "")
     readme.write_text(text)
     out = subprocess.run([sys.executable, str(SCRIPT), "--readme", str(readme), "--work", str(tmp_path / "w")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and figures.marker("profile") in out.stderr
     assert readme.read_text() == text and not (tmp_path / "w").exists()  # nothing ran, nothing written

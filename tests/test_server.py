@@ -345,7 +345,7 @@ def _gone(pid: int) -> bool:
 @needs_server
 @needs_demo
 def test_sigterm_stops_a_starting_server(tmp_path):
-    """`timeout` or a scheduler ends the run with SIGTERM: Ctrl-C's path (exit 130, no traceback), and the vLLM
+    """`timeout` or a scheduler ends the run with SIGTERM: Ctrl-C's path (exit 143, no traceback), and the vLLM
     server it started is stopped with it even while still starting (what the H200 stage cut by `timeout` left
     running). Once serving, a server is stopped by the runner's `finally`, which every run ends through."""
     folder = tmp_path / "run"
@@ -361,6 +361,6 @@ def test_sigterm_stops_a_starting_server(tmp_path):
     assert servers and proc.poll() is None, proc.communicate()[1][-2000:]
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
     assert all(_gone(pid) for pid in servers), servers
     assert (folder / "manifest.json").is_file() and read_requests(folder) == []  # the run kept, nothing finished

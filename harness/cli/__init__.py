@@ -4,7 +4,6 @@ go to stdout, progress and notices to stderr."""
 from __future__ import annotations
 
 import re
-import signal
 import sys
 
 import typer
@@ -21,6 +20,7 @@ from harness.cli.parity import parity as parity_command
 from harness.cli.profile import profile as profile_command
 from harness.cli.render import err, error_line
 from harness.cli.report import report as report_command
+from harness.cli.signals import FirstSignal, first_signal_interrupts
 from harness.cli.run import run as run_command
 from harness.cli.trace import trace_app
 from harness.runs.progress import Interrupted
@@ -92,17 +92,17 @@ for _name, _command in COMMANDS.items():
         app.command(_name)(_command)
 
 
-def _terminated(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     """Every refusal is one line on stderr and exit code 2: our own (DSparkError) and click's usage errors
     (a bad value, an unknown option), which click would print as three. SIGTERM (`timeout`, a batch
     scheduler) takes Ctrl-C's path: finished results kept, the vLLM servers and profilers this process
-    started stopped (left to run, a server holds its GPU memory after we are gone)."""
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminated)
+    started stopped (left to run, a server holds its GPU memory after we are gone); signals after the
+    first are ignored (`signals`), and the exit code is the first one's, 130 or 143."""
+    with first_signal_interrupts() as signals:
+        _main(signals)
+
+
+def _main(signals: FirstSignal) -> None:
     try:
         code = app(standalone_mode=False, prog_name="dspark-bench")
         if code == 130:  # typer's own word for a Ctrl-C it caught
@@ -121,11 +121,11 @@ def main() -> None:
                                                                            exc.format_message(), re.I):
             hint = "; a flag takes no value (write --ignore-eos, not --ignore-eos true)"
         _refuse(f"{exc.format_message()}{hint} (see {command} --help)")
-    except Interrupted:  # the run has said what it kept
-        sys.exit(130)
+    except Interrupted:  # the command has said what it kept
+        sys.exit(signals.exit_code())
     except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted", highlight=False)
-        sys.exit(130)
+        sys.exit(signals.exit_code())
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+from harness.backends.process_group import TICK, cpu_seconds, descendants
+
 IDLE_LEFT = 0.25  # cores left idle (on average over the request) below which the cores were all taken
 OTHER_MIN = 0.25  # other processes' use, in cores, below which they did not compete
 STALL_MIN = 0.1  # share of the time some runnable task waited for a core, from which the cores were contended
@@ -72,31 +73,9 @@ def _stall_us() -> int | None:
     return int(some.rsplit("total=", 1)[1]) if "total=" in some else None
 
 
-def _descendants_cpu() -> float:
-    """CPU seconds of this process's live descendants, from /proc/<pid>/stat (utime + stime)."""
-    parent, ticks = {}, {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # (it ended while we read)
-        parent[int(entry.name)] = int(fields[1])
-        ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0, list(children.get(os.getpid(), []))
-    while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo += children.get(pid, [])
-    return total / TICK
-
-
 def sample() -> Sample:
-    return Sample(time.monotonic(), time.process_time() + _descendants_cpu(), _busy_seconds(), _stall_us())
+    own = time.process_time() + cpu_seconds(descendants(os.getpid()))  # (its servers and engine cores are ours)
+    return Sample(time.monotonic(), own, _busy_seconds(), _stall_us())
 
 
 def between(a: Sample, b: Sample, serves_here: bool = True) -> dict:

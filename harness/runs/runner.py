@@ -403,7 +403,11 @@ def _record(system: str, method: str, row: datasets.Row, turn: int, temp: float,
 
 
 def write_summaries(folder: RunFolder) -> dict:
-    """summary.json, .csv, .md and .png from the requests; the summary carries what it was written to."""
+    """summary.json, .csv, .md and .png from the requests; the summary carries what it was written to.
+    The pictures of the last summary go first: one drawn from fewer requests must not stay beside the
+    new summary.json when this one is broken off (a process killed) or has nothing to draw."""
+    for picture in ("summary.png", "concurrency.png"):
+        (folder.path / picture).unlink(missing_ok=True)
     summary = summarize_folder(folder.path)
     folder.write_json("summary.json", {"settings": (folder.manifest() or {}).get("settings"), **summary})
     folder.write_text("summary.csv", to_csv(summary))
