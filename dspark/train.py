@@ -227,15 +227,25 @@ def read_examples(path, tokenizer=None, max_len: int = 1024) -> list[tuple[Tenso
     if not Path(path).is_file():
         raise DSparkError(f"{path}: no such data file; give a JSONL file of training rows")
     out = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DSparkError(f"{path}: not UTF-8 text (byte {exc.start}); give a JSONL file of training rows") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DSparkError(f"{path}:{n}: not JSON ({exc.msg}); one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise DSparkError(f"{path}:{n}: a {type(row).__name__}, not a JSON object; one object per line")
         if "prompt_ids" in row:
-            prompt, response = list(row["prompt_ids"]), list(row["response_ids"])
+            prompt, response = row["prompt_ids"], row.get("response_ids")
+            if not all(isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
+                       for ids in (prompt, response)):
+                raise DSparkError(f"{path}:{n}: prompt_ids and response_ids must be lists of token ids "
+                                  "(whole numbers, at least 0)")
         elif "messages" in row:
             if tokenizer is None:
                 raise DSparkError(f"{path}:{n}: chat rows need the target's tokenizer")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends import vllm_server
-from harness.backends.base import SERVER_LOG, Capabilities, Prepared, RequestSpec
+from harness.backends.base import SERVER_LOG, Capabilities, Prepared
 from harness.backends.served import ServedBackend
 from harness.backends.vllm import VllmTarget, per_request_metrics, v2_runner
 from harness.backends.vllm_checks import installed_version
@@ -59,24 +59,13 @@ class VllmServerBackend(VllmTarget, ServedBackend):
                 "engine_args": SERVER_DEFAULTS | self.engine_args, "speculative_args": self.spec_args,
                 "parallel_environment": self.parallel_environment(), "servers": self.servers}
 
-    def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
-        """Start the system's server, sized for the longest request, and send one short request (a server
-        that dies on it never started: its first forward is where vLLM's CPU attention, say, refuses)."""
-        short = RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)})
-        if prepared.handle["engine"] is not None:
-            self.generate(prepared, prompt, short)
-            return
-        if self.live is not None and self.live is not prepared:
-            self.release(self.live)
-        prepared.handle["engine"] = server = self._start(prepared, max_len)
-        self.live = prepared
-        try:
-            self.generate(prepared, prompt, short)
-        except DSparkError:
-            if self.dead(prepared) is None:  # (the request's own fault: its own line)
-                raise
-            raise DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}': its server "
-                              f"failed its first request: {server.cause()} (vLLM's output: {server.log})") from None
+    def _start_failure(self, prepared: Prepared, exc: DSparkError) -> DSparkError | None:
+        """The warm-up's failure as a start-up failure: where the server died on it (else the request's own)."""
+        if self.dead(prepared) is None:
+            return None
+        server = prepared.handle["engine"]
+        return DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}': its server failed "
+                           f"its first request: {server.cause()} (vLLM's output: {server.log})")
 
     def _start(self, prepared: Prepared, max_len: int) -> vllm_server.Server:
         sc = prepared.handle["speculative_config"]

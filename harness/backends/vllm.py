@@ -159,6 +159,25 @@ class VllmTarget(TargetFiles):
         return Prepared(system, method, {"speculative_config": sc, "format": None if cfg is None else cfg.format,
                                          "engine": None, "draft_rewritten": note})
 
+    def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
+        """Start the system's engine (or server), sized for the longest request, and run one short request.
+        An engine that dies on it never started (its first forward is where vLLM's CPU attention, say,
+        refuses): the subclass's `_start_failure` says so in one line, and a resume would fail alike."""
+        short = RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)})
+        fresh = prepared.handle["engine"] is None
+        if fresh:
+            if self.live is not None and self.live is not prepared:
+                self.release(self.live)
+            prepared.handle["engine"] = self._start(prepared, max_len)
+            self.live = prepared
+        try:
+            self.generate(prepared, prompt, short)
+        except DSparkError as exc:
+            failure = self._start_failure(prepared, exc) if fresh else None
+            if failure is None:
+                raise
+            raise failure from None
+
 
 class VllmBackend(VllmTarget):
     name = "vllm"
@@ -191,37 +210,25 @@ class VllmBackend(VllmTarget):
                 "parallel_environment": self.parallel_environment(),
                 "engines": self.engines}
 
-    def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
-        """Start the system's engine, sized for the longest request, and run one short request (an engine
-        that dies on it never started: its first forward is where vLLM's CPU attention, say, refuses)."""
-        short = RequestSpec(**{**spec.__dict__, "max_new_tokens": min(16, spec.max_new_tokens)})
-        if prepared.handle["engine"] is not None:
-            self.generate(prepared, prompt, short)
-            return
-        if self.live is not None and self.live is not prepared:
-            self.release(self.live)
-        start = log_size(self.log) if self.log is not None else 0
-        prepared.handle["engine"] = self._start(prepared, max_len, start)
-        self.live = prepared
-        try:
-            self.generate(prepared, prompt, short)
-        except EngineDied:
-            raise self._not_started(prepared, None, start) from None
+    def _start_failure(self, prepared: Prepared, exc: DSparkError) -> DSparkError | None:
+        """The warm-up's failure as a start-up failure: where the engine died on it."""
+        return self._not_started(prepared, None) if isinstance(exc, EngineDied) else None
 
-    def _not_started(self, prepared: Prepared, exc: Exception | None, start: int) -> DSparkError:
+    def _not_started(self, prepared: Prepared, exc: Exception | None) -> DSparkError:
         """One line for an engine that could not start: vLLM's own cause (the last exception line of its
         output since it began starting, else the exception's first lines) and its log; no resume advice,
         a resume would fail the same way."""
-        sc = prepared.handle["speculative_config"]
+        sc, start = prepared.handle["speculative_config"], prepared.handle.get("log_start", 0)
         cause = (failure_cause(self.log, start) if self.log is not None else None) or (
             in_one_line(exc) if exc is not None else "its engine processes died")
         what = "" if sc is None else f" (method {sc['method']}, {prepared.handle['format']}-format draft)"
         where = "" if self.log is None else f" (vLLM's output: {self.log})"
         return DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'{what}: {cause}{where}")
 
-    def _start(self, prepared: Prepared, max_len: int, start: int):
+    def _start(self, prepared: Prepared, max_len: int):
         from vllm import LLM
 
+        prepared.handle["log_start"] = log_size(self.log) if self.log is not None else 0  # (its output from here)
         sc = prepared.handle["speculative_config"]
         v2 = v2_runner(sc)
         extra = {"per_request_spec_decode_metrics": "detailed"} if sc is not None and self.per_request else {}
@@ -239,7 +246,7 @@ class VllmBackend(VllmTarget):
                 llm = LLM(model=str(self.path), speculative_config=sc, **args)
                 record = engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
-            raise self._not_started(prepared, exc, start) from None
+            raise self._not_started(prepared, exc) from None
         record["spec_metrics"] = None if sc is None else (
             "per request (per_request_spec_decode_metrics=detailed)" if self.per_request else
             "the engine's counters (llm.get_metrics()) read before and after each request")
