@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import html
 import os
+import signal
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -75,15 +76,34 @@ def _run(nb, env: dict[str, str], timeout_s: int, allow_errors: bool = False, on
         client = NotebookClient(nb, km=km, timeout=timeout_s, allow_errors=allow_errors,
                                 resources={"metadata": {"path": str(Path.cwd())}}, on_cell_start=on_cell_start)
         log = Path(sockets) / "kernel.log"
+        ours = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        failure = None
         with log.open("w") as chatter:
             try:
                 client.execute(stdout=chatter, stderr=chatter)
-            except DeadKernelError:
-                chatter.flush()
-                tail = " ".join(log.read_text().split()[-40:])
-                raise DSparkError(f"the notebook kernel died ({tail or 'no message'}); reinstall the report "
-                                  "extra: pip install 'dspark-bench[report]'") from None
+            except Exception as exc:
+                failure = exc
+            finally:  # (nbclient leaves Python's default handlers behind, not the ones it found)
+                for sig, handler in ours.items():
+                    if handler is not None:
+                        signal.signal(sig, handler)
+        if _signalled(client):  # the program's own handler says it (the command line's: once, then ignored)
+            signal.raise_signal(signal.SIGINT)
+            raise KeyboardInterrupt
+        if isinstance(failure, DeadKernelError):
+            tail = " ".join(log.read_text().split()[-40:])
+            raise DSparkError(f"the notebook kernel died ({tail or 'no message'}); reinstall the report "
+                              "extra: pip install 'dspark-bench[report]'") from None
+        if failure is not None:
+            raise failure
     return nb
+
+
+def _signalled(client) -> bool:
+    """Whether SIGINT or SIGTERM came while nbclient ran the notebook. nbclient takes both signals over while
+    it runs: it shuts the kernel down and then fails its own way (an AssertionError, its kernel client gone),
+    or finishes the cells with the kernel's KeyboardInterrupt as a cell's error; its handler leaves this mark."""
+    return getattr(client, "_async_cleanup_kernel_future", None) is not None
 
 
 def execute(name: str, env: dict[str, str], timeout_s: int = 600):
@@ -212,5 +232,10 @@ def report_html(env: dict[str, str], out: Path, progress=None) -> tuple[list[str
     body, _ = exporter.from_notebook_node(merged)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(body, encoding="utf-8")
+    partial = out.with_name(f".{out.name}.partial")  # (broken off, by Ctrl-C or a full disk: no half page at `out`)
+    try:
+        partial.write_text(body, encoding="utf-8")
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
     return names, failures

@@ -126,6 +126,13 @@ def _main(signals: FirstSignal) -> None:
     except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted", highlight=False)
         sys.exit(signals.exit_code())
+    except Exception:
+        if signals.first is None:
+            raise
+        # a library broken off by the signal fails its own way on the way out (nbclient, its kernel gone, with an
+        # AssertionError): the signal is what happened
+        err.print("interrupted", highlight=False)
+        sys.exit(signals.exit_code())
     sys.exit(code if isinstance(code, int) else 0)
 
 
