@@ -152,3 +152,56 @@ def test_generate_says_nothing_of_the_kind_for_another_target(tiny_dir, monkeypa
     code, out, err = run_cli(monkeypatch, capfd, "generate", "--target", tiny_dir / "target", "--no-draft",
                              "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--device", "cpu")
     assert code == 0 and "not meant to make sense" not in err and "means nothing" not in err, err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["report", "{tmp}/nosuch"], "{tmp}/nosuch: no such folder; give a folder written by dspark-bench run"),
+    (["calibrate", "{tmp}/nosuch"], "{tmp}/nosuch: no such folder; give a folder written by dspark-bench run"),
+    (["parity", "{tmp}/nosuch", "{tmp}/other"], "{tmp}/nosuch: no such folder"),
+    (["report", "{tmp}/file.txt"], "{tmp}/file.txt: a file, not a run folder"),
+    (["run", "--experiment", "{tmp}/nosuch.toml", "--dry-run"], "--experiment {tmp}/nosuch.toml: no such file"),
+    (["engine-bench", "--target", "{tmp}/nosuch"], "--target {tmp}/nosuch: no such folder or config.json"),
+    (["engine-bench", "--target", "demo", "--draft", "{tmp}/nosuch"], "--draft {tmp}/nosuch: no such folder"),
+])
+def test_a_missing_path_is_called_missing(args, says, tmp_path, monkeypatch, capfd):
+    """A mistyped run folder was answered "no manifest.json or requests.jsonl", a mistyped experiment file
+    "unknown experiment", a mistyped model folder "unknown target preset": each says the path is not there."""
+    (tmp_path / "file.txt").write_text("x")
+    _refused(monkeypatch, capfd, *[a.format(tmp=tmp_path) for a in args], says=says.format(tmp=tmp_path))
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\x00\x01\xff\xfe", "not UTF-8 text"),
+    (b"5\n", "a int, not a JSON object"),
+    (b'{"prompt_ids": "abc", "response_ids": [1, 2]}\n', "must be lists of token ids"),
+    (b'{"prompt_ids": [1], "response_ids": [1, 2, 999999]}\n', "token id 999999 is outside the target's vocabulary"),
+])
+def test_train_draft_refuses_bad_data_rows_in_one_line(content, says, tmp_path, monkeypatch, capfd):
+    """Binary data, a row that is no object, ids that are no ids and ids past the vocabulary ended in a
+    UnicodeDecodeError, a TypeError, a ValueError or an IndexError mid-training."""
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(content)
+    _refused(monkeypatch, capfd, "train-draft", "--target", "demo", "--data", data, "--out", tmp_path / "td",
+             "--steps", "1", "--device", "cpu", says=says)
+    assert not (tmp_path / "td").exists()
+
+
+def test_report_refuses_an_engine_bench_file_that_is_not_one(tmp_path, monkeypatch, capfd):
+    """--engine-bench with a file that is not engine-bench --json's drew "a section could not be drawn:
+    JSONDecodeError" and exited 0: refused in one line before the notebooks run, no page written."""
+    import run_folders
+
+    run = run_folders.write(tmp_path / "a", [run_folders.native("plain", "q1", 5.0)], systems=["plain"])
+    (tmp_path / "bench.json").write_text("not json")
+    _refused(monkeypatch, capfd, "report", run, "--html", tmp_path / "r.html", "--engine-bench",
+             tmp_path / "bench.json", says="not the output of dspark-bench engine-bench --json")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_calibrate_names_a_system_the_run_lacks(tmp_path, monkeypatch, capfd):
+    """calibrate --system with a name the run does not have answered "no rounds with recorded draft
+    confidences"; it names the systems the run has."""
+    import run_folders
+
+    run = run_folders.write(tmp_path / "a", [run_folders.native("plain", "q1", 5.0)], systems=["plain"])
+    _refused(monkeypatch, capfd, "calibrate", run, "--system", "dspak", says="--system dspak: not in this run; it has plain")

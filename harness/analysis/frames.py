@@ -30,7 +30,7 @@ import pandas as pd
 
 from dspark.errors import DSparkError
 from harness.analysis.metrics import length_interval, wilson
-from harness.analysis.records import MANIFEST, REQUESTS, read_manifest, read_requests, read_waves, trace_name
+from harness.analysis.records import MANIFEST, REQUESTS, not_a_run, read_manifest, read_requests, read_waves, trace_name
 from harness.analysis.study import measured_vs_derived
 from harness.analysis.summary import BASELINE, summarize_folder
 
@@ -122,8 +122,7 @@ def load_runs(paths: list[Path | str], progress=None) -> Runs:
     paths = [Path(p) for p in paths]
     for path in paths:
         if not is_run(path):
-            raise DSparkError(f"{path}: not a run folder (no manifest.json or requests.jsonl); give a folder "
-                              "written by dspark-bench run")
+            raise DSparkError(f"{path}: {not_a_run(path)}; give a folder written by dspark-bench run")
     requests, rounds, counts, summaries, meta, notes, synthetic = [], [], [], [], [], {}, []
     for path, label in zip(paths, _labels(paths)):
         if progress is not None:

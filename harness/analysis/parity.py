@@ -43,7 +43,7 @@ from dspark.dtypes import resolved_dtype
 from dspark.errors import DSparkError
 from harness.analysis.compare_runs import settings_diff, settings_line
 from harness.analysis.metrics import acceptance, acceptance_from_totals, first_difference
-from harness.analysis.records import MANIFEST, read_manifest, read_requests
+from harness.analysis.records import MANIFEST, not_a_run, read_manifest, read_requests
 
 KINDS = ("accounting", "numerics", "semantics", "unclassified")
 # a greedy top-2 logit margin below this can be flipped by another engine's float error in that dtype
@@ -64,7 +64,8 @@ def load_run(path: Path) -> tuple[dict, list[dict]]:
     path = Path(path)
     manifest = read_manifest(path)
     if manifest is None:
-        raise DSparkError(f"{path}: no {MANIFEST}; not a run folder (give the folders two `run`s wrote)")
+        why = f"no {MANIFEST}; not a run folder" if path.is_dir() else not_a_run(path)
+        raise DSparkError(f"{path}: {why} (give the folders two `run`s wrote)")
     return manifest, read_requests(path)
 
 

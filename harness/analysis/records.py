@@ -13,6 +13,17 @@ from dspark.errors import DSparkError
 MANIFEST, REQUESTS, WAVES = "manifest.json", "requests.jsonl", "waves.jsonl"
 
 
+def not_a_run(path: Path) -> str:
+    """Why `path` is no run folder, in words for a one-line refusal: a mistyped path is "no such folder",
+    not "no manifest.json" (which sends the reader looking for a file in a folder that is not there)."""
+    path = Path(path)
+    if not path.exists():
+        return "no such folder"
+    if not path.is_dir():
+        return "a file, not a run folder"
+    return f"not a run folder (no {MANIFEST} or {REQUESTS})"
+
+
 def request_key(record: dict) -> tuple:
     """(system, question, turn, temperature, concurrency): a request of a sweep is one of these, once."""
     return (record["system"], record["question_id"], record["turn"], float(record["temperature"]),

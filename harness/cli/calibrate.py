@@ -45,6 +45,10 @@ def calibrate(
     from harness.analysis.frames import load_runs
 
     runs = load_runs(run_dirs)
+    have_systems = sorted(set(runs.requests["system"])) if "system" in runs.requests else []
+    if system is not None and system not in have_systems:  # (else: "no rounds with recorded draft confidences")
+        raise DSparkError(f"--system {system}: not in {'these runs' if len(run_dirs) > 1 else 'this run'}; "
+                          f"{'they have' if len(run_dirs) > 1 else 'it has'} {', '.join(have_systems) or 'no request'}")
     found = {k: r for k, r in calibration.groups(runs.rounds).items()
              if (system is None or k[1] == system) and (temperature is None or k[2] == temperature)}
     if not found:

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from dspark.errors import DSparkError
-from harness.analysis.records import read_manifest
+from harness.analysis.records import not_a_run, read_manifest
 from harness.cli import paths
 from harness.cli.render import deltas_table, out, show
 from harness.cli.run import print_summary
@@ -42,11 +42,13 @@ def report(
             raise DSparkError(f"--profile {p}: no such folder or file")
     if engine_bench is not None and not engine_bench.is_file():
         raise DSparkError(f"--engine-bench {engine_bench}: no such file (write one with dspark-bench engine-bench --json)")
+    if engine_bench is not None:
+        _check_engine_bench(engine_bench)
 
     summaries = {}
     for d in run_dirs:
         if not (d / "manifest.json").is_file() and not (d / "requests.jsonl").is_file():
-            raise DSparkError(f"{d}: no manifest.json or requests.jsonl; give a folder written by dspark-bench run")
+            raise DSparkError(f"{d}: {not_a_run(d)}; give a folder written by dspark-bench run")
         summaries[str(d)] = summarize_folder(d)
     present = sorted({r["category"] for s in summaries.values() for r in s["rows"]} - {"overall"})
     if category != "overall" and category not in present:
@@ -91,6 +93,18 @@ def print_deltas(dir_a: Path, dir_b: Path, summary_a: dict, summary_b: dict, nam
         if missing:
             rows = ", ".join(f"{system} T={temp:g}" + ("" if conc == 1 else f" c={conc}") for system, temp, conc in missing)
             out.print(f"only in {label}: {rows}", style="dim", highlight=False, markup=False, soft_wrap=True)
+
+
+def _check_engine_bench(path: Path) -> None:
+    """Refuse a file that is not `engine-bench --json`'s output before the notebooks run: one was drawn as
+    "a section could not be drawn: JSONDecodeError" in a report that exited 0."""
+    try:
+        bench = json.loads(path.read_bytes())
+    except (OSError, ValueError):  # (not JSON, not UTF-8: both ValueErrors)
+        bench = None
+    if not isinstance(bench, dict) or "decode_ms" not in bench:
+        raise DSparkError(f"--engine-bench {path}: not the output of dspark-bench engine-bench --json (no decode_ms); "
+                          "write one with dspark-bench engine-bench --json > FILE")
 
 
 def _html(run_dirs: list[Path], profiles: list[Path], engine_bench: Path | None, html: Path) -> None:

@@ -94,6 +94,10 @@ def train_draft(
     tcfg = loaded.model.config
     tokenizer = options.load_tokenizer(loaded.path, needed=False)
     examples = read_examples(data, tokenizer)
+    highest = max(int(ids.max()) for ids, _ in examples)
+    if highest >= tcfg.backbone.vocab_size:  # (an embedding lookup would fail with a traceback mid-training)
+        raise DSparkError(f"{data}: token id {highest} is outside the target's vocabulary "
+                          f"(0..{tcfg.backbone.vocab_size - 1}); give ids of this target's tokenizer")
     tap_ids = tuple(options.token_ids(taps, "--taps")) if taps else None
     if eagle3:
         dcfg, loss = _eagle3_config(tcfg, tap_ids, block_size, ttt_length, draft_vocab_size)

@@ -65,6 +65,9 @@ def _target_config(name: str) -> TargetConfig:
     path = model_folder(name)
     if path.is_dir():
         return TargetConfig.from_hf(read_config(path), str(name))
+    if len(Path(name).parts) > 1 or Path(name).suffix == ".json":  # a path, not a preset's name
+        raise DSparkError(f"--target {name}: no such folder or config.json; give a model folder, a config.json or "
+                          f"one of {', '.join(TARGETS)}, demo")
     raise DSparkError(f"unknown target preset '{name}'; use one of {', '.join(TARGETS)}, demo or a config.json")
 
 
@@ -73,6 +76,9 @@ def _draft_config(name: str, target: TargetConfig, option: str = "--draft") -> A
         cfg = DRAFTS[name]()
     else:
         path = model_folder(name)
+        if not path.is_dir() and (len(Path(name).parts) > 1 or Path(name).suffix == ".json"):  # a path, not a name
+            raise DSparkError(f"{option} {name}: no such folder or config.json; give a draft's folder or config.json, "
+                              f"or one of {', '.join(DRAFTS)}, demo-dspark, demo-dflash, demo-eagle3")
         if not path.is_dir():
             raise DSparkError(f"{option} {name}: unknown draft preset; use one of {', '.join(DRAFTS)}, a demo draft "
                               f"({', '.join(k for k in DEMO_MODELS if k != 'demo')}) or a config.json")

@@ -123,6 +123,10 @@ def load_experiment(name_or_path: str) -> Experiment:
     path = Path(name_or_path)
     if not (path.suffix == ".toml" and path.is_file()):
         known = shipped()
+        if name_or_path not in known and (path.suffix == ".toml" or len(path.parts) > 1):  # a path, not a name
+            what = "a folder, not a .toml file" if path.is_dir() else "no such file"
+            raise DSparkError(f"--experiment {name_or_path}: {what}; give an experiment's .toml file or one of "
+                              f"{', '.join(known)}")
         if name_or_path not in known:
             raise DSparkError(f"unknown experiment '{name_or_path}'; give a .toml file or one of {', '.join(known)}")
         path = known[name_or_path]
