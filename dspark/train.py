@@ -274,23 +274,16 @@ class TrainingStopped(Exception):
 
 @contextmanager
 def stop_requested(time_limit_s: float | None = None) -> Iterator[Callable[[], bool]]:
-    """A predicate for `train(stop=...)`: true once SIGINT or SIGTERM has arrived, or `time_limit_s`
-    seconds have passed. Inside the block those signals no longer interrupt the step in flight (a
-    second one does, through the handler the first signal had before, and later ones are ignored, so the
-    interrupted program's cleanup is not broken off), so the run ends on a finished, checkpointed step;
-    the handlers are restored after.
-    Signals are caught in the main thread only, and a signal the process ignores stays ignored."""
+    """A predicate for `train(stop=...)`: true once SIGINT or SIGTERM has arrived, or `time_limit_s` seconds have
+    passed; the step in flight then finishes, checkpointed (a second signal interrupts it, through the first one's
+    own handler; later ones are ignored). Handlers restored after; main thread only; an ignored signal stays ignored."""
     seen: list[int] = []
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
 
     def note(signum, frame):
         seen.append(signum)
-        if len(seen) != 2:  # the first is noted (the step in flight finishes); after the second, all are ignored
-            return
-        before = previous.get(seen[0])
-        if callable(before):  # the program's own handler takes it, as the first signal it gets (its exit code)
-            before(seen[0], frame)
-        raise KeyboardInterrupt
+        if len(seen) == 2:  # (the program's own handler takes it as its first signal: the exit code is the first's)
+            (previous[seen[0]] if callable(previous[seen[0]]) else signal.default_int_handler)(seen[0], frame)
 
     main_thread = threading.current_thread() is threading.main_thread()  # only there can signals be caught
     signals = [sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not signal.SIG_IGN]
