@@ -38,7 +38,7 @@ class _Listed(typer.core.TyperGroup):
     def resolve_command(self, ctx, args):
         """The command named, once no option or argument of it is given an empty value (`empty_values`)."""
         name, command, rest = super().resolve_command(ctx, args)
-        refuse_empty(command, list(rest), name)
+        refuse_empty(command, list(rest), name, parent=ctx)
         return name, command, rest
 
 

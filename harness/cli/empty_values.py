@@ -12,17 +12,20 @@ from __future__ import annotations
 from dspark.errors import DSparkError
 
 
-def refuse_empty(command, args: list[str], path: str) -> None:
+def refuse_empty(command, args: list[str], path: str, parent=None) -> None:
     """Raise DSparkError when `args`, the words after `path` (the command's name, e.g. `trace summarize`)
     that `command` (a click command or group) will parse, give an empty or blank value to an option or
     argument. A group's subcommand named in `args` is followed; words the parser cannot read are left to
-    the real parse, which says what is wrong with them."""
+    the real parse, which says what is wrong with them. `parent` is the context the real parse will run under:
+    click builds a command's help option once, from the first context it sees, so a context without the
+    parent's `help_option_names` would leave the command without `-h`."""
     while isinstance(getattr(command, "commands", None), dict) and args and args[0] in command.commands:
+        parent = command.context_class(command, info_name=path, parent=parent)
         path, command, args = f"{path} {args[0]}", command.commands[args[0]], args[1:]
     if not hasattr(command, "make_parser"):
         return
     try:
-        given, _, order = command.make_parser(command.context_class(command, info_name=path)).parse_args(list(args))
+        given, _, order = command.make_parser(command.context_class(command, info_name=path, parent=parent)).parse_args(list(args))
     except Exception:  # the real parse refuses these words, in its own one line
         return
     for param in order:
