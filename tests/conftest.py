@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models saved in the real formats, built once per test session."""
+"""Shared fixtures: tiny random models saved in the real formats, built once per test session; a run that
+must refuse before its models load."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def tiny_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     make_tiny(out, seed=0)
     return out
+
+
+@pytest.fixture
+def no_models(monkeypatch, tmp_path):
+    """The runner's session (which loads the models) must never open; the working folder is tmp_path."""
+    from harness.runs import runner
+
+    def never(*args, **kwargs):
+        raise AssertionError("the run loaded its models before refusing the mistake")
+
+    monkeypatch.setattr(runner.Session, "open", never)
+    monkeypatch.chdir(tmp_path)

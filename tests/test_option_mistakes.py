@@ -19,18 +19,6 @@ needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").
 MODES = (["--dry-run"], ["--out", "never"])  # the dry run refuses what the run refuses
 
 
-@pytest.fixture
-def no_models(monkeypatch, tmp_path):
-    """The runner's session (which loads the models) must never open; the working folder is tmp_path."""
-    from harness.runs import runner
-
-    def never(*args, **kwargs):
-        raise AssertionError("the run loaded its models before refusing the mistake")
-
-    monkeypatch.setattr(runner.Session, "open", never)
-    monkeypatch.chdir(tmp_path)
-
-
 def _refused(monkeypatch, capfd, args: list, *words: str) -> str:
     """`run ARGS` in both modes: one line, exit 2, naming `words`, nothing written."""
     for mode in MODES:

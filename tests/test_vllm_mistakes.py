@@ -94,7 +94,8 @@ def test_a_dry_run_without_vllm_is_one_line_naming_the_extra(tmp_path, monkeypat
 def test_the_dry_run_refuses_the_deepspec_dflash_draft_vllms_cpu_build_refuses(tmp_path, monkeypatch, capfd):
     code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", _experiment(tmp_path), "--device", "cpu",
                              "--dry-run", "--json")
-    assert code == 1, err
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error: the run would refuse system dflash: vLLM "
+                                                                "cannot run"), err
     rows = {r["system"]: r for r in json.loads(out)["systems"]}
     assert rows["plain"]["fits_target"] and rows["plain"]["problem"] is None
     problem = rows["dflash"]["problem"]

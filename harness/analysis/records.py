@@ -11,6 +11,7 @@ from pathlib import Path
 from dspark.errors import DSparkError
 
 MANIFEST, REQUESTS, WAVES = "manifest.json", "requests.jsonl", "waves.jsonl"
+UNPROFILED = "unprofiled"  # a profile folder's run of the same requests without a profiler, beside its profiled runs
 
 
 def not_a_run(path: Path) -> str:

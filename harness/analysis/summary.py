@@ -11,7 +11,7 @@ from pathlib import Path
 from harness.analysis.synthetic_check import add_synthetic, mismatches
 from harness.analysis.metrics import (MIN_PAIRS, acceptance, acceptance_from_totals, interval_text, latency_stats,
                                       percentile, speedup_with_contention)
-from harness.analysis.records import REQUESTS, read_manifest, read_waves, requests_and_notes
+from harness.analysis.records import REQUESTS, UNPROFILED, read_manifest, read_waves, requests_and_notes
 
 BASELINE = "plain"  # the method of the baseline system
 NO_SPEEDUP = {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0, "speedup_ci95_reason": None}
@@ -294,6 +294,12 @@ def warnings(summary: dict) -> list[str]:
     """What a reader must know before trusting the figures: an unfinished run, a loaded machine, speedups
     from too few prompts for an interval."""
     out = list(summary.get("repeated_requests") or [])
+    if summary.get("profiled"):
+        p = summary["profiled"]
+        out.append(f"timed under {p['profiler']}: every time and speedup here includes the profiler's overhead "
+                   "(not comparable with unprofiled runs); " +
+                   (f"the same requests timed without it: dspark-bench report {p['unprofiled']}" if p["unprofiled"]
+                    else "this profile timed no unprofiled run (dspark-bench profile --overhead times one)"))
     if summary.get("requests_missing"):  # (what is missing says more than "0 of n done")
         out.append(f"no {REQUESTS} in {summary['run_dir']}: the run's finished requests are gone (deleted or moved), "
                    f"so there is nothing to summarise; put the file back, or time them again with dspark-bench run "
@@ -360,4 +366,20 @@ def summarize_folder(run_dir: Path) -> dict:
     summary["parallel"] = parallel_label(manifest.get("settings") or {})
     summary["run_dir"] = str(Path(run_dir).resolve())
     summary["requests_missing"] = not (Path(run_dir) / REQUESTS).is_file()
+    summary["profiled"] = profiled_by(run_dir, manifest)
     return summary | {"warnings": warnings(summary)}
+
+
+PROFILERS = {"torch": "the PyTorch profiler", "nsys": "Nsight Systems (nsys)"}
+
+
+def profiled_by(run_dir: Path, manifest: dict) -> dict | None:
+    """A run a profile timed under its profiler (the manifest's `profiled`): which profiler, and the
+    profile's run of the same requests without one (its `unprofiled/` folder) where it timed one. Such a
+    run's TPOTs include the profiler's overhead; reported bare, they read as the engine's speed."""
+    kind = manifest.get("profiled")
+    if not kind:
+        return None
+    reference = Path(run_dir).resolve().parent / UNPROFILED
+    return {"profiler": PROFILERS.get(kind, str(kind)),
+            "unprofiled": str(reference) if (reference / REQUESTS).is_file() else None}

@@ -159,9 +159,11 @@ def contention_line(summary: dict) -> str:
 
 
 def titled(title: str, summary: dict) -> str:
-    """A table's title with the run's tensor-parallel sizes (TP 2) and its label (random weights, synthetic
-    acceptance: <profile>) where it has them."""
-    marks = [m for m in (summary.get("parallel"), summary.get("label")) if m]
+    """A table's title with the run's tensor-parallel sizes (TP 2), its label (random weights, synthetic
+    acceptance: <profile>) and the profiler it was timed under, where it has them."""
+    profiled = summary.get("profiled")
+    marks = [m for m in (summary.get("parallel"), summary.get("label"),
+                         profiled and f"timed under {profiled['profiler']}") if m]
     return f"{title} [{'; '.join(marks)}]" if marks else title
 
 

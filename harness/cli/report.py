@@ -31,6 +31,7 @@ def report(
 ):
     """Print the comparison tables of saved runs again (recomputed from their requests); --html writes the
     report notebooks' figures for them."""
+    _each_once(run_dirs)
     if (profile or engine_bench) and html is None:
         raise DSparkError("--profile and --engine-bench go into the HTML report; add --html OUT")
     if html is not None:
@@ -95,16 +96,32 @@ def print_deltas(dir_a: Path, dir_b: Path, summary_a: dict, summary_b: dict, nam
             out.print(f"only in {label}: {rows}", style="dim", highlight=False, markup=False, soft_wrap=True)
 
 
+STEP_COSTS = ("decode_ms", "round_ms")  # what the speed notebook reads of an engine-bench file, in ms
+
+
 def _check_engine_bench(path: Path) -> None:
     """Refuse a file that is not `engine-bench --json`'s output before the notebooks run: one was drawn as
-    "a section could not be drawn: JSONDecodeError" in a report that exited 0."""
+    "a section could not be drawn: JSONDecodeError" in a report that exited 0. The speed notebook reads a
+    plain step's and a round's cost (`decode_ms`, `round_ms`), which every engine-bench run records."""
     try:
         bench = json.loads(path.read_bytes())
     except (OSError, ValueError):  # (not JSON, not UTF-8: both ValueErrors)
         bench = None
-    if not isinstance(bench, dict) or "decode_ms" not in bench:
-        raise DSparkError(f"--engine-bench {path}: not the output of dspark-bench engine-bench --json (no decode_ms); "
-                          "write one with dspark-bench engine-bench --json > FILE")
+    costs = bench if isinstance(bench, dict) else {}
+    missing = [k for k in STEP_COSTS if type(costs.get(k)) not in (int, float) or not costs[k] > 0]  # (nan: not > 0)
+    if missing:
+        raise DSparkError(f"--engine-bench {path}: not the output of dspark-bench engine-bench --json (no "
+                          f"{' or '.join(missing)}); write one with dspark-bench engine-bench --json > FILE")
+
+
+def _each_once(run_dirs: list[Path]) -> None:
+    """Refuse a run folder given twice (by any path to it): `report R R` printed one table and no note, its
+    second copy silently dropped, as if the comparison asked for had been made."""
+    seen: dict[Path, Path] = {}
+    for d in run_dirs:
+        if d.resolve() in seen:
+            raise DSparkError(f"{d}: given twice (also as {seen[d.resolve()]}); give each run folder once")
+        seen[d.resolve()] = d
 
 
 def _html(run_dirs: list[Path], profiles: list[Path], engine_bench: Path | None, html: Path) -> None:

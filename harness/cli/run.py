@@ -73,8 +73,7 @@ def run(
         plan = _dry_run(opts, experiment, settings, err if as_json else out)
         if as_json:
             print(json.dumps(plan))
-        if not all(r["fits_target"] for r in plan["systems"]):
-            raise typer.Exit(1)
+        _refused_systems(plan["systems"])
         return
     data = load_dataset(opts, experiment, settings)
     rows = select_prompts(data, settings)  # a split, category or data file mistake answers before the models load
@@ -158,6 +157,16 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     count = threads.choose(opts.threads, opts.device, target_path)[0]  # (the run's own count, as it would choose)
     return {"systems": rows, "size": size, "estimate": guess}
+
+
+def _refused_systems(rows: list[dict]) -> None:
+    """A dry run that predicts a refusal ends as the run would, in one line and exit 2 (it once exited 1
+    with the table alone, while the run refused the same systems with exit 2): which systems, and why."""
+    refused = [r for r in rows if not r["fits_target"]]
+    if refused:
+        others = [r["system"] for r in rows if r["fits_target"]]
+        raise DSparkError("the run would refuse " + "; ".join(f"system {r['system']}: {r['problem']}" for r in refused)
+                          + (f" (the others run with --systems {','.join(others)})" if others else ""))
 
 
 def _count(n: int, noun: str) -> str:

@@ -11,12 +11,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from dspark.errors import DSparkError
-from harness.analysis.records import read_requests, trace_name
+from harness.analysis.records import UNPROFILED, read_requests, trace_name
 from harness.profiling.nsys import export_sqlite, find_nsys, sqlite_export
 from harness.profiling.torch_trace import SUFFIXES, summarize_torch
 from harness.profiling.traces import summarize
 
-REFERENCE = "unprofiled"  # a profile folder's run of the same requests without a profiler
+REFERENCE = UNPROFILED  # a profile folder's run of the same requests without a profiler
 TOP_OPERATORS = 8  # operators per system in the comparison
 
 

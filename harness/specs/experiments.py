@@ -7,8 +7,10 @@ TOML file is given by path. See `experiments/demo.toml` for every key.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -21,6 +23,14 @@ METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram")
 BACKENDS = ("native", "vllm", "vllm-server", "openai")
 DATASETS = ("demo", "hub")
 MAX_TEMPERATURE = 2.0  # sampling temperatures run from 0 (greedy) to this, the most OpenAI-compatible APIs take
+# the keys each table takes ([engine_args] holds vLLM's engine arguments, checked against vLLM's own by the backend)
+TOP_KEYS = ("name", "target", "description", "backend", "dataset", "dataset_revision", "sampling", "systems",
+            "engine_args")
+SAMPLING_KEYS = ("temperatures", "output_len", "num_prompts", "shuffle", "seed", "turns")
+SYSTEM_KEYS = ("name", "method", "draft", "num_speculative_tokens", "confidence", "confidence_threshold",
+               "confidence_costs", "confidence_sts", "acceptance")
+# a system's name is picked by --systems (comma-separated), printed in tables and names profile folders
+SYSTEM_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,18 @@ def typed(table: dict, key: str, kind: type, where: str, context: str = "", defa
     return value
 
 
+def known_keys(table: dict, known: tuple[str, ...], where: str, context: str = "") -> None:
+    """Refuse a key the table does not take, naming the nearest it does: a misspelt `num_speculatve_tokens`
+    or `temprature` was silently ignored, the run going on with the default."""
+    for key in table:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean '{near[0]}'?" if near else f"the keys here are {', '.join(known)}"
+            raise DSparkError(f"{where}: unknown key '{context}{key}'; {hint}")
+
+
 def parse(data: dict, where: str, sha256: str = "") -> Experiment:
+    known_keys(data, TOP_KEYS, where)
     name = typed(data, "name", str, where, required=True)
     target = typed(data, "target", str, where, required=True)
     description = typed(data, "description", str, where, default="")
@@ -174,6 +195,7 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
         raise DSparkError(f"{where}: dataset_revision = {json.dumps(revision)}: a revision applies only to hub "
                           f"datasets; dataset is \"{dataset}\" (drop dataset_revision)")
     sampling = typed(data, "sampling", dict, where, default={})
+    known_keys(sampling, SAMPLING_KEYS, where, "sampling.")
     output_len = typed(sampling, "output_len", int, where, "sampling.", 2048, at_least=1)
     num_prompts = typed(sampling, "num_prompts", int, where, "sampling.", at_least=1)
     shuffle = typed(sampling, "shuffle", bool, where, "sampling.", True)
@@ -191,7 +213,11 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
         context = f"systems[{i}]."
         if not isinstance(raw, dict):
             raise DSparkError(f"{where}: systems[{i}] = {json.dumps(raw, default=str)}: expected a table ([[systems]])")
+        known_keys(raw, SYSTEM_KEYS, where, context)
         sname = typed(raw, "name", str, where, context, required=True)
+        if not SYSTEM_NAME.fullmatch(sname):
+            raise DSparkError(f"{where}: {context}name = {json.dumps(sname)}: a system's name is letters, digits, "
+                              "'-', '_' or '.' (e.g. dspark-topk8), as --systems picks it")
         method = typed(raw, "method", str, where, context, required=True)
         if method not in METHODS:
             raise DSparkError(f"{where}: {context}method '{method}' must be one of {', '.join(METHODS)}")
