@@ -205,3 +205,13 @@ def test_calibrate_names_a_system_the_run_lacks(tmp_path, monkeypatch, capfd):
 
     run = run_folders.write(tmp_path / "a", [run_folders.native("plain", "q1", 5.0)], systems=["plain"])
     _refused(monkeypatch, capfd, "calibrate", run, "--system", "dspak", says="--system dspak: not in this run; it has plain")
+
+
+@pytest.mark.parametrize("extra, says", [(["--preset", "lean"], "--preset: for --nsys only; leave it out"),
+                                         (["--nsys-arg=--sample=none", "--nsys-path", "/x/nsys"],
+                                          "--nsys-path, --nsys-arg: for --nsys only; leave them out")])
+def test_profile_refuses_nsys_options_with_the_torch_profiler(extra, says, tmp_path, monkeypatch, capfd):
+    """profile --torch --preset lean (or --nsys-arg, --nsys-path) profiled as if nothing had been given:
+    refused in one line before anything runs, nothing written."""
+    _refused(monkeypatch, capfd, "profile", "--torch", *extra, "--out", tmp_path / "p", says=says)
+    assert not (tmp_path / "p").exists()

@@ -69,6 +69,11 @@ def profile(
     if nsys == torch_profiler:
         raise DSparkError("choose one of --nsys or --torch")
     kind = "nsys" if nsys else "torch"
+    nsys_only = [flag for flag, value in (("--preset", preset), ("--nsys-path", nsys_path), ("--nsys-arg", nsys_arg))
+                 if value]
+    if kind == "torch" and nsys_only:  # (the PyTorch profiler would run without them, as if they had been applied)
+        raise DSparkError(f"{', '.join(nsys_only)}: for --nsys only; leave {'it' if len(nsys_only) == 1 else 'them'} "
+                          "out with --torch")
     opts = options.run_options_from(run_options)
     if kind == "nsys" and not opts.device.startswith("cuda"):
         raise DSparkError("profile --nsys needs a CUDA device; use --torch on the CPU")
