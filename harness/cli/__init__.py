@@ -18,7 +18,7 @@ from harness.cli.inspect import inspect as inspect_command
 from harness.cli.make_tiny import make_tiny_cmd
 from harness.cli.parity import parity as parity_command
 from harness.cli.profile import profile as profile_command
-from harness.cli.render import err, error_line
+from harness.cli.render import err, error_line, one_line_warnings
 from harness.cli.report import report as report_command
 from harness.cli.signals import FirstSignal, first_signal_interrupts
 from harness.cli.run import run as run_command
@@ -97,8 +97,9 @@ def main() -> None:
     (a bad value, an unknown option), which click would print as three. SIGTERM (`timeout`, a batch
     scheduler) takes Ctrl-C's path: finished results kept, the vLLM servers and profilers this process
     started stopped (left to run, a server holds its GPU memory after we are gone); signals after the
-    first are ignored (`signals`), and the exit code is the first one's, 130 or 143."""
-    with first_signal_interrupts() as signals:
+    first are ignored (`signals`), and the exit code is the first one's, 130 or 143. The project's own
+    warnings are one `warning:` line each (`one_line_warnings`)."""
+    with first_signal_interrupts() as signals, one_line_warnings():
         _main(signals)
 
 

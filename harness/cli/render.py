@@ -9,6 +9,10 @@ width it needs.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -27,6 +31,28 @@ err = Console(stderr=True)  # progress, notices, refusals
 def error_line(message: str) -> None:
     """A refusal or failure as one line on stderr, printed as written (no markup, no emoji codes)."""
     err.print(f"error: {' '.join(message.split())}", highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """The project's own warnings (a category of dspark or harness: a request recorded twice in a run it
+    reads) as one `warning: ...` line on stderr while a command runs, beside its one-line `error:`s; Python
+    printed two, its class and file first and the source line after. A notebook, calling the same analysis,
+    keeps Python's warning; other libraries' warnings keep it here too."""
+    python_shows = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.split(".")[0] in ("dspark", "harness"):
+            err.print(f"warning: {' '.join(str(message).split())}", highlight=False, markup=False, emoji=False,
+                      soft_wrap=True)
+        else:
+            python_shows(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = python_shows
 
 NAME_FLOOR = 8  # a wrapping column (a system's name) keeps at least this many characters a line
 # (box, show_edge, padding) tried in turn: the table as built, then no borders and two spaces, then one
