@@ -55,3 +55,43 @@ def test_a_warning_of_the_analysis_is_one_line_on_the_command_line(tmp_path, mon
     code, _, err = run_cli(monkeypatch, capfd, "calibrate", a)
     assert "RepeatedRequests" not in err and "read_requests(" not in err
     assert err.splitlines()[0].startswith("warning: ") and "recorded more than once" in err
+
+
+def _listing(folder: Path) -> dict[str, int]:
+    """Every file under `folder` and its size and modification time, to see that nothing was written."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+def test_train_draft_refuses_a_package_folder_and_a_folder_of_other_files(tmp_path, monkeypatch, capfd, no_loading):
+    """train-draft --out dspark/data/demo/dspark overwrote the shipped demo draft, and --out RUN_DIR wrote a draft
+    and checkpoint/ beside a run's manifest, both with exit 0: refused in one line before anything loads, nothing
+    written (as make-tiny refuses them, with the same check)."""
+    common = ["train-draft", "--target", "demo", "--data", "demo", "--steps", "1"]
+    package = Path(dspark.__file__).parent
+    shipped = package / "data" / "demo" / "dspark"
+    before = _listing(shipped)
+    _refused(monkeypatch, capfd, *common, "--out", shipped, says=f"inside the Python package {package}")
+    assert _listing(shipped) == before
+    _refused(monkeypatch, capfd, *common, "--out", package / "my-draft", says="inside the Python package")
+    assert not (package / "my-draft").exists()
+    run = run_folders.plain_only(tmp_path)
+    before = _listing(run)
+    for resume in ([], ["--resume"]):
+        err = _refused(monkeypatch, capfd, *common, "--out", run, *resume, says="the folder holds other files")
+        assert "not an earlier train-draft's checkpoint" in err and "give a new or empty folder" in err
+    assert _listing(run) == before
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--taps", "2,1"], "tapped target layers [2, 1] must be strictly increasing"),
+    (["--taps", "1,9"], "tapped target layer 9 is too deep"),
+    (["--mask-token-id", "999999"], "mask_token_id 999999 is outside the vocabulary"),
+])
+def test_train_draft_checks_the_drafts_shape_from_the_config_before_loading(extra, says, tmp_path, monkeypatch,
+                                                                             capfd, no_loading):
+    """Taps out of order or past the target's depth, a mask token past its vocabulary: refused from config.json
+    alone (they were refused after the target loaded, about 10 s on a real model), nothing written."""
+    out = tmp_path / "draft"
+    _refused(monkeypatch, capfd, "train-draft", "--target", "demo", "--data", "demo", "--out", out, "--steps", "1",
+             *extra, says=says)
+    assert not out.exists()

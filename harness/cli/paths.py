@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from dspark.errors import DSparkError
@@ -47,6 +48,23 @@ def output_folder(path: str | Path, flag: str, fix: str | None = None) -> Path:
         raise DSparkError(f"{flag} {path}: is a file, not a folder; {fix or f'give a folder path to {flag}'}")
     _check_place(path, path, flag, fix)
     return path
+
+
+def own_folder(path: str | Path, flag: str, whose: str, is_own: Callable[[Path], bool], example: str) -> None:
+    """Refuse a folder whose files a command's output would overwrite or mix with: any folder in a Python
+    package (its `__init__.py`'s folder or below, site-packages), where the output would be taken for the
+    package's own files (`make-tiny .` from the repository root wrote a config.json and model.safetensors into
+    dspark/; `train-draft --out dspark/data/demo/dspark` overwrote the shipped demo draft), and one holding
+    anything but `whose` (`is_own`: an earlier output of the same command), such as a run folder. `example`:
+    a folder to suggest instead."""
+    place = Path(path).expanduser().resolve()
+    for folder in (place, *place.parents):
+        if (folder / "__init__.py").is_file() or folder.name in ("site-packages", "dist-packages"):
+            raise DSparkError(f"{flag} {path}: inside the Python package {folder}, whose files this would overwrite "
+                              f"or join; give a folder of its own, e.g. {example}")
+    if place.is_dir() and any(place.iterdir()) and not is_own(place):
+        raise DSparkError(f"{flag} {path}: the folder holds other files, not {whose}; give a new or empty folder, "
+                          f"e.g. {example}")
 
 
 def _check_place(folder: Path, path: Path, flag: str, fix: str | None = None) -> None:

@@ -53,7 +53,8 @@ def train_draft(
     DSpark and DFlash-mode drafts learn DeepSpec's block objective; an EAGLE-3 draft, its training-time test."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from dspark.checkpoint import DEMO_DIR, load_target, save_draft
+    from dspark.checkpoint import DEMO_DIR, load_target, read_config, resolve_path, save_draft
+    from dspark.config import TargetConfig
     from dspark.train import (
         LossConfig,
         TrainArgs,
@@ -78,6 +79,8 @@ def train_draft(
     if ttt_length is not None and ttt_length < 1:
         raise DSparkError(f"--ttt-length {ttt_length}: give at least 1 step")
     paths.output_folder(out_dir, "--out")
+    paths.own_folder(out_dir, "--out", "an earlier train-draft's checkpoint and draft", _trained_here,
+                     "/tmp/my-draft")
     if resume and checkpoint_path(out_dir) is None:
         raise DSparkError(f"--resume: {out_dir} holds no checkpoint (checkpoint/trainer_state.pt) to continue from; "
                           "leave out --resume to start training there")
@@ -90,9 +93,10 @@ def train_draft(
     if str(data) == "demo":
         data = DEMO_DIR / DEMO_DATA
     dev = options.device(device)
-    loaded = load_target(target, dev, "float32")
-    tcfg = loaded.model.config
-    tokenizer = options.load_tokenizer(loaded.path, needed=False)
+    # the target's config and tokenizer, the data and the draft's config, each checked before the weights load
+    target_path = resolve_path(target)
+    tcfg = TargetConfig.from_hf(read_config(target_path), str(target))
+    tokenizer = options.load_tokenizer(target_path, needed=False)
     examples = read_examples(data, tokenizer)
     highest = max(int(ids.max()) for ids, _ in examples)
     if highest >= tcfg.backbone.vocab_size:  # (an embedding lookup would fail with a traceback mid-training)
@@ -114,6 +118,7 @@ def train_draft(
         loss = LossConfig(num_anchors=num_anchors)
     dcfg.validate("train-draft")
     dcfg.check_target(tcfg, "train-draft")
+    loaded = load_target(target, dev, "float32")
     args = TrainArgs(steps=steps, batch=batch, lr=lr, seed=seed, checkpoint_every=checkpoint_every, loss=loss)
     start, opt_state = 0, None
     resumed = load_checkpoint(out_dir, loaded.model) if resume else None
@@ -151,6 +156,12 @@ def train_draft(
     save_draft(draft, out_dir, fmt, tcfg)
     trained = f"{steps} steps" + (f", {steps - start} of them now, resumed at step {start}" if resumed else "")
     out.print(f"draft saved to {out_dir} ({fmt} format, {method}, {trained})", highlight=False, soft_wrap=True)
+
+
+def _trained_here(folder: Path) -> bool:
+    """Whether `folder` is an earlier train-draft's: it holds a checkpoint (or one cut off while saving),
+    beside which the draft itself is written. Only such a folder may hold files (`paths.own_folder`)."""
+    return any((folder / name).exists() for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp"))
 
 
 def _eagle3_config(tcfg, taps: tuple[int, ...] | None, num_tokens: int, ttt_length: int | None,
