@@ -95,3 +95,20 @@ def test_train_draft_checks_the_drafts_shape_from_the_config_before_loading(extr
     _refused(monkeypatch, capfd, "train-draft", "--target", "demo", "--data", "demo", "--out", out, "--steps", "1",
              *extra, says=says)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--no-draft", "--confidence-threshold", "0.3", "--prompt", "hi"],
+     "--confidence-threshold 0.3 cuts a draft's proposals by its confidence head; --no-draft has no draft"),
+    (["--ngram", "--confidence-threshold", "0.3", "--prompt", "hi"], "n-gram lookup has no confidence head"),
+    (["--no-draft", "--prompt-ids", "1,x,3"], "--prompt-ids must be comma-separated integers, got '1,x,3'"),
+    (["--no-draft", "--prompt-ids", "1,2,3", "--max-new-tokens", "100000"],
+     "--max-new-tokens 100000: with the prompt's 3 tokens, past the target's context of 2048 "
+     "(max_position_embeddings); give --max-new-tokens 2045 or less"),
+    (["--no-draft", "--prompt", "hello", "--chat", "--max-new-tokens", "2048"], "past the target's context of 2048"),
+])
+def test_generate_refuses_what_cannot_apply_or_fit_before_loading(extra, says, monkeypatch, capfd, no_loading):
+    """--no-draft with a confidence threshold generated plainly, the threshold silently ignored; prompt ids that
+    are not numbers and a request past the context were refused only after the model loaded. Each is one line
+    from the options, the target's config.json and its tokenizer."""
+    _refused(monkeypatch, capfd, "generate", "--target", "demo", *extra, says=says)

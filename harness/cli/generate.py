@@ -38,7 +38,8 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ):
     """Generate from one prompt, plainly or speculatively, and report the rounds."""
-    from dspark.checkpoint import load_target
+    from dspark.checkpoint import load_target, read_config, resolve_path
+    from dspark.config import TargetConfig
     from dspark.dtypes import dtype_name
     from dspark.engine import Engine, GenerationConfig
     from dspark.tokenizer import chat_prompt_ids, conversation
@@ -50,15 +51,20 @@ def generate(
         raise DSparkError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     if chat and prompt is None:
         raise DSparkError("--chat applies to --prompt text; --prompt-ids are used exactly as given")
+    if confidence_threshold > 0 and (no_draft or ngram):  # (plain decoding would ignore it without a word)
+        raise DSparkError(f"--confidence-threshold {confidence_threshold:g} cuts a draft's proposals by its confidence "
+                          f"head; {'--no-draft has no draft' if no_draft else 'n-gram lookup has no confidence head'}:"
+                          " leave it out, or give a DSpark --draft")
     dev = options.device(device)
-    dtype_name(dtype, "--dtype")  # (before the weights are read)
-    loaded = load_target(target, dev, dtype)
-    n_threads, _ = choose_threads(threads, dev, loaded.path)
-    apply_threads(n_threads)
-    tokenizer = options.load_tokenizer(loaded.path, needed=prompt is not None)
+    dtype_name(dtype, "--dtype")
+    # the prompt, from the target's config.json and tokenizer, checked against its vocabulary and context before
+    # the weights are read
+    target_path = resolve_path(target)
+    tcfg = TargetConfig.from_hf(read_config(target_path), str(target))
+    tokenizer = options.load_tokenizer(target_path, needed=prompt is not None)
     if prompt_ids is not None:
         ids = options.token_ids(prompt_ids)
-        vocab = loaded.model.config.backbone.vocab_size
+        vocab = tcfg.backbone.vocab_size
         if max(ids) >= vocab or min(ids) < 0:
             raise DSparkError(f"--prompt-ids holds an id outside the target vocabulary (0..{vocab - 1})")
     elif chat:
@@ -67,6 +73,14 @@ def generate(
         ids = chat_prompt_ids(tokenizer, conversation([prompt]))
     else:
         ids = tokenizer.encode(prompt, add_special_tokens=False)
+    limit = tcfg.max_position_embeddings
+    if ids and len(ids) + max_new_tokens > limit:
+        room = f"give --max-new-tokens {limit - len(ids)} or less" if len(ids) < limit else "give a shorter prompt"
+        raise DSparkError(f"--max-new-tokens {max_new_tokens}: with the prompt's {len(ids)} tokens, past the target's "
+                          f"context of {limit} (max_position_embeddings); {room}")
+    loaded = load_target(target, dev, dtype)
+    n_threads, _ = choose_threads(threads, dev, loaded.path)
+    apply_threads(n_threads)
     drafter, method, _ = make_drafter("ngram" if ngram else "plain" if no_draft else "draft", draft, loaded.model,
                                       num_speculative_tokens)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
