@@ -112,3 +112,16 @@ def test_generate_refuses_what_cannot_apply_or_fit_before_loading(extra, says, m
     are not numbers and a request past the context were refused only after the model loaded. Each is one line
     from the options, the target's config.json and its tokenizer."""
     _refused(monkeypatch, capfd, "generate", "--target", "demo", *extra, says=says)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["inspect", "demo-dspark", "--target", "demo-dflash"],
+     "--target demo-dflash is a draft (deepspec dflash), not a target; give the target model it drafts for"),
+    (["inspect", "demo-dspark", "--target", "demo-dflash", "--json"], "--target demo-dflash is a draft"),
+    (["inspect", "demo"], "demo is a target model (Qwen3ForCausalLM), not a draft; give it as --target"),
+])
+def test_inspect_names_a_draft_and_a_target_given_in_each_others_place(args, says, monkeypatch, capfd):
+    """A draft given as --target printed a 24-line table of misfits (a 3-layer "target") and exited 1; a target
+    given as the draft was "unknown draft format". Each is a mistake in the arguments: one line, exit 2. (A real
+    draft that does not fit its target still gets its table and exit 1: test_cli's mismatched targets.)"""
+    _refused(monkeypatch, capfd, *args, says=says)

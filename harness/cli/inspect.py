@@ -17,13 +17,15 @@ def inspect(
     target: Optional[str] = typer.Option(None, help="Check the draft against this target (config and shapes)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ):
-    """Show a draft's format, normalised configuration, parameter counts, fit and vLLM method."""
-    from dspark.checkpoint import check_draft, load_draft_config, read_config, resolve_path
-    from dspark.config import TargetConfig
+    """Show a draft's format, normalised configuration, parameter counts, fit and vLLM method.
 
-    path, cfg = load_draft_config(draft)
+    A draft that does not fit the target is a finding, not a mistake: the table says why and the command exits
+    1. A mistake in the arguments (a target given as the draft, a draft as the target) is one line, exit 2."""
+    from dspark.checkpoint import check_draft
+
+    path, cfg = _draft_config(draft)
     where = f"draft {draft}"
-    target_cfg = TargetConfig.from_hf(read_config(resolve_path(target)), f"target {target}") if target else None
+    target_cfg = _target_config(target) if target else None
     try:
         found = check_draft(path, cfg, where, target_cfg)
         fits, problem = True, ""
@@ -52,6 +54,44 @@ def inspect(
         show(out, table)
     if target_cfg is not None and not fits:
         raise typer.Exit(1)
+
+
+def _draft_config(name: str):
+    """The draft's folder and config; a target given in its place is called one (its config.json, a plain
+    causal LM, was answered "unknown draft format")."""
+    from dspark.checkpoint import load_draft_config, read_config, resolve_path
+
+    try:
+        return load_draft_config(name)
+    except DSparkError as exc:
+        try:
+            architectures = read_config(resolve_path(name)).get("architectures") or []
+        except DSparkError:
+            raise exc from None
+        if any(str(a).endswith("ForCausalLM") for a in architectures):
+            raise DSparkError(f"{name} is a target model ({', '.join(map(str, architectures))}), not a draft; give it "
+                              "as --target, and the draft as the argument") from None
+        raise
+
+
+def _target_config(name: str):
+    """The target's config; a draft given as --target is refused as one (it was read as a target: a table of
+    misfits, exit 1)."""
+    from dspark.checkpoint import read_config, resolve_path
+    from dspark.config import TargetConfig, draft_config_from_hf
+    from dspark.formats import detect_format
+
+    hf = read_config(resolve_path(name))
+    try:
+        kind = detect_format(hf)
+    except DSparkError:  # no draft format claims it: a target
+        return TargetConfig.from_hf(hf, f"target {name}")
+    try:
+        found = draft_config_from_hf(hf, f"--target {name}")
+        kind = f"{found.format} {found.method}"
+    except DSparkError:
+        pass  # (a draft's config with a mistake of its own: named by its format alone)
+    raise DSparkError(f"--target {name} is a draft ({kind}), not a target; give the target model it drafts for")
 
 
 def _eagle3_facts(cfg) -> dict:
