@@ -125,3 +125,31 @@ def test_inspect_names_a_draft_and_a_target_given_in_each_others_place(args, say
     given as the draft was "unknown draft format". Each is a mistake in the arguments: one line, exit 2. (A real
     draft that does not fit its target still gets its table and exit 1: test_cli's mismatched targets.)"""
     _refused(monkeypatch, capfd, *args, says=says)
+
+
+@pytest.fixture
+def no_building(monkeypatch):
+    """Building engine-bench's random models fails the test: the mistake must be refused from the configs."""
+    from harness.microbench import engine
+
+    def never(*args, **kwargs):
+        raise AssertionError("engine-bench built its models before refusing the mistake")
+
+    monkeypatch.setattr(engine, "build_random", never)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--context-len", "100000"], "--context-len 100000: past the target's context, 2048 positions "
+     "(max_position_embeddings of demo) less the 64 tokens each timed engine generates; give at most 1984"),
+    (["--sweep-context", "128,5000"], "--sweep-context 5000: past the target's context"),
+    (["--target", "qwen3-8b"], "--target qwen3-8b: no --draft given, and its default on a CPU, demo-dspark, does "
+     "not fit it (draft hidden_size 256 != target hidden_size 4096"),
+])
+def test_engine_bench_names_its_own_options_before_building(extra, says, monkeypatch, capfd, no_building):
+    """--context-len past the demo's context answered "lower --max-new-tokens" (engine-bench has no such option);
+    --target qwen3-8b on a CPU answered "the draft was trained for another target" where no draft was given.
+    Each names the option and the value that works, before any model is built."""
+    err = _refused(monkeypatch, capfd, "engine-bench", "--device", "cpu", *extra, says=says)
+    assert "--max-new-tokens" not in err
+    if "qwen3-8b" in extra:
+        assert err.rstrip().endswith("give --draft dspark-qwen3-8b-block7")

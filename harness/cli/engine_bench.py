@@ -59,8 +59,8 @@ def engine_bench(
     from dspark.dtypes import dtype_name
     from harness.cli.options import device as resolve_device
     from harness.cli.options import number_list
-    from harness.microbench.engine import (CPU_DEFAULTS, GPU_DEFAULTS, SWEEP, BenchArgs, dumps, eagle3_rows,
-                                           model_folder, run_engine_bench, sweep_rows, table_rows)
+    from harness.microbench.engine import (CPU_DEFAULTS, GPU_DEFAULTS, SWEEP, BenchArgs, bench_configs, dumps,
+                                           eagle3_rows, model_folder, run_engine_bench, sweep_rows, table_rows)
     from harness.microbench.vllm_peer import peer_tables
     from harness.runs import threads
 
@@ -89,6 +89,7 @@ def engine_bench(
                      peer_repeats=peer_repeats, compile=compile)
     if compile and device.startswith("cuda"):
         raise DSparkError("--compile compiles the CPU's steps (CUDA graphs accelerate the GPU's); use --device cpu")
+    bench_configs(args, tuple(k for k in ("draft", "eagle3") if given[k] is None))  # (before any model is built)
     folder = model_folder(args.target)  # (a preset has no folder: its size is not known, every core is used)
     n_threads, threads_by = threads.choose(None, device, folder if folder.is_dir() else None)
     threads.apply(n_threads)

@@ -25,7 +25,8 @@ from dspark.engine import synchronize
 from dspark.errors import DSparkError
 from dspark.presets import DRAFTS, TARGETS, build_random, random_draft_for
 from harness.backends.timing import copy_bandwidth_tbps, cpu_name
-from harness.microbench.step_timers import SpeculativeTimer, device_of, graph_and_nvtx_costs, step_figures
+from harness.microbench.step_timers import (NEW_TOKENS, SpeculativeTimer, device_of, graph_and_nvtx_costs,
+                                            step_figures)
 
 
 @dataclass
@@ -90,6 +91,49 @@ def _draft_config(name: str, target: TargetConfig, option: str = "--draft") -> A
     return cfg
 
 
+def bench_configs(args: BenchArgs, defaulted: tuple[str, ...] = ()) -> tuple[TargetConfig, AnyDraftConfig]:
+    """The target's and the block draft's configs, checked before any model is built: every context length
+    fits the target with the tokens each timed engine generates (`NEW_TOKENS`; the engine's own refusal, met
+    after building, named `--max-new-tokens`, an option engine-bench lacks), and each draft fits the target.
+    `defaulted`: the drafts ("draft", "eagle3") the device's defaults chose, not the user: one that does not fit
+    is named as the default, with a preset that fits (a CPU's demo-dspark against qwen3-8b was "the draft was
+    trained for another target", where no draft had been given)."""
+    tcfg = _target_config(args.target)
+    most = tcfg.max_position_embeddings - NEW_TOKENS
+    for option, n in [("--context-len", args.context_len)] + [("--sweep-context", n) for n in args.sweep_context]:
+        if n > most:
+            raise DSparkError(f"{option} {n}: past the target's context, {tcfg.max_position_embeddings} positions "
+                              f"(max_position_embeddings of {args.target}) less the {NEW_TOKENS} tokens each timed "
+                              f"engine generates; give at most {most}")
+    chosen = [("--draft", args.draft, "draft" in defaulted)]
+    if args.eagle3:
+        chosen.append(("--eagle3", args.eagle3, "eagle3" in defaulted))
+    found = []
+    for option, name, by_default in chosen:
+        try:
+            found.append(_draft_config(name, tcfg, option))
+        except DSparkError as exc:
+            if not by_default:
+                raise
+            fit = next((n for n, make in DRAFTS.items() if _fits(make(), tcfg, option)), None)
+            where = "a GPU" if args.device.startswith("cuda") else "a CPU"
+            instead = f"{option} {fit}" if fit else f"{option} a draft of this target (its folder or config.json)"
+            raise DSparkError(f"--target {args.target}: no {option} given, and its default on {where}, {name}, does "
+                              f"not fit it ({str(exc).removeprefix(f'draft {name}: ')}); give {instead}") from None
+    return tcfg, found[0]
+
+
+def _fits(cfg: AnyDraftConfig, target: TargetConfig, option: str) -> bool:
+    """Whether a draft preset's config can stand as `option` for `target`."""
+    if (option == "--eagle3") != (cfg.method == "eagle3"):
+        return False
+    try:
+        cfg.check_target(target, "preset")
+    except DSparkError:
+        return False
+    return True
+
+
 def step_bytes(target: torch.nn.Module, context_len: int) -> int:
     """Bytes one decode step must read: every weight but the embedding table (one row of it), plus KV."""
     b = target.config.backbone
@@ -140,8 +184,7 @@ def run_engine_bench(args: BenchArgs) -> dict:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise DSparkError("--device cuda: no CUDA device is visible; use --device cpu (the demo pair's shapes)")
     dtype = pick_dtype(args.dtype, device)
-    tcfg = _target_config(args.target)
-    dcfg = _draft_config(args.draft, tcfg)
+    tcfg, dcfg = bench_configs(args)
     target, draft = build_random(tcfg, dcfg, str(device), dtype)
     ctx, reps = args.context_len, args.repeats
     high = min(1000, tcfg.backbone.vocab_size)

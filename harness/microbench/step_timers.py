@@ -22,6 +22,9 @@ from harness.backends.timing import cuda_median_ms, host_median_ms, median_ms
 
 PASSES = 5  # alternated passes per figure (each times repeats // PASSES runs, at least MIN_PER_PASS)
 MIN_PER_PASS = 5
+# the tokens each timed engine generates after its prompt (the context): a context past the target's
+# max_position_embeddings less these cannot be timed (engine-bench refuses it before building the models)
+NEW_TOKENS = 64
 
 
 def device_of(model: torch.nn.Module) -> torch.device:
@@ -31,7 +34,7 @@ def device_of(model: torch.nn.Module) -> torch.device:
 def decode_step(target, prompt: list[int], graphs: bool, compile: bool = False):
     """(the plain decode step after `prompt`, sampling included; the reset that rewinds it; its engine),
     the engine's cache filled and its graph captured (or its step compiled)."""
-    ctx, cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
+    ctx, cfg = len(prompt), GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=1.0)
     engine = Engine(target, None, use_graphs=graphs, nvtx=False, compile=compile)
     engine.generate(prompt, cfg)
     (decode,) = engine.steps
@@ -79,7 +82,7 @@ class SpeculativeTimer:
     and whole round can be timed again and again: each run restarts from 4 newly committed context rows."""
 
     def __init__(self, target, draft, prompt: list[int], compile: bool = False, markov_topk: int = 0):
-        self.ctx, self.cfg = len(prompt), GenerationConfig(max_new_tokens=64, temperature=1.0)
+        self.ctx, self.cfg = len(prompt), GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=1.0)
         self.engine = Engine(target, drafter_for(draft, markov_topk=markov_topk), compile=compile)
         self.engine.generate(prompt, self.cfg)
         self.device = device_of(target)
