@@ -153,3 +153,14 @@ def test_engine_bench_names_its_own_options_before_building(extra, says, monkeyp
     assert "--max-new-tokens" not in err
     if "qwen3-8b" in extra:
         assert err.rstrip().endswith("give --draft dspark-qwen3-8b-block7")
+
+
+@pytest.mark.parametrize("backend", [["openai", "--base-url", "http://127.0.0.1:9"], ["vllm-server"]])
+def test_profile_of_a_served_backend_is_refused_before_any_folder(backend, tmp_path, monkeypatch, capfd):
+    """profile --torch --backend openai was refused only in its child, after the parent had made the profile
+    folder and printed a --resume hint that could never work: refused in the parent, nothing made."""
+    monkeypatch.chdir(tmp_path)
+    err = _refused(monkeypatch, capfd, "profile", "--torch", "--backend", *backend, "--systems", "plain",
+                   says=f"--backend {backend[0]}: a served run is not profiled")
+    assert "profile with --backend vllm" in err and "--resume" not in err
+    assert list(tmp_path.iterdir()) == []

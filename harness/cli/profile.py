@@ -51,6 +51,8 @@ def profile(
 ):
     """Profile every system of a run (one trace each, steady state only) and compare where the time goes.
     Without --num-prompts and --temperature: 2 prompts at the experiment's first temperature."""
+    from harness.backends.registry import CLASSES, backend_class
+    from harness.backends.served import ServedBackend
     from harness.profiling.orchestrate import profile_run, resume_profile
     from harness.runs.selection import choose
     from harness.runs.plan import default_out, recorded_options, resolve_settings
@@ -81,6 +83,11 @@ def profile(
         raise DSparkError(f"--max-trace-mb {max_trace_mb:g}: give megabytes, at least 0 (0: no limit)")
     paths.out_folder(out_dir)
     exp = load_experiment(opts.experiment)
+    backend = opts.backend or exp.backend
+    if backend in CLASSES and issubclass(backend_class(backend), ServedBackend):  # (its child refused, a folder made)
+        where = "vllm serve" if backend_class(backend).capabilities.serves_here else "a server someone else runs"
+        raise DSparkError(f"--backend {backend}: a served run is not profiled (its engine runs in {where}); profile "
+                          "with --backend vllm (vLLM's engine in the run's own process) or native")
     selection = choose(opts, exp)
     opts = selection.opts
     settings = resolve_settings(opts, exp)
