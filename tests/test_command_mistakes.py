@@ -164,3 +164,21 @@ def test_profile_of_a_served_backend_is_refused_before_any_folder(backend, tmp_p
                    says=f"--backend {backend[0]}: a served run is not profiled")
     assert "profile with --backend vllm" in err and "--resume" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_trace_summarize_of_a_folder_names_the_traces_inside_it(tmp_path, monkeypatch, capfd):
+    """trace summarize PROFILE_DIR (or a run folder a profile wrote) was "no such trace file" for a folder that
+    exists: it says it is a folder, which of its traces to give, and, for a profile's folder, trace compare."""
+    profile = tmp_path / "prof"
+    for system in ("plain", "dspark"):
+        (profile / system).mkdir(parents=True)
+        (profile / system / "trace.torch.json.gz").write_bytes(b"")
+        (profile / system / "manifest.json").write_text("{}")
+    (profile / "profile.json").write_text(json.dumps({"commands": {"plain": [], "dspark": []}}))
+    err = _refused(monkeypatch, capfd, "trace", "summarize", profile, says=f"{profile}: a folder, not a trace file")
+    assert (f"give one of its traces: {profile}/dspark/trace.torch.json.gz, {profile}/plain/trace.torch.json.gz; "
+            f"or compare its systems with: dspark-bench trace compare {profile}") in err
+    err = _refused(monkeypatch, capfd, "trace", "summarize", profile / "plain", says="a folder, not a trace file")
+    assert f"give one of its traces: {profile}/plain/trace.torch.json.gz" in err and "trace compare" not in err
+    run = run_folders.plain_only(tmp_path)
+    _refused(monkeypatch, capfd, "trace", "summarize", run, says=f"{run}: a folder, not a trace file, and it holds none")

@@ -26,10 +26,11 @@ def summarize_any(path: Path, expect_method: str | None = None, engine: str | No
     worker's). A path that is no file is called so before anything else (a missing .nsys-rep was answered
     "no working nsys found", a missing .json.gz "not a PyTorch profiler Chrome trace")."""
     path = Path(path)
+    if path.is_dir():
+        raise DSparkError(folder_given(path))
     if not path.is_file():
-        what = "a folder, not a trace file (trace compare reads a profile's folder)" if path.is_dir() else \
-            "no such file"
-        raise DSparkError(f"{path}: {what}; give a .sqlite export, a .nsys-rep or a PyTorch .json / .json.gz trace")
+        raise DSparkError(f"{path}: no such file; give a .sqlite export, a .nsys-rep or a PyTorch .json / .json.gz "
+                          "trace")
     if path.name.endswith(SUFFIXES):
         return summarize_torch(path, expect_method)  # (vLLM's: its worker's own trace)
     if path.suffix == ".nsys-rep":
@@ -37,6 +38,27 @@ def summarize_any(path: Path, expect_method: str | None = None, engine: str | No
             export_sqlite(find_nsys(), path)
         path = sqlite_export(path)
     return summarize(path, expect_method, engine)
+
+
+# the trace files `profile` writes in its folder and each system's run folder (`<system>.nsys-rep` and its export
+# `<system>.sqlite`, `<system>/trace.torch.json.gz`, plain where vLLM's profiler wrote it), and PyTorch's own
+# `*.pt.trace.json` (its TensorBoard handler's)
+FOLDER_TRACES = (".nsys-rep", ".sqlite", ".torch.json.gz", ".torch.json", ".pt.trace.json", ".pt.trace.json.gz")
+
+
+def folder_given(path: Path, most: int = 6) -> str:
+    """The line for a folder given where a trace file belongs (`trace summarize RUN_OR_PROFILE_DIR` answered
+    "no such trace file"): the traces in it and its subfolders to give instead, and `trace compare` for a
+    profile's folder, which reads all of its systems."""
+    found = sorted(p for pattern in ("*", "*/*") for p in path.glob(pattern)
+                   if p.is_file() and p.name.endswith(FOLDER_TRACES))
+    compare = f"; or compare its systems with: dspark-bench trace compare {path}" \
+        if (path / "profile.json").is_file() else ""
+    if not found:
+        return (f"{path}: a folder, not a trace file, and it holds none; give a .sqlite export, a .nsys-rep or a PyTorch .json / "
+                f".json.gz trace{compare}")
+    listed = ", ".join(str(p) for p in found[:most]) + (f" and {len(found) - most} more" if len(found) > most else "")
+    return f"{path}: a folder, not a trace file; give one of its traces: {listed}{compare}"
 
 
 def export_due(report: Path) -> bool:
