@@ -289,11 +289,13 @@ def test_a_request_past_its_time_limit_is_recorded_as_failed(external):
 @needs_server
 @needs_demo
 def test_a_server_that_cannot_start_is_one_line_with_its_log(tmp_path):
-    proc = _cli([*ARGS, "--systems", "plain", "--backend", "vllm-server", "--vllm-arg", "dtype=bogus", "--out",
-                 tmp_path / "r"], tmp_path)
+    # (a value vLLM's parser takes, which its config refuses as the server starts: one it parses wrongly is refused
+    # before any start, by tests/test_vllm_option_mistakes.py)
+    proc = _cli([*ARGS, "--systems", "plain", "--backend", "vllm-server", "--vllm-arg", "max_model_len=100000",
+                 "--out", tmp_path / "r"], tmp_path)
     assert proc.returncode == 2
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error")]
-    assert line.startswith("error: vllm serve exited (") and "bogus" in line and "server-plain.log" in line
+    assert line.startswith("error: vllm serve exited (") and "100000" in line and "server-plain.log" in line
 
 
 @needs_server

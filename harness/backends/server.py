@@ -21,6 +21,7 @@ from harness.backends import vllm_server
 from harness.backends.base import SERVER_LOG, Capabilities, Prepared
 from harness.backends.served import ServedBackend
 from harness.backends.vllm import VllmTarget, per_request_metrics, v2_runner
+from harness.backends.vllm_args import check_engine_args
 from harness.backends.vllm_checks import installed_version
 
 READY_S = 900.0  # a server must answer within this (three processes import vLLM; minutes on a small CPU)
@@ -46,7 +47,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         if profiled:
             raise DSparkError("profile the server path with --backend vllm (the same engine, offline); a served "
                               "run is not profiled")
-        self._load_target(target, device, dtype, revision, engine_args)
+        check_engine_args(self._load_target(target, device, dtype, revision, engine_args), True, self.version)
         self.sends_ids = self.random  # (started without a tokenizer: completions of our ids)
         self.request_timeout_s = (server or {}).get("request_timeout_s") or self.request_timeout_s
         self.run_dir = Path(run_dir) if run_dir is not None else Path(".")

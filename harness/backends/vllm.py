@@ -48,6 +48,7 @@ from harness.backends.parallel import parallel_environment
 from harness.backends.systems import NGRAM_TOKENS, check_system
 from harness.backends.server_metrics import delta, engine_counters
 from harness.backends.target import TargetFiles
+from harness.backends.vllm_args import SPEC, check_engine_args, owned_problem
 from harness.backends.vllm_checks import cpu_problem, installed_version, vllm_problem
 from harness.backends.vllm_drafts import draft_folder
 from harness.backends.vllm_output import (USER_ENV, environment, failure_cause, log_size, logging_environment,
@@ -56,7 +57,6 @@ from harness.specs.experiments import System
 
 CPU_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3}
 CPU_KV_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # the CPU engine's KV cache: the user's, else 1 GiB
-SPEC = "speculative_config."  # an engine argument naming one key of the speculative config
 V2_METHODS = ("dspark",)  # vLLM runs these only on its V2 model runner
 RANDOM_ARGS = {"load_format": "dummy", "skip_tokenizer_init": True}  # a random: target (its prompts are our ids)
 TRACE = "trace.torch.json"  # where a profiled run's PyTorch trace lands, as for the native backend
@@ -85,12 +85,11 @@ def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | 
 
 
 def split_engine_args(engine_args: dict) -> tuple[dict, dict]:
-    """(vLLM engine arguments, keys for the speculative config) from `--vllm-arg` settings; the two the
-    run itself sets per system are refused."""
-    for key, why in (("model", "the target is the experiment's"),
-                     ("speculative_config", "each system builds its own; set one key with speculative_config.KEY")):
-        if key in engine_args:
-            raise DSparkError(f"--vllm-arg {key}: {why}")
+    """(vLLM engine arguments, keys for the speculative config) from `--vllm-arg` settings; those the
+    harness sets itself are refused (`vllm_args.OWNED`: the run's options refused them already)."""
+    problem = owned_problem(engine_args, "vllm", "--vllm-arg")
+    if problem:
+        raise DSparkError(problem)
     spec = {k[len(SPEC):]: v for k, v in engine_args.items() if k.startswith(SPEC)}
     return {k: v for k, v in engine_args.items() if not k.startswith(SPEC)}, spec
 
@@ -189,13 +188,9 @@ class VllmBackend(VllmTarget):
         self.logging = logging_environment(run_dir)
         with environment(**self.logging):  # (read as vLLM is imported)
             self.version = installed_version()  # (one line naming the extra where it is missing)
-            from vllm.engine.arg_utils import EngineArgs
+            given = self._load_target(target, device, dtype, revision, engine_args)
+            check_engine_args(given, False, self.version)  # (as the dry run checks them)
         self.per_request = per_request_metrics()  # (0.26: no; its counters are read around each request)
-        given = self._load_target(target, device, dtype, revision, engine_args)
-        unknown = sorted(set(given) - set(EngineArgs.__dataclass_fields__))
-        if unknown:
-            raise DSparkError(f"--vllm-arg {unknown[0]}: not an engine argument of vLLM {self.version} (see "
-                              "vllm.engine.arg_utils.EngineArgs); a speculative-config key is speculative_config.KEY")
         self.run_dir, self.profiled = run_dir, profiled
         self.log = None if run_dir is None else Path(run_dir) / LOG  # vLLM's output (`vllm_output`)
         self.engines: dict[str, dict] = {}  # what each system's engine ran with, once it started

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dspark.checkpoint import load_draft_config, random_weights
 from dspark.errors import DSparkError
+from harness.backends.vllm_args import check_engine_args
 from harness.backends.vllm_drafts import version_tuple
 from harness.backends.vllm_output import environment, logging_environment
 from harness.specs.experiments import System
@@ -79,11 +80,14 @@ def vllm_problem(system: System, cfg, version: str, on_cpu: bool, random: bool) 
 
 
 
-def dry_run_rows(rows: list[dict], systems: list[System], device: str, target: Path) -> list[dict]:
+def dry_run_rows(rows: list[dict], systems: list[System], device: str, target: Path, engine_args: dict,
+                 backend: str) -> list[dict]:
     """The dry run's resolved systems (`systems.resolve_system`, in the same order as `systems`) with what
-    the installed vLLM refuses of them, as the run's `prepare` would; no vLLM is one line naming the extra."""
+    the installed vLLM refuses of them, as the run's `prepare` would; no vLLM is one line naming the extra,
+    an engine argument it refuses one line as the backend's start gives it (`vllm_args.check_engine_args`)."""
     with environment(**logging_environment(None)):  # (vLLM logs at import: never onto the dry run's output)
         version = installed_version()
+        check_engine_args(engine_args, backend == "vllm-server", version)
     random = random_weights(target) is not None
     checked = []
     for row, system in zip(rows, systems):

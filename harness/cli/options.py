@@ -146,8 +146,27 @@ def run_options_from(values: dict, resolve_device: bool = True, **where) -> RunO
                "temperatures": temperatures(values["temperature"]),
                "vllm_args": list(values["vllm_arg"]) if values["vllm_arg"] else None,
                "max_concurrency": levels(values["max_concurrency"]),
+               "base_url": base_url(values["base_url"]),
                "device": device(values["device"], resolve_device)}
     return RunOptions(**fields, **where)
+
+
+def base_url(text: str | None) -> str | None:
+    """`--base-url` as given, refused unless it is an http(s)://HOST[:PORT][/path] URL: a bare name would
+    pass every check and meet "no server answers at notaurl/v1/models" only when the run starts."""
+    if text is None:
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(text)
+        url.port  # noqa: B018  (a port that is not a number from 0 to 65535 raises here)
+    except ValueError:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
+        raise DSparkError(f"--base-url {text}: not a server URL; give http://HOST:PORT (e.g. http://127.0.0.1:8000), "
+                          "the address the OpenAI-compatible server listens on")
+    return text
 
 
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")  # the devices we run on (mps and others: no kernels of ours)

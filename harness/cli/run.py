@@ -133,7 +133,7 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
         from harness.runs.synthetic import with_synthetic
 
         rows = dry_run_rows(rows, [with_synthetic(exp.system(n), settings) for n in settings["systems"]], opts.device,
-                            target_path)
+                            target_path, settings.get("engine_args", {}), settings["backend"])
     from harness.analysis.synthetic_check import label
 
     turns_of = None if prompts is None else user_turns(prompts, settings["turns"])

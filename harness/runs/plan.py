@@ -13,6 +13,7 @@ from pathlib import Path
 from dspark.acceptance import check_spec
 from dspark.errors import DSparkError
 from harness.backends.registry import CLASSES, backend_class
+from harness.backends.vllm_args import owned_problem
 from harness.runs import threads
 from harness.runs.folder import RunFolder
 from harness.specs import datasets
@@ -186,6 +187,11 @@ def check_options(opts: RunOptions, exp: Experiment) -> dict:
         where = "--vllm-arg" if opts.vllm_args else f"experiment {exp.name}'s [engine_args]"
         raise DSparkError(f"{where} sets vLLM's engine arguments; this run's backend is {backend} (add --backend "
                           f"vllm, or drop {'--vllm-arg' if opts.vllm_args else 'the table'})")
+    for given, where in ((engine_arguments(opts.vllm_args, {}), "--vllm-arg"),
+                         (exp.engine_args, f"experiment {exp.name}'s [engine_args]")):
+        problem = owned_problem(given, backend, where)  # (a key the harness sets itself would override its own)
+        if problem:
+            raise DSparkError(problem)
     if opts.record_margins and backend != "native":
         raise DSparkError(f"--record-margins records our engine's draft margins; the {backend} backend has none "
                           "to give (record them on the native run you compare against)")
