@@ -12,6 +12,8 @@ before anything starts, the same way in the run and in `run --dry-run`:
 
 from __future__ import annotations
 
+import json
+
 from dspark.errors import DSparkError
 from harness.backends.vllm_server import cli_args
 
@@ -75,18 +77,25 @@ def _parser(served: bool):
 
 def check_engine_args(engine_args: dict, served: bool, version: str) -> None:
     """Refuse an engine argument the installed vLLM (`version`, imported by now) does not have, or a value its
-    own parser refuses; a speculative-config key (`speculative_config.KEY`) must be one of vLLM's (its value
-    is merged into each system's config, and vLLM judges it as that engine starts). The
+    own parser refuses; a speculative-config key (`speculative_config.KEY`, merged into each system's config)
+    must be one of vLLM's `SpeculativeConfig`, its value of that key's type. The
     offline engine takes every field of vLLM's `EngineArgs` (a few have no command-line flag: their values
     go unparsed); `vllm serve` takes its parser's flags, server options included."""
     from vllm.config import SpeculativeConfig
     from vllm.engine.arg_utils import EngineArgs
 
-    spec = sorted(k for k in engine_args if k.startswith(SPEC) and k[len(SPEC):] not in
-                  SpeculativeConfig.__dataclass_fields__)
-    if spec:
-        raise DSparkError(f"--vllm-arg {spec[0]}: not a key of vLLM {version}'s speculative config (see "
-                          "vllm.config.SpeculativeConfig)")
+    from pydantic import TypeAdapter, ValidationError
+
+    keys = SpeculativeConfig.__pydantic_fields__  # (a pydantic dataclass: each key's type, as vLLM validates it)
+    for key in sorted(k for k in engine_args if k.startswith(SPEC)):
+        if key[len(SPEC):] not in keys:
+            raise DSparkError(f"--vllm-arg {key}: not a key of vLLM {version}'s speculative config (see "
+                              "vllm.config.SpeculativeConfig)")
+        try:
+            TypeAdapter(keys[key[len(SPEC):]].annotation).validate_python(engine_args[key])
+        except ValidationError as exc:
+            why = exc.errors()[0]["msg"]
+            raise DSparkError(f"--vllm-arg {key}={_shown(engine_args[key])}: vLLM {version} refuses it ({why})") from None
     given = {k: v for k, v in engine_args.items() if not k.startswith(SPEC)}
     parser = _parser(served)
     flags = {a.dest for a in parser._actions if a.option_strings}
@@ -105,14 +114,14 @@ def check_engine_args(engine_args: dict, served: bool, version: str) -> None:
             found, extra = parser.parse_known_args(cli_args({key: value}))
             extra += [found.model_tag] if getattr(found, "model_tag", None) else []  # (vllm serve's model, else)
         except _Refused as exc:
-            raise DSparkError(f"--vllm-arg {key}={_shown(value)}: vLLM {version} refuses it ({str(exc).split(' [type=')[0]}); give a value "
-                              f"of its type (vllm serve --help lists each argument's)") from None
+            why = str(exc).split(" [type=")[0]  # (pydantic's tail: its type code and a link)
+            raise DSparkError(f"--vllm-arg {key}={_shown(value)}: vLLM {version} refuses it ({why}); give a value of its "
+                              "type (vllm serve --help lists each argument's)") from None
         if extra:  # (a value a flag takes none of, as true/false for a number: argparse leaves it over)
             raise DSparkError(f"--vllm-arg {key}={_shown(value)}: vLLM {version} takes no value {extra[0]!r} there "
                               "(a switch takes true or false)")
 
 
 def _shown(value) -> str:
-    import json
-
+    """A value as the user wrote it: text as it is, the rest as JSON."""
     return value if isinstance(value, str) else json.dumps(value)
