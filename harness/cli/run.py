@@ -125,6 +125,8 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
             raise
         data, unread = None, str(exc)
     prompts = None if data is None else select_prompts(data, settings)
+    turns_of = None if prompts is None else user_turns(prompts, settings["turns"])
+    context.check(settings, prompts, turns_of, opts.resume)  # (what the run would refuse, refused here too)
     target_path = resolve_path(exp.target)
     target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
     rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
@@ -136,8 +138,6 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
                             target_path, settings.get("engine_args", {}), settings["backend"])
     from harness.analysis.synthetic_check import label
 
-    turns_of = None if prompts is None else user_turns(prompts, settings["turns"])
-    context.check(settings, prompts, turns_of, opts.resume)  # (what the run would refuse, refused here too)
     named = label(settings)
     t = Table(title=escape(f"dry run: experiment {exp.name}, target {exp.target} ({target_path})"
                            + (f" [{named}]" if named else "")))
@@ -151,11 +151,11 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
                                                   backend_class(settings["backend"]).capabilities.interleaves)
     size = estimate.run_size(settings, jobs, None if prompts is None else len(prompts)) | {"dataset_unread": unread}
     dtype = str(pick_dtype(opts.dtype, opts.device)).removeprefix("torch.")
+    count = threads.choose(opts.threads, opts.device, target_path)[0]  # (the run's own count, as it would choose)
     guess = None if jobs is None else estimate.estimate(settings, jobs, rows, target_cfg,
-                                                        estimate.machine_of(opts.device), dtype)
+                                                        estimate.machine_of(opts.device), dtype, count)
     for line in _size_lines(size) + _estimate_lines(guess, settings, opts.device):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    count = threads.choose(opts.threads, opts.device, target_path)[0]  # (the run's own count, as it would choose)
     return {"systems": rows, "size": size, "estimate": guess}
 
 
