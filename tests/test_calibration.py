@@ -102,8 +102,11 @@ def test_calibrate_on_a_demo_run_fits_and_saves_sts(tmp_path):
     assert len(saved["temperatures"]) == 7 and all(0.1 <= t <= 10 for t in saved["temperatures"])
     assert saved["system"] == "dspark" and saved["temperature"] == 1.0 and saved["git"]
     assert (tmp_path / "rel.png").read_bytes()[:4] == b"\x89PNG"
-    # a system without confidences is refused in one line, naming those that have them
+    # a system the run lacks is refused in one line, naming those it has
     proc = _cli("calibrate", run, "--system", "ngram", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr == "error: --system ngram: not in this run; it has dspark\n"
+    # a temperature without confidences, naming those that have them
+    proc = _cli("calibrate", run, "--system", "dspark", "--temperature", "0", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "dspark T=1" in proc.stderr
 
 

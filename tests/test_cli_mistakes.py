@@ -89,7 +89,8 @@ def test_train_draft_refuses_a_resume_past_steps_and_says_the_steps_it_trained(t
 
 def test_parity_refuses_a_run_compared_with_itself(tmp_path, monkeypatch, capfd):
     """parity RUN RUN reported all equal with no note: the same folder (by another path too) and a copy of
-    it (the same start on the same host) are refused in one line; two separate runs are compared."""
+    it (the same start on the same host, the same records) are refused in one line; two separate runs are
+    compared, two started within the same second on the same host too."""
     import shutil
 
     import run_folders
@@ -102,6 +103,10 @@ def test_parity_refuses_a_run_compared_with_itself(tmp_path, monkeypatch, capfd)
     (run / "manifest.json").write_text(json.dumps(manifest))
     shutil.copytree(run, tmp_path / "copy")
     _refused(monkeypatch, capfd, "parity", run, tmp_path / "copy", says="are copies of one run (both started")
+    other = run_folders.write(tmp_path / "other", [run_folders.native("plain", "q1", 6.0)], systems=["plain"])
+    (other / "manifest.json").write_text(json.dumps(manifest))  # started in the same second, timed apart
+    code, out, err = run_cli(monkeypatch, capfd, "parity", run, other)
+    assert code == 0 and "1/1 prompts with equal prompt ids" in out, err
     manifest["provenance"]["time_utc"] = "2026-01-02T04:00:00+00:00"  # a second run of the same settings
     (tmp_path / "copy" / "manifest.json").write_text(json.dumps(manifest))
     code, out, err = run_cli(monkeypatch, capfd, "parity", run, tmp_path / "copy")

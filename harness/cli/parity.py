@@ -84,10 +84,17 @@ def parity(
                       highlight=False, markup=False)
 
 
+def _records_bytes(run: Path) -> bytes | None:
+    """The run's requests.jsonl as written, or None where it has none."""
+    path = run / "requests.jsonl"
+    return path.read_bytes() if path.is_file() else None
+
+
 def _check_two_runs(run_a: Path, run_b: Path) -> None:
     """Refuse a run compared with itself: the same folder (by any path to it), or a copy of it (a manifest
-    recording the same start on the same host). Its requests are the same records, so every figure would
-    read "equal", which says nothing about parity."""
+    recording the same start on the same host, and the same records: two runs started within one second
+    of each other share the start, never their measured times). Its requests are the same records, so
+    every figure would read "equal", which says nothing about parity."""
     from harness.analysis.records import read_manifest
 
     if run_a.resolve() == run_b.resolve() or (run_a.exists() and run_b.exists() and run_a.samefile(run_b)):
@@ -96,7 +103,8 @@ def _check_two_runs(run_a: Path, run_b: Path) -> None:
     manifests = [read_manifest(run) for run in (run_a, run_b)]
     started = [((m or {}).get("provenance") or {}).get("time_utc") for m in manifests]
     hosts = [((m or {}).get("provenance") or {}).get("host") for m in manifests]
-    if None not in (*started, *hosts) and started == started[::-1] and hosts == hosts[::-1]:
+    if None not in (*started, *hosts) and started == started[::-1] and hosts == hosts[::-1] and \
+            _records_bytes(run_a) == _records_bytes(run_b):
         raise DSparkError(f"{run_a} and {run_b} are copies of one run (both started {started[0]} on {hosts[0]}): its "
                           "records compared with themselves are equal by construction; give two separate runs")
 
