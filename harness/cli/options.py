@@ -19,7 +19,8 @@ from harness.runs.plan import RunOptions
 from harness.specs.experiments import MAX_TEMPERATURE
 
 THREADS_HELP = ("Intra-op CPU threads (default: OMP_NUM_THREADS when set; else on the CPU 1 for a target of at "
-                "most 200 MB of weights, as the demo, every core for a larger one).")
+                "most 200 MB of weights, as the demo, every core for a larger one); more than the cores this process may use "
+                "is refused.")
 
 
 def systems_help() -> str:

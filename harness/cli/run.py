@@ -29,7 +29,8 @@ def run(
                                          "was started with (an option given as well must equal the run's)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Resolve every system (format, fit, method), count the "
                                  "run (prompts, requests, output tokens) and estimate its time from earlier "
-                                 "measurements on this kind of machine; generate nothing (a flag)."),
+                                 "measurements on this kind of machine; generate nothing (a flag). Exit 2, naming "
+                                 "the systems, where the run would refuse one."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary (or the dry run: systems, size, estimate) "
                                  "as JSON."),
     options_file: Optional[Path] = typer.Option(None, hidden=True, help="Set by `profile`: the run options as JSON."),
