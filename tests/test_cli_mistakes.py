@@ -191,18 +191,6 @@ def test_train_draft_refuses_bad_data_rows_in_one_line(content, says, tmp_path, 
     assert not (tmp_path / "td").exists()
 
 
-def test_report_refuses_an_engine_bench_file_that_is_not_one(tmp_path, monkeypatch, capfd):
-    """--engine-bench with a file that is not engine-bench --json's drew "a section could not be drawn:
-    JSONDecodeError" and exited 0: refused in one line before the notebooks run, no page written."""
-    import run_folders
-
-    run = run_folders.write(tmp_path / "a", [run_folders.native("plain", "q1", 5.0)], systems=["plain"])
-    (tmp_path / "bench.json").write_text("not json")
-    _refused(monkeypatch, capfd, "report", run, "--html", tmp_path / "r.html", "--engine-bench",
-             tmp_path / "bench.json", says="not the output of dspark-bench engine-bench --json")
-    assert not (tmp_path / "r.html").exists()
-
-
 def test_calibrate_names_a_system_the_run_lacks(tmp_path, monkeypatch, capfd):
     """calibrate --system with a name the run does not have answered "no rounds with recorded draft
     confidences"; it names the systems the run has."""

@@ -132,11 +132,6 @@ standard deviation it scales is itself a guess (from 2 points, the true one is a
 times it at 95 %)."""
 
 
-def too_few_pairs(pairs: int) -> str:
-    """What a speedup with fewer than MIN_PAIRS prompt pairs shows instead of an interval and a verdict."""
-    return too_few(pairs, "prompts")
-
-
 def too_few(n: int, what: str) -> str:
     """What a figure from fewer than MIN_PAIRS prompts (pairs) or requests shows instead of an interval."""
     return f"too few {what} ({n}) for an interval"
@@ -279,7 +274,7 @@ def speedup_macro(groups: Sequence[tuple[Sequence[float], Sequence[float]]]) -> 
     interval = ratio_interval(per)
     enough = pairs >= MIN_PAIRS
     return {"speedup": interval["centre"], "speedup_ci95": interval["ci"] if enough else None,
-            "speedup_pairs": pairs, "speedup_ci95_reason": None if enough else too_few_pairs(pairs)}
+            "speedup_pairs": pairs, "speedup_ci95_reason": None if enough else too_few(pairs, "prompts")}
 
 
 def speedup_with_contention(timed: Sequence[tuple[Sequence[float], Sequence[float]]],

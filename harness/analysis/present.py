@@ -246,16 +246,16 @@ def overall_rows(runs: Runs) -> pd.DataFrame:
     rows["matches_label"] = [matches_cell(r) for r in records]
     rows["busy_label"] = [busy_cell(r) for r in records]
     rows["speedup_label"] = ["baseline" if r["method"] == BASELINE else ratio_cell(r.get("speedup")) for r in records]
-    rows["acceptance_ci95"] = [r["acceptance_ci95_reason"] if isinstance(r.get("acceptance_ci95_reason"), str)
-                               else r.get("acceptance_ci95") for r in records]
-    rows["speedup_ci95"] = [None if r["method"] == BASELINE else interval_cell(r) for r in records]
+    rows["acceptance_ci95"] = [interval_cell(r, "acceptance_ci95") for r in records]
+    rows["speedup_ci95"] = [None if r["method"] == BASELINE else interval_cell(r, "speedup_ci95") for r in records]
     return rows
 
 
-def interval_cell(row: dict):
-    """A speedup's interval as the tables show it: the pair, or why there is none (too few prompts)."""
-    reason = row.get("speedup_ci95_reason")
-    return reason if isinstance(reason, str) else row.get("speedup_ci95")
+def interval_cell(row: dict, key: str):
+    """An interval (`key`: speedup_ci95, acceptance_ci95) as the tables show it: the pair, or why there is
+    none (too few prompts or requests)."""
+    reason = row.get(f"{key}_reason")
+    return reason if isinstance(reason, str) else row.get(key)
 
 
 def clause(row: dict, name: str, sweep: bool) -> str:
