@@ -10,6 +10,7 @@ newest under `results/`), `DSPARK_PROFILES` (profile folders or trace files), `D
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import html
 import os
@@ -78,17 +79,19 @@ def _run(nb, env: dict[str, str], timeout_s: int, allow_errors: bool = False, on
         log = Path(sockets) / "kernel.log"
         ours = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         failure = None
+        loop = _SignalLoop()
         with log.open("w") as chatter:
             try:
-                client.execute(stdout=chatter, stderr=chatter)
+                loop.run_until_complete(client.async_execute(stdout=chatter, stderr=chatter))
             except Exception as exc:
                 failure = exc
             finally:  # (nbclient leaves Python's default handlers behind, not the ones it found)
+                loop.close()
                 for sig, handler in ours.items():
                     if handler is not None:
                         signal.signal(sig, handler)
-        if _signalled(client):  # the program's own handler says it (the command line's: once, then ignored)
-            signal.raise_signal(signal.SIGINT)
+        if loop.first_signal is not None:  # the program's own handler says it, with the signal that came first
+            signal.raise_signal(loop.first_signal)  # (the command line's: 130 or 143, later ones ignored)
             raise KeyboardInterrupt
         if isinstance(failure, DeadKernelError):
             tail = " ".join(log.read_text().split()[-40:])
@@ -99,11 +102,28 @@ def _run(nb, env: dict[str, str], timeout_s: int, allow_errors: bool = False, on
     return nb
 
 
-def _signalled(client) -> bool:
-    """Whether SIGINT or SIGTERM came while nbclient ran the notebook. nbclient takes both signals over while
-    it runs: it shuts the kernel down and then fails its own way (an AssertionError, its kernel client gone),
-    or finishes the cells with the kernel's KeyboardInterrupt as a cell's error; its handler leaves this mark."""
-    return getattr(client, "_async_cleanup_kernel_future", None) is not None
+class _SignalLoop(asyncio.SelectorEventLoop):
+    """The event loop nbclient runs the notebook on, noting the first signal that came. nbclient takes SIGINT
+    and SIGTERM over while it runs (the loop's signal handlers): it shuts the kernel down and then fails its
+    own way (an AssertionError, its kernel client gone), or finishes the cells with the kernel's
+    KeyboardInterrupt as a cell's error; its handler is not told which signal came, and the exit code must
+    follow the first one (130 for SIGINT, 143 for SIGTERM)."""
+
+    first_signal: int | None = None
+
+    def add_signal_handler(self, sig, callback, *args) -> None:
+        def noted(*a) -> None:
+            if self.first_signal is None:
+                self.first_signal = sig
+            callback(*a)
+
+        super().add_signal_handler(sig, noted, *args)
+
+    def default_exception_handler(self, context: dict) -> None:
+        """After a signal, nbclient's tasks it broke off (pending, or failed with the kernel client gone)
+        are what the signal did: the user sees `interrupted`, not asyncio's report of each task."""
+        if self.first_signal is None:
+            super().default_exception_handler(context)
 
 
 def execute(name: str, env: dict[str, str], timeout_s: int = 600):
