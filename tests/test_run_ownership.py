@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -189,3 +190,149 @@ def test_a_profile_folder_is_one_process_at_a_time(tmp_path):
         with pytest.raises(DSparkError, match=f"process {os.getpid()} is running it now.*profile --resume"):
             resume_profile(folder, Console(file=open(os.devnull, "w")))
     assert (folder / "plain").is_dir()
+
+
+@needs_demo
+def test_resume_of_a_run_without_recorded_options_given_other_arguments_is_refused_in_one_line(tmp_path, monkeypatch,
+                                                                                               capfd):
+    """A run made before options were recorded is resumed with the arguments given: one that differs from
+    the run's is named in one line, exit 2 (it was a NameError traceback), and nothing is run."""
+    run = tmp_path / "r"
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--systems", "plain", *SMALL, "--out", run)
+    assert code == 0, err
+    manifest = json.loads((run / "manifest.json").read_text())
+    del manifest["options"]  # (as the runs before options were recorded)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    done = (run / "requests.jsonl").read_text()
+    longer = [a if a != "3" else "4" for a in SMALL]  # (--output-len 4)
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--resume", run, "--systems", "plain", *longer)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"--resume {run}: 'output_len' was 3, now 4; resume with the run's own arguments" in err
+    assert "(this run predates resuming from the folder alone)" in err
+    assert (run / "requests.jsonl").read_text() == done
+
+
+def test_lines_without_a_requests_identity_are_kept_and_repeated_requests_dropped(tmp_path):
+    """Only a request (system, question, turn, temperature) is counted once: other lines are not requests
+    (it raised KeyError 'system')."""
+    same = run_folders.native("plain", "q1", 5.0)
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in
+                                                     ({"a": 1}, {"a": 1}, same, same | {"tpot_ms": 9.0})))
+    with pytest.warns(RepeatedRequests, match="1 request recorded more than once.*each counted once \\(3 requests"):
+        records = read_requests(tmp_path)
+    assert records == [{"a": 1}, {"a": 1}, same]
+
+
+def test_a_run_stopped_before_its_first_request_is_incomplete_not_gone(tmp_path, monkeypatch, capfd):
+    """A new run's folder holds an empty requests.jsonl from the start (the runner appends to it as each
+    request ends): stopped during warm-up, its report says 0 of N done and how to finish it, not that the
+    requests were deleted. A folder whose requests.jsonl really vanished still says so."""
+    from harness.runs.folder import RunFolder
+
+    run = run_folders.empty(tmp_path)
+    assert (run / "requests.jsonl").read_text() == ""
+    fresh = tmp_path / "fresh"
+    RunFolder(fresh).create(json.loads((run / "manifest.json").read_text()))  # (what the runner calls)
+    assert sorted(p.name for p in fresh.iterdir()) == ["manifest.json", "requests.jsonl"]
+    assert (fresh / "requests.jsonl").read_text() == ""
+    warned = summarize_folder(fresh)["warnings"]
+    assert any(w.startswith("incomplete run: 0 of 4 requests done") for w in warned), warned
+    assert not any("gone" in w for w in warned)
+    code, out, err = run_cli(monkeypatch, capfd, "report", fresh)
+    assert code == 0 and "incomplete run: 0 of 4" in out and "gone" not in out, (out, err)
+    (fresh / "requests.jsonl").unlink()
+    assert any("the run's finished requests are gone (deleted or moved)" in w
+               for w in summarize_folder(fresh)["warnings"])
+
+
+def test_letting_go_survives_a_lock_file_made_meanwhile(tmp_path, monkeypatch):
+    """Between release() removing the lock file of a folder it made and removing the folder, another process
+    may open (so create) the lock file again: the folder then stays, and release() raises nothing (it ran in
+    the runner's `finally`: a traceback)."""
+    from harness.runs import owner as owner_module
+
+    folder = tmp_path / "new"
+    owner = own(folder, "continue")
+    real = Path.unlink
+
+    def unlink_then_another_opens(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        if self.name == LOCK:
+            os.close(os.open(self, os.O_RDWR | os.O_CREAT, 0o644))  # (what own() in another process does)
+
+    monkeypatch.setattr(owner_module.Path, "unlink", unlink_then_another_opens)
+    owner.release()
+    monkeypatch.undo()
+    assert owner.fd == -1 and (folder / LOCK).exists()
+    with own(folder, "continue"):  # (the folder is free)
+        pass
+
+
+def test_a_lock_on_a_removed_lock_file_is_not_ownership(tmp_path, monkeypatch):
+    """B opens the lock file, then its owner A lets go (removing the file and the folder it made), and C takes
+    the folder with a new lock file; B's flock then succeeds on the removed file. B must not own the folder
+    too: it takes the lock again on the file now there, and is refused since C holds it."""
+    from harness.runs import owner as owner_module
+
+    folder = tmp_path / "r"
+    a = own(folder, "continue")
+    held = {}
+    real = owner_module.fcntl.flock
+
+    def a_lets_go_and_c_takes_it(fd, op):
+        if not held:  # (B, between its open and its flock)
+            held["b"] = fd
+            a.release()
+            held["c"] = own(folder, "continue")
+        return real(fd, op)
+
+    monkeypatch.setattr(owner_module.fcntl, "flock", a_lets_go_and_c_takes_it)
+    with pytest.raises(DSparkError, match=f"process {os.getpid()} is running it now"):
+        own(folder, "continue")
+    monkeypatch.undo()
+    held["c"].release()
+
+
+def test_a_read_only_run_folder_is_refused_in_one_line(tmp_path):
+    """own() of a folder this user may not write (its lock file cannot be made) names the folder and the fix
+    in one line (it was a PermissionError traceback). Run as an unprivileged user: root writes anywhere."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    os.chmod(folder, 0o555)
+    script = ("import sys\nfrom dspark.errors import DSparkError\nfrom harness.runs.owner import own\n"
+              "try:\n    own(sys.argv[1], 'continue')\nexcept DSparkError as exc:\n    print(exc)\n    sys.exit(2)\n")
+    unprivileged = []
+    if os.geteuid() == 0:  # (root without CAP_DAC_OVERRIDE: bound by the folder's mode like anyone)
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv to drop CAP_DAC_OVERRIDE")
+        unprivileged = ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override"]
+    done = subprocess.run([*unprivileged, sys.executable, "-c", script, str(folder)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
+    line = done.stdout.strip()
+    assert len(line.splitlines()) == 1 and str(folder) in line and "cannot write" in line, line
+
+
+def test_a_profile_interrupted_before_its_jobs_lets_the_folder_go(tmp_path):
+    """Ctrl-C between taking a profile's folder and starting its children releases the folder at once (the
+    owner was held outside `with`: while the traceback lived, the folder stayed locked)."""
+    from rich.console import Console
+
+    from harness.profiling.orchestrate import resume_profile
+
+    class Interrupting:
+        def write(self, text):
+            raise KeyboardInterrupt
+
+        def flush(self):
+            pass
+
+    folder = tmp_path / "p"
+    folder.mkdir()
+    (folder / "profile.json").write_text(json.dumps({"kind": "torch", "methods": {"plain": "plain"},
+                                                     "requests_per_system": None, "commands": {"plain": ["run"]}}))
+    with pytest.raises(KeyboardInterrupt) as caught:
+        resume_profile(folder, Console(file=Interrupting()))
+    assert caught.value is not None  # (the traceback, and every frame it holds, still alive here)
+    with own(folder, "continue"):
+        pass

@@ -25,6 +25,9 @@ def not_a_run(path: Path) -> str:
     return f"not a run folder (no {MANIFEST} or {REQUESTS})"
 
 
+KEY_FIELDS = ("system", "question_id", "turn", "temperature")  # a request's identity (concurrency: 1 if absent)
+
+
 def request_key(record: dict) -> tuple:
     """(system, question, turn, temperature, concurrency): a request of a sweep is one of these, once."""
     return (record["system"], record["question_id"], record["turn"], float(record["temperature"]),
@@ -86,16 +89,23 @@ def read_requests(run_dir: Path, repair: bool = False, name: str = REQUESTS) -> 
 
 def once(records: list[dict], path: Path) -> list[dict]:
     """`records` with a request recorded again (the same `request_key`) dropped, the first kept, and a
-    warning (`RepeatedRequests`) saying how many were dropped: a request is counted once, never twice."""
-    first: dict[tuple, dict] = {}
+    warning (`RepeatedRequests`) saying how many were dropped: a request is counted once, never twice. A
+    line without a request's identity (`KEY_FIELDS`) is no request to count twice: kept as it is."""
+    seen: set[tuple] = set()
+    kept = []
     for record in records:
-        first.setdefault(request_key(record), record)
-    if len(first) < len(records):
-        again = len(records) - len(first)
+        if isinstance(record, dict) and all(k in record for k in KEY_FIELDS):
+            key = request_key(record)
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(record)
+    if len(kept) < len(records):
+        again = len(records) - len(kept)
         warnings.warn(RepeatedRequests(
             f"{path}: {again} request{'s' if again > 1 else ''} recorded more than once (two processes ran this "
-            f"run at the same time); each counted once ({len(first)} requests)"), stacklevel=3)
-    return list(first.values())
+            f"run at the same time); each counted once ({len(kept)} requests)"), stacklevel=3)
+    return kept
 
 
 def requests_and_notes(run_dir: Path, repair: bool = False) -> tuple[list[dict], list[str]]:

@@ -61,44 +61,44 @@ def profile_run(run_args: list[str], systems: list[tuple[str, str]], kind: str, 
                           f"--resume {out_dir} to finish it)")
     out_dir.mkdir(parents=True)
     owner = own(out_dir, f"continue with dspark-bench profile --resume {out_dir}")  # (one process at a time)
-    if note:
-        console.print(note, highlight=False, soft_wrap=True)
-    folder = RunFolder(out_dir)
-    if run_options is not None:
-        folder.write_json("run-options.json", run_options)
-        run_args = ["--options-file", str(out_dir / "run-options.json"), *run_args]
-    plan = None
-    vllm = (run_options or {}).get("backend") == "vllm"
-    if kind == "nsys":
-        preset, why = choose_preset(preset, vllm)
-        plan = plan_flags(find_nsys(nsys_path), preset, nsys_args or [])
-        for notice in ([why] if why else []) + plan.dropped:
-            console.print(f"notice: {notice}", style="yellow", highlight=False, soft_wrap=True)
-    record = {"kind": kind, "preset": preset if plan else None, "nsys": str(plan.nsys) if plan else None,
-              "nsys_version": plan.version if plan else None, "flags": plan.flags if plan else None,
-              "dropped": plan.dropped if plan else [], "commands": {}, "methods": dict(systems),
-              "requests_per_system": requests_per_system, "max_trace_mb": max_trace_mb or None,
-              "note": "profiled timings are not comparable with unprofiled runs"}
-    if vllm and plan:  # vLLM's model runs in its worker, followed by nsys across fork and exec whatever was said
-        plan.flags = [f for f in plan.flags if not f.startswith("--trace-fork-before-exec")]
-        plan.flags.append("--trace-fork-before-exec=true")
-        record["flags"] = plan.flags
-    env = _child_env(record, vllm)
-    jobs = []  # (label, command, requests expected, method or None for the unprofiled run)
-    if overhead:
-        cmd = child_run_args(run_args, None, out_dir / REFERENCE, None)
-        record["reference"] = {"folder": REFERENCE, "command": cmd,
-                               "how": "the same requests of every system in one unprofiled child run, before the "
-                                      "profiles; overhead: profiled TPOT less this run's"}
-        jobs.append((REFERENCE, cmd, requests_per_system * len(systems) if requests_per_system else None, None))
-        console.print(f"timing the same requests unprofiled first, every system in one run ({REFERENCE}/), to "
-                      "measure the profiler's overhead (--no-overhead to skip)", highlight=False, soft_wrap=True)
-    for system, method in systems:
-        child = child_run_args(run_args, system, out_dir / system, kind)
-        record["commands"][system] = nsys_command(plan, out_dir / system, child) if plan else child
-        jobs.append((system, record["commands"][system], requests_per_system, method))
-    folder.write_json("profile.json", record)
-    with owner:
+    with owner:  # (let go however what follows ends)
+        if note:
+            console.print(note, highlight=False, soft_wrap=True)
+        folder = RunFolder(out_dir)
+        if run_options is not None:
+            folder.write_json("run-options.json", run_options)
+            run_args = ["--options-file", str(out_dir / "run-options.json"), *run_args]
+        plan = None
+        vllm = (run_options or {}).get("backend") == "vllm"
+        if kind == "nsys":
+            preset, why = choose_preset(preset, vllm)
+            plan = plan_flags(find_nsys(nsys_path), preset, nsys_args or [])
+            for notice in ([why] if why else []) + plan.dropped:
+                console.print(f"notice: {notice}", style="yellow", highlight=False, soft_wrap=True)
+        record = {"kind": kind, "preset": preset if plan else None, "nsys": str(plan.nsys) if plan else None,
+                  "nsys_version": plan.version if plan else None, "flags": plan.flags if plan else None,
+                  "dropped": plan.dropped if plan else [], "commands": {}, "methods": dict(systems),
+                  "requests_per_system": requests_per_system, "max_trace_mb": max_trace_mb or None,
+                  "note": "profiled timings are not comparable with unprofiled runs"}
+        if vllm and plan:  # vLLM's model runs in its worker, followed by nsys across fork and exec whatever was said
+            plan.flags = [f for f in plan.flags if not f.startswith("--trace-fork-before-exec")]
+            plan.flags.append("--trace-fork-before-exec=true")
+            record["flags"] = plan.flags
+        env = _child_env(record, vllm)
+        jobs = []  # (label, command, requests expected, method or None for the unprofiled run)
+        if overhead:
+            cmd = child_run_args(run_args, None, out_dir / REFERENCE, None)
+            record["reference"] = {"folder": REFERENCE, "command": cmd,
+                                   "how": "the same requests of every system in one unprofiled child run, before the "
+                                          "profiles; overhead: profiled TPOT less this run's"}
+            jobs.append((REFERENCE, cmd, requests_per_system * len(systems) if requests_per_system else None, None))
+            console.print(f"timing the same requests unprofiled first, every system in one run ({REFERENCE}/), to "
+                          "measure the profiler's overhead (--no-overhead to skip)", highlight=False, soft_wrap=True)
+        for system, method in systems:
+            child = child_run_args(run_args, system, out_dir / system, kind)
+            record["commands"][system] = nsys_command(plan, out_dir / system, child) if plan else child
+            jobs.append((system, record["commands"][system], requests_per_system, method))
+        folder.write_json("profile.json", record)
         return _profile_jobs(jobs, [], out_dir, console, record, plan, vllm, env, stall_s)
 
 
@@ -114,32 +114,32 @@ def resume_profile(out_dir: Path, console, stall_s: float = STALL_S) -> dict:
         raise DSparkError(f"--resume {out_dir}: this profile was made before profiles could be resumed; profile "
                           "again with another --out")
     owner = own(out_dir, f"continue with dspark-bench profile --resume {out_dir}")  # (before a file is removed)
-    vllm = "vllm" in record  # (what the children of a vLLM profile were started with)
-    plan = NsysPlan(Path(record["nsys"]), record["nsys_version"], record["flags"], record["dropped"]) \
-        if record["kind"] == "nsys" else None
-    per = record["requests_per_system"]
-    jobs, finished = [], []
-    reference = record.get("reference")
-    if reference and not _complete(out_dir / REFERENCE):
-        cmd = reference["command"]
-        if (out_dir / REFERENCE / MANIFEST).is_file():  # the run itself takes up where it stopped
-            cmd = [*cmd[:cmd.index("run") + 1], "--resume", str(out_dir / REFERENCE)]
-        else:  # (stopped before its manifest: what it left is no run to resume)
-            _remove(out_dir / REFERENCE, out_dir / f"{REFERENCE}.log")
-        jobs.append((REFERENCE, cmd, per * len(record["methods"]) if per else None, None))
-    for system, method in record["methods"].items():
-        if (out_dir / f"{system}.summary.json").is_file():
-            continue
-        if _complete(out_dir / system) and _trace(out_dir, system, plan) is not None:
-            finished.append((system, method))
-            continue
-        _remove(out_dir / system, out_dir / f"{system}.nsys-rep", out_dir / f"{system}.sqlite",
-                out_dir / f"{system}.log", out_dir / f".{system}.open")
-        jobs.append((system, record["commands"][system], per, method))
-    left = [j[0] for j in jobs] + [f"{s} (summarised only)" for s, _ in finished]
-    console.print(f"resuming {out_dir}: " + (", ".join(left) if left else "nothing left to do"), highlight=False,
-                  soft_wrap=True)
-    with owner:
+    with owner:  # (let go however what follows ends)
+        vllm = "vllm" in record  # (what the children of a vLLM profile were started with)
+        plan = NsysPlan(Path(record["nsys"]), record["nsys_version"], record["flags"], record["dropped"]) \
+            if record["kind"] == "nsys" else None
+        per = record["requests_per_system"]
+        jobs, finished = [], []
+        reference = record.get("reference")
+        if reference and not _complete(out_dir / REFERENCE):
+            cmd = reference["command"]
+            if (out_dir / REFERENCE / MANIFEST).is_file():  # the run itself takes up where it stopped
+                cmd = [*cmd[:cmd.index("run") + 1], "--resume", str(out_dir / REFERENCE)]
+            else:  # (stopped before its manifest: what it left is no run to resume)
+                _remove(out_dir / REFERENCE, out_dir / f"{REFERENCE}.log")
+            jobs.append((REFERENCE, cmd, per * len(record["methods"]) if per else None, None))
+        for system, method in record["methods"].items():
+            if (out_dir / f"{system}.summary.json").is_file():
+                continue
+            if _complete(out_dir / system) and _trace(out_dir, system, plan) is not None:
+                finished.append((system, method))
+                continue
+            _remove(out_dir / system, out_dir / f"{system}.nsys-rep", out_dir / f"{system}.sqlite",
+                    out_dir / f"{system}.log", out_dir / f".{system}.open")
+            jobs.append((system, record["commands"][system], per, method))
+        left = [j[0] for j in jobs] + [f"{s} (summarised only)" for s, _ in finished]
+        console.print(f"resuming {out_dir}: " + (", ".join(left) if left else "nothing left to do"), highlight=False,
+                      soft_wrap=True)
         return _profile_jobs(jobs, finished, out_dir, console, record, plan, vllm, _child_env(record, vllm), stall_s)
 
 
