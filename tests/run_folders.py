@@ -78,22 +78,25 @@ def served(system: str, qid: str, concurrency: int, tpot: float, start: float) -
                      "acceptance_source": None if plain else "server counters (wave)", "matches_baseline": None}
 
 
-def write(path: Path, records: list[dict], *, systems: list[str], temperatures=(0.0,), categories=("coding",),
-          prompts: int | None = None, backend: str = "native", concurrency=(1,), waves: list[dict] | None = None,
-          device: str = "cpu") -> Path:
-    """A run folder: manifest.json (settings, plan, provenance), requests.jsonl, and waves.jsonl if given.
-    The plan is `prompts` per system x temperature x category x level (default: as many as recorded)."""
-    path.mkdir(parents=True, exist_ok=True)
+def manifest(records: list[dict], *, systems: list[str], temperatures=(0.0,), categories=("coding",),
+             prompts: int | None = None, backend: str = "native", concurrency=(1,), device: str = "cpu") -> dict:
+    """A run's manifest: settings, plan and provenance. The plan is `prompts` per system x temperature x
+    category x level (default: as many as recorded)."""
     n = prompts or max(1, len({r["question_id"] for r in records}) // max(1, len(categories)))
     plan = expected_requests([(s, t, c, k) for s in systems for t in temperatures for c in categories
                               for k in concurrency for _ in range(n)])
-    manifest = {"settings": {"backend": backend, "target": "demo", "split": "qualitative",
-                             "categories": list(categories), "systems": systems, "temperatures": list(temperatures),
-                             "num_prompts": n, "device": device},
-                "provenance": {"time_utc": "2026-01-02T03:04:05+00:00", "git": {"commit": "0123456789abcdef", "dirty": True},
-                               "device": device, "cpu": "x86_64", "cores": 2},
-                "requests_expected": plan}
-    (path / "manifest.json").write_text(json.dumps(manifest))
+    return {"settings": {"backend": backend, "target": "demo", "split": "qualitative",
+                         "categories": list(categories), "systems": systems, "temperatures": list(temperatures),
+                         "num_prompts": n, "device": device},
+            "provenance": {"time_utc": "2026-01-02T03:04:05+00:00", "git": {"commit": "0123456789abcdef", "dirty": True},
+                           "device": device, "cpu": "x86_64", "cores": 2},
+            "requests_expected": plan}
+
+
+def write(path: Path, records: list[dict], *, waves: list[dict] | None = None, **plan) -> Path:
+    """A run folder: manifest.json (`manifest`, of `plan`'s keywords), requests.jsonl, and waves.jsonl if given."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "manifest.json").write_text(json.dumps(manifest(records, **plan)))
     (path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if waves is not None:
         (path / "waves.jsonl").write_text("".join(json.dumps(w) + "\n" for w in waves))
@@ -121,8 +124,13 @@ def interrupted(root: Path) -> Path:
 
 
 def empty(root: Path) -> Path:
-    """Ctrl-C before any request finished: a manifest and no request."""
-    return write(root / "empty", [], systems=["plain", "dspark"], prompts=2)
+    """Ctrl-C before any request finished (during warm-up): the folder as the runner made it
+    (`RunFolder.create`), its manifest and an empty requests.jsonl."""
+    from harness.runs.folder import RunFolder
+
+    path = root / "empty"
+    RunFolder(path).create(manifest([], systems=["plain", "dspark"], prompts=2))
+    return path
 
 
 def mixed(root: Path) -> Path:

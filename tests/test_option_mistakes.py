@@ -53,7 +53,8 @@ def test_a_dataset_revision_where_no_hub_dataset_is_read_is_refused(no_models, t
     exp.write_text('name = "rev"\ntarget = "demo"\ndataset = "demo"\ndataset_revision = "main"\n'
                    '[[systems]]\nname = "plain"\nmethod = "plain"\n')
     _refused(monkeypatch, capfd, ["--experiment", exp], f'{exp}: dataset_revision = "main"',
-             "applies only to hub datasets", 'dataset is "demo"')
+             "applies only to hub datasets", "the demo suite ships with the package",
+             "drop dataset_revision from the experiment")
 
 
 @needs_demo

@@ -336,3 +336,19 @@ def test_a_profile_interrupted_before_its_jobs_lets_the_folder_go(tmp_path):
     assert caught.value is not None  # (the traceback, and every frame it holds, still alive here)
     with own(folder, "continue"):
         pass
+
+
+@needs_demo
+def test_an_experiments_dataset_revision_under_dataset_path_is_refused(no_models, tmp_path, monkeypatch, capfd):
+    """The revision held against the data the run reads, wherever each came from: the experiment's
+    `dataset_revision` (its dataset the hub) with `--dataset-path` was silently ignored."""
+    from test_option_mistakes import _refused
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"turns": ["hello"], "category": "coding"}) + "\n")
+    exp = tmp_path / "rev.toml"
+    exp.write_text('name = "rev"\ntarget = "demo"\ndataset_revision = "v1"\n[[systems]]\nname = "plain"\n'
+                   'method = "plain"\n')
+    _refused(monkeypatch, capfd, ["--experiment", exp, "--dataset-path", rows], f'{exp}: dataset_revision = "v1"',
+             "a revision applies only to hub datasets", "--dataset-path reads local files as they are",
+             "drop dataset_revision from the experiment (or --dataset-path)")

@@ -381,5 +381,5 @@ def profiled_by(run_dir: Path, manifest: dict) -> dict | None:
     if not kind:
         return None
     reference = Path(run_dir).resolve().parent / UNPROFILED
-    return {"profiler": PROFILERS.get(kind, str(kind)),
-            "unprofiled": str(reference) if (reference / REQUESTS).is_file() else None}
+    timed = (reference / REQUESTS).is_file() and (reference / REQUESTS).stat().st_size > 0  # (made empty at its start)
+    return {"profiler": PROFILERS.get(kind, str(kind)), "unprofiled": str(reference) if timed else None}

@@ -26,6 +26,16 @@ class Longest:
     replies: int = 0  # earlier replies counted in its prompt (each output_len tokens)
 
 
+def limit(settings: dict, positions: int) -> int:
+    """The context the run's requests meet: the target's `positions` (max_position_embeddings), or vLLM's
+    `max_model_len` where the run's engine arguments set it lower. Before any model loads (`check`) and for
+    each later turn of a conversation (the runner), the one rule: a request within it is never refused."""
+    cap = (settings.get("engine_args") or {}).get("max_model_len")
+    if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < positions:
+        return cap
+    return positions
+
+
 def longest(settings: dict, rows: list | None, turns_of: dict[str, list[str]] | None) -> Longest:
     """The run's longest request against the target's context. `rows` None: the prompts are not known (the
     hub out of reach), counted as one token."""
@@ -35,16 +45,14 @@ def longest(settings: dict, rows: list | None, turns_of: dict[str, list[str]] | 
     from harness.specs.shaped import run_tokenizer
 
     path = resolve_path(settings["target"])
-    limit = TargetConfig.from_hf(read_config(path), f"target {settings['target']}").max_position_embeddings
-    cap = (settings.get("engine_args") or {}).get("max_model_len")
-    if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < limit:
-        limit = cap  # (vLLM's engine argument, where given, is the limit the run meets)
+    most = limit(settings, TargetConfig.from_hf(read_config(path), f"target {settings['target']}")
+                 .max_position_embeddings)
     out_len = settings["output_len"]
     if not rows:
-        return Longest(1 + out_len, 1, None, limit)
+        return Longest(1 + out_len, 1, None, most)
     tokenizer = run_tokenizer(Path(path), settings["target"], settings["split"])
     reply = "x" if settings["ignore_eos"] else ""  # (a placeholder: counted as out_len tokens below)
-    best = Longest(0, 0, None, limit)
+    best = Longest(0, 0, None, most)
     for row in rows:
         turns = turns_of[row.question_id]
         for k in range(len(turns)):
@@ -52,7 +60,7 @@ def longest(settings: dict, rows: list | None, turns_of: dict[str, list[str]] | 
             if reply:
                 prompt += k * (out_len - 1)  # each earlier reply out_len tokens (the placeholder counted one)
             if prompt + out_len > best.positions:
-                best = Longest(prompt + out_len, prompt, row.question_id, limit, k if reply else 0)
+                best = Longest(prompt + out_len, prompt, row.question_id, most, k if reply else 0)
     return best
 
 
@@ -64,9 +72,12 @@ def check(settings: dict, rows: list | None, turns_of: dict[str, list[str]] | No
     found = longest(settings, rows, turns_of)
     if found.positions <= found.limit:
         return
+    source = ("vLLM's max_model_len, as the run's engine arguments set it"
+              if (settings.get("engine_args") or {}).get("max_model_len") == found.limit
+              else f"max_position_embeddings of {settings['target']}")
     need = (f"its longest request needs {found.positions:,} positions (a prompt of {found.prompt:,} tokens"
             + (f", {found.question_id}" if found.question_id else "") + f", + --output-len {settings['output_len']})"
-            f", past the target's context of {found.limit:,} (max_position_embeddings of {settings['target']})")
+            f", past the target's context of {found.limit:,} ({source})")
     room = found.limit - found.prompt
     fix = ("a smaller --output-len (each earlier reply of the conversation is that long too)" if found.replies else
            f"--output-len {room} or less" if room >= 1 else

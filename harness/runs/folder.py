@@ -42,9 +42,12 @@ class RunFolder:
                               "folder (or --resume DIR to finish an unfinished run)")
 
     def create(self, manifest: dict) -> None:
+        """The manifest, and an empty `requests.jsonl` beside it: a run stopped before its first request
+        (during warm-up) is one with none done, not one whose requests were deleted."""
         self.check_new()
         self.path.mkdir(parents=True, exist_ok=True)
         self.write_json(MANIFEST, manifest)
+        (self.path / REQUESTS).touch()
 
     def resumable(self) -> dict:
         """The manifest of the run to resume, or a one-line refusal saying what the folder is instead."""
@@ -82,11 +85,11 @@ class RunFolder:
                           f"({what}); restore the file as it was to finish this run, or start a new run of the edited "
                           "experiment with --out DIR")
 
-    def check_resume(self, settings: dict, exp: Experiment) -> None:
-        """Exit (DSparkError) unless the experiment file (`check_experiment`) and `settings` equal those the
-        run was started with."""
-        self.check_experiment(exp)
-        before = self.resumable()["settings"]
+    def check_resume(self, settings: dict) -> None:
+        """Exit (DSparkError) unless `settings` equal those the run was started with (its experiment file is
+        held against the run's first, key by key, by `check_experiment`: `run` calls it before resolving them)."""
+        manifest = self.resumable()
+        before = manifest.get("settings") or {}
         for key in sorted(set(before) | set(settings)):
             if before.get(key) != settings.get(key):
                 old = "" if "options" in manifest else " (this run predates resuming from the folder alone)"

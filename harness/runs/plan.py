@@ -178,8 +178,10 @@ def check_options(opts: RunOptions, exp: Experiment) -> dict:
         raise DSparkError(f"--num-prompts is {opts.num_prompts}; give at least 1")
     if opts.threads is not None and not isinstance(opts.threads, threads.Recorded):  # (a resumed run keeps its own)
         threads.check(opts.threads)
-    if opts.dataset_revision is not None:
-        datasets.check_revision(opts.dataset_revision, "files" if opts.dataset_path else exp.dataset)
+    revision = opts.dataset_revision or exp.dataset_revision  # (as `resolve_settings` resolves it)
+    if revision is not None:
+        datasets.check_revision(revision, "files" if opts.dataset_path else exp.dataset,
+                                None if opts.dataset_revision else exp.path)
     if opts.acceptance is not None:
         check_spec(opts.acceptance)
     engine_args = parallel_arguments(opts, backend, engine_arguments(opts.vllm_args, exp.engine_args))

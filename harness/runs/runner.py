@@ -43,7 +43,7 @@ from harness.analysis.synthetic_check import label
 from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
-from harness.runs import contention, threads
+from harness.runs import contention, context, threads
 from harness.runs.folder import RunFolder, experiment_text
 from harness.runs.owner import Owner, own
 from harness.runs.plan import (RunOptions, default_out, load_dataset, plan_jobs, recorded_options, request_seed,
@@ -83,11 +83,9 @@ def run(opts: RunOptions, console: Console, data: datasets.Dataset | None = None
         summary = write_summaries(session.folder)  # (before the folder is let go)
     except KeyboardInterrupt:
         write_summaries(session.folder)  # of the finished requests, marked incomplete
-        again = (f"profile --resume {session.folder.path.parent}" if opts.profiled  # (a profile's child)
-                 else f"run --resume {session.folder.path}")
         console.print(f"interrupted: {len(read_requests(session.folder.path))} finished requests and their summaries "
-                      f"are in {session.folder.path}; continue with: dspark-bench {again}", highlight=False,
-                      soft_wrap=True)
+                      f"are in {session.folder.path}; continue with: {resume_command(opts, session.folder.path)}",
+                      highlight=False, soft_wrap=True)
         raise Interrupted from None
     finally:  # engines and servers stop with the run, whichever way it ends
         for prepared in session.prepared.values():
@@ -95,6 +93,12 @@ def run(opts: RunOptions, console: Console, data: datasets.Dataset | None = None
         gc.unfreeze()  # (the warm-ups froze what loading left: collectable again, at exit too)
         session.owner.release()
     return session.folder.path, summary
+
+
+def resume_command(opts: RunOptions, run_dir: Path) -> str:
+    """The command that finishes this run once stopped: a profile's child is finished by its profile."""
+    return (f"dspark-bench profile --resume {run_dir.parent}" if opts.profiled
+            else f"dspark-bench run --resume {run_dir}")
 
 
 @dataclass
@@ -124,9 +128,7 @@ class Session:
         exp = load_experiment(opts.experiment)
         settings = resolve_settings(opts, exp)
         folder = RunFolder(Path(opts.resume) if opts.resume else Path(opts.out) if opts.out else default_out(settings))
-        again = (f"continue with dspark-bench profile --resume {folder.path.parent}" if opts.profiled  # (a child)
-                 else f"continue with dspark-bench run --resume {folder.path}")
-        owner = own(folder.path, again)
+        owner = own(folder.path, f"continue with {resume_command(opts, folder.path)}")
         try:
             return cls._load(opts, console, data, exp, settings, folder, owner)
         except BaseException:
@@ -138,7 +140,7 @@ class Session:
               folder: RunFolder, owner: Owner) -> Session:
         """`open`'s work once the folder is owned."""
         if opts.resume:
-            folder.check_resume(settings, exp)
+            folder.check_resume(settings)
         data = load_dataset(opts, exp, settings) if data is None else data
         rows = select_prompts(data, settings)
         if settings["num_prompts"] is not None and len(rows) < settings["num_prompts"]:
@@ -296,9 +298,10 @@ class Session:
             messages = conversation(self.turns_of[row.question_id][: wave.turn + 1],
                                     [r["output_text"] for r in previous])
             ids = chat_prompt_ids(self.tokenizer, messages)
-            if len(ids) + self.settings["output_len"] > self.backend.max_context:  # (a later turn after long replies)
+            limit = context.limit(self.settings, self.backend.max_context)
+            if len(ids) + self.settings["output_len"] > limit:  # (a later turn after long replies)
                 self._write(self._failed(wave, row, f"prompt ({len(ids)}) + --output-len ({self.settings['output_len']}"
-                                                    f") passes the target's context ({self.backend.max_context})"))
+                                                    f") passes the target's context ({limit})"))
                 advance()
                 continue
             seed = request_seed(self.settings["seed"], row.question_id, wave.turn, wave.temperature)

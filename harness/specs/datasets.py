@@ -66,14 +66,19 @@ def check_split(split: str) -> None:
         raise DSparkError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
 
 
-def check_revision(revision: str, source: str) -> None:
+def check_revision(revision: str, source: str, experiment: str | None = None) -> None:
     """Refuse a dataset revision where nothing would read it: only the hub has revisions; the demo suite
-    ships with the package and local files are read as they are (a revision given there was silently ignored)."""
-    if source != "hub":
-        where = "--dataset-path reads local files as they are" if source == "files" else \
-            "the demo suite ships with the package"
-        raise DSparkError(f"--dataset-revision {revision}: a revision applies only to hub datasets ({HUB_ID}); "
-                          f"{where}: drop --dataset-revision")
+    ships with the package and local files are read as they are (a revision given there was silently ignored).
+    `source`: the data the run reads (hub, demo, or files: --dataset-path, whatever the experiment says);
+    `experiment`: the file the revision came from (None: --dataset-revision)."""
+    if source == "hub":
+        return
+    where = "--dataset-path reads local files as they are" if source == "files" else \
+        "the demo suite ships with the package"
+    given, drop = ((f"--dataset-revision {revision}", "--dataset-revision") if experiment is None else
+                   (f"{experiment}: dataset_revision = {json.dumps(revision)}",
+                    "dataset_revision from the experiment" + (" (or --dataset-path)" if source == "files" else "")))
+    raise DSparkError(f"{given}: a revision applies only to hub datasets ({HUB_ID}); {where}: drop {drop}")
 
 
 def load(split: str, dataset_path: Path | None = None, source: str = "hub", revision: str | None = None) -> Dataset:

@@ -190,10 +190,7 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
     dataset = typed(data, "dataset", str, where, default="hub")
     if dataset not in DATASETS:
         raise DSparkError(f"{where}: dataset '{dataset}' must be one of {', '.join(DATASETS)}")
-    revision = typed(data, "dataset_revision", str, where)
-    if revision is not None and dataset != "hub":
-        raise DSparkError(f"{where}: dataset_revision = {json.dumps(revision)}: a revision applies only to hub "
-                          f"datasets; dataset is \"{dataset}\" (drop dataset_revision)")
+    revision = typed(data, "dataset_revision", str, where)  # (held against the data the run reads: `check_options`)
     sampling = typed(data, "sampling", dict, where, default={})
     known_keys(sampling, SAMPLING_KEYS, where, "sampling.")
     output_len = typed(sampling, "output_len", int, where, "sampling.", 2048, at_least=1)
