@@ -352,3 +352,19 @@ def test_an_experiments_dataset_revision_under_dataset_path_is_refused(no_models
     _refused(monkeypatch, capfd, ["--experiment", exp, "--dataset-path", rows], f'{exp}: dataset_revision = "v1"',
              "a revision applies only to hub datasets", "--dataset-path reads local files as they are",
              "drop dataset_revision from the experiment (or --dataset-path)")
+
+
+def test_the_context_a_request_meets_is_one_rule_for_the_first_check_and_every_later_turn():
+    """`context.limit`: the target's positions, or vLLM's max_model_len where the engine arguments set it lower
+    (the runner's later-turn check used the target's positions alone). A refusal names which limit it was."""
+    from harness.runs import context
+
+    assert context.limit({"engine_args": {"max_model_len": 512}}, 2048) == 512
+    assert context.limit({"engine_args": {"max_model_len": 4096}}, 2048) == 2048
+    assert context.limit({}, 2048) == 2048
+    if not (DEMO_DIR / "target" / "config.json").is_file():
+        return
+    settings = {"backend": "vllm", "target": "demo", "output_len": 100, "engine_args": {"max_model_len": 64}}
+    with pytest.raises(DSparkError, match="past the target's context of 64 \\(vLLM's max_model_len, as the run's "
+                                          "engine arguments set it\\); give --output-len 63 or less"):
+        context.check(settings, None, None, None)
