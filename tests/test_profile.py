@@ -4,6 +4,7 @@ profiler's overhead, and how the nsys path finds nsys and builds its command."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -104,6 +105,30 @@ def test_profile_refuses_bad_choices(monkeypatch, capfd):
     assert "one of --nsys or --torch" in run_cli(monkeypatch, capfd, "profile")[2]
     code, _, err = run_cli(monkeypatch, capfd, "profile", "--nsys", "--device", "cpu")
     assert code == 2 and "needs a CUDA device" in err
+
+
+@needs_demo
+def test_profile_refuses_a_request_past_the_context_before_making_its_folder(tmp_path, monkeypatch, capfd):
+    """`profile --output-len 100000` made its folder, its child run refused, and the user was told to resume a
+    profile that could never finish; now the run's own preflight refuses it first: one line, exit 2, no folder."""
+    out = tmp_path / "prof"
+    code, _, err = run_cli(monkeypatch, capfd, "profile", "--torch", "--device", "cpu", "--output-len", "100000",
+                           "--out", out)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "the run cannot fit" in err and "past the target's context of 2,048" in err and "--output-len" in err
+    assert "--resume" not in err and not out.exists()
+
+
+@needs_demo
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_profile_refuses_a_vllm_engine_argument_before_making_its_folder(tmp_path, monkeypatch, capfd):
+    """`profile --backend vllm --vllm-arg nosuch=1` refused in the child, after the folder was made; now as
+    `run` refuses it, before: one line naming the argument, exit 2, no folder."""
+    out = tmp_path / "prof"
+    code, _, err = run_cli(monkeypatch, capfd, "profile", "--torch", "--backend", "vllm", "--device", "cpu",
+                           "--systems", "plain", "--vllm-arg", "nosuch=1", "--out", out)
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error: --vllm-arg nosuch: not an engine argument")
+    assert "--resume" not in err and not out.exists()
 
 
 HELP = """usage: nsys profile [<args>] [application] [<application args>]

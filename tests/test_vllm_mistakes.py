@@ -109,11 +109,13 @@ def test_the_dry_run_refuses_the_deepspec_dflash_draft_vllms_cpu_build_refuses(t
 def test_a_vllm_runs_leftovers_do_not_block_its_out_folder(tmp_path, monkeypatch, capfd):
     args = ["run", "--experiment", _experiment(tmp_path), "--systems", "plain", "--device", "cpu", "--num-prompts",
             "1", "--vllm-arg", "no_such_engine_argument=1", "--out", tmp_path / "r"]
-    for _ in range(2):  # the same mistake twice: the same answer, not "holds other files"
+    from harness.backends.vllm_output import logging_config
+
+    logging_config(tmp_path / "r")  # what a run that failed once its engine started left (vllm-logging.json)
+    for _ in range(2):  # a mistake given twice: the same answer (now before the run starts), not "holds other files"
         code, _, err = run_cli(monkeypatch, capfd, *args)
         assert code == 2 and "--vllm-arg no_such_engine_argument: not an engine argument" in err, err
         assert "holds other files" not in err
-    assert (tmp_path / "r" / "vllm-logging.json").is_file()  # (what the failed runs left)
     (tmp_path / "r" / "notes.txt").write_text("mine")
     code, _, err = run_cli(monkeypatch, capfd, *args)
     assert code == 2 and "the folder holds other files" in err  # someone else's file still blocks it

@@ -54,6 +54,7 @@ def profile(
     from harness.backends.registry import CLASSES, backend_class
     from harness.backends.served import ServedBackend
     from harness.profiling.orchestrate import profile_run, resume_profile
+    from harness.runs import preflight
     from harness.runs.selection import choose
     from harness.runs.plan import default_out, recorded_options, resolve_settings
     from harness.specs.experiments import load_experiment
@@ -91,6 +92,7 @@ def profile(
     selection = choose(opts, exp)
     opts = selection.opts
     settings = resolve_settings(opts, exp)
+    preflight.check(opts, exp, settings)  # what the child runs would refuse, before the folder is made
     if out_dir:
         folder = Path(out_dir)
     else:

@@ -37,9 +37,8 @@ def run(
     profiled: Optional[str] = typer.Option(None, hidden=True, help="Set by `profile` for its child runs."),
 ):
     """Run SPEED-Bench prompts through every system of an experiment and compare them."""
-    from harness.runs import context
-    from harness.runs.plan import (check_options, load_dataset, resolve_settings, resume_options, select_prompts,
-                                   user_turns)
+    from harness.runs import preflight
+    from harness.runs.plan import check_options, resolve_settings, resume_options
     from harness.specs.experiments import load_experiment
 
     if profiled not in (None, "nsys", "torch"):
@@ -74,11 +73,9 @@ def run(
         plan = _dry_run(opts, experiment, settings, err if as_json else out)
         if as_json:
             print(json.dumps(plan))
-        _refused_systems(plan["systems"])
+        preflight.refuse(plan["systems"])
         return
-    data = load_dataset(opts, experiment, settings)
-    rows = select_prompts(data, settings)  # a split, category or data file mistake answers before the models load
-    context.check(settings, rows, user_turns(rows, settings["turns"]), opts.resume)  # (and a request too long)
+    data = preflight.check(opts, experiment, settings).data  # what the run would refuse, before the models load
     from harness.runs.runner import run as run_all
 
     path, summary = run_all(opts, err, data)
@@ -112,31 +109,14 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
     experiment resolved against the target's config, reading no weights; then the run's size (prompts,
     requests, output tokens) and an estimate of its time (`harness.runs.estimate`): {systems, size,
     estimate}."""
-    from dspark.checkpoint import pick_dtype, read_config, resolve_path
-    from dspark.config import TargetConfig
+    from dspark.checkpoint import pick_dtype
     from harness.backends.registry import backend_class
-    from harness.backends.systems import resolve_system
-    from harness.runs import context, estimate, threads
-    from harness.runs.plan import load_dataset, plan_jobs, select_prompts, user_turns
+    from harness.runs import estimate, preflight, threads
+    from harness.runs.plan import plan_jobs
 
-    try:
-        data, unread = load_dataset(opts, exp, settings), None
-    except DSparkError as exc:  # the hub out of reach (offline, say): the size per prompt only
-        if settings["dataset"] != "hub":
-            raise
-        data, unread = None, str(exc)
-    prompts = None if data is None else select_prompts(data, settings)
-    turns_of = None if prompts is None else user_turns(prompts, settings["turns"])
-    context.check(settings, prompts, turns_of, opts.resume)  # (what the run would refuse, refused here too)
-    target_path = resolve_path(exp.target)
-    target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
-    rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
-    if settings["backend"] in ("vllm", "vllm-server"):  # what the installed vLLM refuses, as the run would
-        from harness.backends.vllm_checks import dry_run_rows
-        from harness.runs.synthetic import with_synthetic
-
-        rows = dry_run_rows(rows, [with_synthetic(exp.system(n), settings) for n in settings["systems"]], opts.device,
-                            target_path, settings.get("engine_args", {}), settings["backend"])
+    found = preflight.prompts(opts, exp, settings, hub_optional=True)  # (what the run would refuse, refused here too)
+    prompts, turns_of, unread = found.rows, found.turns_of, found.unread
+    target_path, target_cfg, rows = preflight.systems(exp, settings, opts.device)
     from harness.analysis.synthetic_check import label
 
     named = label(settings)
@@ -158,16 +138,6 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
     for line in _size_lines(size) + _estimate_lines(guess, settings, opts.device):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     return {"systems": rows, "size": size, "estimate": guess}
-
-
-def _refused_systems(rows: list[dict]) -> None:
-    """A dry run that predicts a refusal ends as the run would, in one line and exit 2 (it once exited 1
-    with the table alone, while the run refused the same systems with exit 2): which systems, and why."""
-    refused = [r for r in rows if not r["fits_target"]]
-    if refused:
-        others = [r["system"] for r in rows if r["fits_target"]]
-        raise DSparkError("the run would refuse " + "; ".join(f"system {r['system']}: {r['problem']}" for r in refused)
-                          + (f" (the others run with --systems {','.join(others)})" if others else ""))
 
 
 def _count(n: int, noun: str) -> str:
