@@ -3,7 +3,7 @@ SIGINT and SIGTERM in any order end a run in its one line (what it kept, how to 
 130 or 143 as the first signal was, every finished request kept and resumed without repeating one; Ctrl-C
 or SIGTERM during `report --html`, to the process or to its whole group (the notebook kernel too), ends in one
 line, exit 130 or 143 as the first signal was, no page written; a summary's pictures never outlive it; a run's
-CPU time counts the processes it started."""
+CPU time counts the processes it started; engine-bench asks vLLM through the run's one probe."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 import run_folders
 
 from dspark.checkpoint import DEMO_DIR
+from dspark.errors import DSparkError
 from harness.analysis.records import read_requests
 from harness.backends.process_group import descendants
 
@@ -169,3 +170,32 @@ def test_a_runs_cpu_time_counts_the_processes_it_started():
     finally:
         busy.kill()
         busy.wait()
+
+
+class _Weight:  # (where run_against_vllm reads its device and dtype: nothing else is touched before vLLM is asked)
+    def __init__(self, device: str):
+        import torch
+
+        self.weight = type("W", (), {"device": torch.device(device), "dtype": torch.float32})()
+
+
+@pytest.mark.parametrize("version, device, expected", [
+    (None, "cpu", "error: vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]'"),
+    ("0.20.0", "cuda", "error: engine-bench --against vllm: vLLM 0.20.0 has no dspark speculative method")])
+def test_engine_bench_against_vllm_asks_the_one_probe_of_vllm(tmp_path, monkeypatch, version, device, expected):
+    """engine-bench --against vllm imported vLLM itself and named its own install line, beside the one probe
+    the run and the dry run use (`vllm_checks.installed_version`), and never checked the version against the
+    DSpark method it starts; now a missing vLLM and one too old are the run's own lines."""
+    from harness.backends import vllm_checks
+    from harness.microbench.vllm_peer import run_against_vllm
+
+    name = "no_such_vllm_module"
+    if version is not None:
+        (tmp_path / "old_vllm.py").write_text(f"__version__ = {version!r}\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        name = "old_vllm"
+    monkeypatch.setattr(vllm_checks, "MODULE", name)
+    target = type("T", (), {"lm_head": _Weight(device)})()
+    with pytest.raises(DSparkError) as refused:
+        run_against_vllm(target, None, None, None, None, None)
+    assert f"error: {refused.value}".startswith(expected), refused.value

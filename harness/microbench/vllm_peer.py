@@ -39,13 +39,13 @@ from dspark.formats import deepspec
 from harness.backends.server_metrics import delta, engine_counters
 from harness.backends.vllm import (CPU_DEFAULTS, CPU_KV_GIB, engine_record, environment, in_one_line,
                                    logging_environment, v2_runner)
+from harness.backends.vllm_checks import installed_version, version_problem
 from harness.backends.vllm_drafts import as_vllm_reads
 
 # published acceptance lengths of the official Qwen3-8B draft (../shared/docs/anchors.md §0), for the
 # speedup each would give at a measured level; never our own acceptance (random weights accept nothing real)
 PUBLISHED_AL = {"official draft, SPEED-Bench coding, vLLM, T = 1 (Dogacel/Qwen3-8B-DSpark card)": 3.41,
                 "DSpark paper, Qwen3-8B macro over 9 sets, T = 1 (Table 1)": 4.81}
-INSTALL = "engine-bench --against vllm needs vLLM; install the extra: pip install 'dspark-bench[vllm]'"
 
 
 @dataclass
@@ -120,10 +120,8 @@ def per_step_ms(short: dict, long: dict) -> float | None:
 def start_vllm(model: Path, draft: Path | None, dcfg: DraftConfig, on_cpu: bool, dtype: torch.dtype,
                max_len: int, memory_fraction: float, log_dir: Path):
     """A vLLM engine on dummy weights (`draft`: DSpark with it, else plain decoding), and its record."""
-    try:
-        from vllm import LLM
-    except ImportError:
-        raise DSparkError(INSTALL) from None
+    from vllm import LLM  # (present: `run_against_vllm` asked `installed_version` first)
+
     sc = None if draft is None else {"method": "dspark", "model": str(draft), "num_speculative_tokens": dcfg.num_drafts}
     args = (dict(CPU_DEFAULTS) if on_cpu else {"gpu_memory_utilization": memory_fraction}) | {
         "dtype": str(dtype).removeprefix("torch."), "load_format": "dummy", "skip_tokenizer_init": True,
@@ -156,17 +154,17 @@ def run_against_vllm(target, draft, tcfg: TargetConfig, dcfg: DraftConfig, args:
     random models, already built), alternated; vLLM's levels."""
     device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
     log_dir = Path(tempfile.mkdtemp(prefix="dspark-engine-bench-vllm-"))
-    try:
-        with environment(**logging_environment(log_dir)):
-            import vllm
-    except ImportError:
-        raise DSparkError(INSTALL) from None
+    with environment(**logging_environment(log_dir)):  # (vLLM logs as it is imported)
+        version = installed_version()  # the one probe: one line naming the extra where vLLM is missing
     on_cpu = device.type == "cpu"
     if not on_cpu:  # what engine-bench's own engines left cached goes back, for vLLM's free-memory check
         gc.collect()
         torch.cuda.empty_cache()
     systems = ("plain",) if on_cpu else ("plain", "dspark")  # vLLM's DSpark needs its V2 runner's Triton kernels
-    model, draft_dir, note = write_models(tcfg, dcfg, vllm.__version__, dtype, log_dir / "models")
+    problem = version_problem(version, [s for s in systems if s != "plain"])
+    if problem:
+        raise DSparkError(f"engine-bench --against vllm: {problem}")
+    model, draft_dir, note = write_models(tcfg, dcfg, version, dtype, log_dir / "models")
     short, long = args.tokens
     max_len = args.context_len + max(long, args.level_tokens[1]) + dcfg.block_size + 8
     ours = {"plain": Engine(target, None), "dspark": Engine(target, BlockDrafter(draft))}
@@ -187,7 +185,7 @@ def run_against_vllm(target, draft, tcfg: TargetConfig, dcfg: DraftConfig, args:
                          time_vllm(engines[system], [prompt], n, system == "dspark") for n in (short, long)]
                 samples.append({"engine": who, "system": system, "repeat": i, "short": timed[0], "long": timed[1],
                                 "ms": per_step_ms(*timed), "load_avg": os.getloadavg()[0]})
-    out = {"vllm_version": vllm.__version__, "engines": records, "draft_config": note or "as written",
+    out = {"vllm_version": version, "engines": records, "draft_config": note or "as written",
            "log_dir": str(log_dir), "tokens": list(args.tokens), "context_len": args.context_len,
            "weights": "ours random normal(0, 0.02); vLLM load_format=dummy", "samples": samples,
            "figures": figures(samples, systems)}
