@@ -93,9 +93,11 @@ ALLOWED = {
     "harness.profiling": ("dspark.errors", "harness.analysis", "harness.runs.folder", "harness.runs.owner",
                           "harness.backends.capture",
                           "harness.backends.process_group", "harness.profiling"),
-    # (and, for engine-bench --against vllm, what starts a vLLM engine and reads its counters; the step timing and
-    # round-cost measurement it shares with the native backend, which measures the scheduler's costs at start)
-    "harness.microbench": ("dspark", "harness.backends.vllm", "harness.backends.vllm_drafts",
+    # (and, for engine-bench --against vllm, the one probe of vLLM, what starts a vLLM engine and reads its counters;
+    # the step timing and round-cost measurement it shares with the native backend, which measures the scheduler's
+    # costs at start)
+    "harness.microbench": ("dspark", "harness.backends.vllm", "harness.backends.vllm_checks",
+                           "harness.backends.vllm_drafts",
                            "harness.backends.server_metrics", "harness.backends.timing", "harness.backends.round_costs",
                            "harness.microbench"),
 }
