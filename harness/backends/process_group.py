@@ -16,23 +16,32 @@ PROC = Path("/proc")
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's CPU times are in these
 
 
-def _parents() -> dict[int, int]:
-    """{pid: parent pid} of every process still running (zombies, already ended, left out)."""
-    parents = {}
-    for stat in PROC.glob("[0-9]*/stat"):
-        try:
-            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
+def _processes() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, user plus system CPU ticks)} of every process still running (zombies, already
+    ended, left out), in one pass over /proc: the contention check calls it per request on the served
+    backends' event loop, so the tree and its CPU time come from one read of each process's stat."""
+    found = {}
+    try:
+        entries = list(PROC.iterdir())
+    except OSError:  # (no /proc: nothing found)
+        return found
+    for entry in entries:
+        if not entry.name.isdigit():
             continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            state, parent, ticks = fields[0], int(fields[1]), int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue  # (it ended while we read)
         if state not in ("Z", "X"):
-            parents[int(stat.parent.name)] = int(ppid)
-    return parents
+            found[int(entry.name)] = (parent, ticks)
+    return found
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes `pid` started, and theirs, that are still running (none where there is no /proc)."""
+def _tree(pid: int, processes: dict[int, tuple[int, int]]) -> list[int]:
+    """The processes of `processes` that `pid` started, and theirs."""
     children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
+    for child, (parent, _) in processes.items():
         children.setdefault(parent, []).append(child)
     found, todo = [], [pid]
     while todo:
@@ -42,17 +51,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User plus system CPU seconds that `pids` have used so far, from /proc/<pid>/stat (nothing for one
-    that has ended since it was found): the run's share of the cores, its servers' and engines' included."""
-    ticks = 0
-    for pid in pids:
-        try:
-            fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            continue  # (it ended while we read)
-    return ticks / TICK
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, that are still running (none where there is no /proc)."""
+    return _tree(pid, _processes())
+
+
+def descendants_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds that the live descendants of `pid` have used so far, read in the same
+    pass that finds them: the run's share of the cores, its servers' and engines' included."""
+    processes = _processes()
+    return sum(processes[child][1] for child in _tree(pid, processes)) / TICK
 
 
 def running(pid: int) -> bool:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.backends.process_group import TICK, cpu_seconds, descendants
+from harness.backends.process_group import TICK, descendants_cpu_seconds
 
 IDLE_LEFT = 0.25  # cores left idle (on average over the request) below which the cores were all taken
 OTHER_MIN = 0.25  # other processes' use, in cores, below which they did not compete
@@ -74,7 +74,7 @@ def _stall_us() -> int | None:
 
 
 def sample() -> Sample:
-    own = time.process_time() + cpu_seconds(descendants(os.getpid()))  # (its servers and engine cores are ours)
+    own = time.process_time() + descendants_cpu_seconds(os.getpid())  # (its servers and engine cores are ours)
     return Sample(time.monotonic(), own, _busy_seconds(), _stall_us())
 
 
