@@ -191,6 +191,13 @@ def test_train_draft_refuses_bad_data_rows_in_one_line(content, says, tmp_path, 
     assert not (tmp_path / "td").exists()
 
 
+def test_train_draft_calls_a_data_folder_a_folder(tmp_path, monkeypatch, capfd):
+    """A folder given as --data (a run folder, say) was answered "no such data file"."""
+    _refused(monkeypatch, capfd, "train-draft", "--target", "demo", "--data", tmp_path, "--out", tmp_path / "td",
+             "--steps", "1", "--device", "cpu", says=f"--data {tmp_path}: a folder, not a data file")
+    assert not (tmp_path / "td").exists()
+
+
 def test_calibrate_names_a_system_the_run_lacks(tmp_path, monkeypatch, capfd):
     """calibrate --system with a name the run does not have answered "no rounds with recorded draft
     confidences"; it names the systems the run has."""

@@ -261,8 +261,8 @@ def test_a_killed_engine_stops_the_run_in_one_line_and_the_resume_runs_each_requ
     assert first["killed_after"] is not None, "the EngineCore process was not found to kill"
     assert first["code"] == 2
     errors = [line for line in first["stderr"].splitlines() if line.startswith("error")]
-    assert errors == ["error: vLLM's engine for system 'plain' died mid-run (EngineCore or worker); the finished "
-                      "requests are kept, resume the run"]
+    assert len(errors) == 1 and errors[0].startswith("error: vLLM's engine for system 'plain' died mid-run") and \
+        "the finished requests are kept: resume the run" in errors[0], errors
     assert len(first["records"]) >= first["killed_after"]  # nothing finished was lost
     keys = [request_key(r) for r in read_requests(runs["vllm"])]
     assert len(keys) == len(set(keys)) == 2 * CODING  # every request once, none repeated

@@ -6,7 +6,8 @@
   version string), and the installed vLLM passes every gate;
 - an engine that cannot start (vLLM's CPU attention refuses the tiny target's head size 16) is one line
   with vLLM's own cause and the path of its output, no traceback and no resume advice; so is a `vllm serve`
-  that exits before it is ready (a max_model_len past the target's), with the detail vLLM's config error gives;
+  that exits before it is ready (a max_model_len past the target's), with the detail vLLM's config error gives,
+  and an engine that dies after it started (vLLM's cause and log, the finished requests kept);
 - what a failed vLLM run leaves in `--out` before its manifest does not block the folder's reuse.
 """
 
@@ -140,6 +141,29 @@ def test_an_engine_that_cannot_start_is_one_line_with_vllms_cause_and_its_log(ti
                               f"head_dim=16 isa=2 kv_cache_idx=0' (vLLM's output: {log})"), errors
     assert "Traceback" not in run.stderr and "resume" not in run.stderr
     assert "Traceback" in log.read_text()  # (the whole story is in the log)
+
+
+@needs_vllm
+@needs_demo
+def test_an_engine_that_dies_mid_run_is_one_line_with_vllms_cause_and_its_log(tmp_path):
+    """An engine that started and then failed (vLLM's CPU build, one batched token a step, fails its first
+    seeded sample at T = 1: 'CPU Generator does not use offset') said only "died mid-run (EngineCore or
+    worker) ...; resume the run", which then failed the same way: now vLLM's cause and its log, the
+    finished requests kept, and the word that the same cause stops a resume again."""
+    exp = _experiment(tmp_path)
+    exp.write_text(exp.read_text().replace("temperatures = [0.0]", "temperatures = [0.0, 1.0]"))
+    script = Path(sys.executable).with_name("dspark-bench")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
+    run = subprocess.run([str(script), "run", "--experiment", exp, "--systems", "plain", "--device", "cpu",
+                          "--vllm-arg", "max_num_batched_tokens=1", "--out", tmp_path / "r"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env | {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                         timeout=900)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error")]
+    assert run.returncode == 2 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert errors[0].startswith("error: vLLM's engine for system 'plain' died mid-run: ") and \
+        "CPU Generator does not use offset" in errors[0], errors
+    assert f"(vLLM's output: {tmp_path / 'r' / 'vllm.log'}); the finished requests are kept" in errors[0]
+    assert "the same cause stops it again" in errors[0]
 
 
 @needs_vllm

@@ -254,6 +254,14 @@ class VllmBackend(VllmTarget):
         stopped around the timed requests (`profiler_config` was set when the engine started)."""
         return _capture(self, kind, Path(run_dir))
 
+    def _died(self, prepared: Prepared) -> str:
+        """One line for an engine that died after it started: vLLM's own cause and its log, as for one that
+        could not start, since the same cause may stop a resumed run again."""
+        cause = failure_cause(self.log, prepared.handle.get("log_start", 0)) if self.log is not None else None
+        said = f": {cause} (vLLM's output: {self.log})" if cause else " (EngineCore or worker)"
+        return (f"vLLM's engine for system '{prepared.system.name}' died mid-run{said}; the finished requests are "
+                "kept: resume the run once that cause is dealt with (the same cause stops it again)")
+
     def generate(self, prepared: Prepared, prompt: list[int], spec: RequestSpec) -> RequestResult:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -270,8 +278,7 @@ class VllmBackend(VllmTarget):
                                                         use_tqdm=False))
         except Exception as exc:
             if isinstance(exc, EngineDied) or type(exc).__name__ == "EngineDeadError":  # what finished is kept
-                raise EngineDied(f"vLLM's engine for system '{prepared.system.name}' died mid-run (EngineCore or "
-                                 "worker); the finished requests are kept, resume the run") from None
+                raise EngineDied(self._died(prepared)) from None
             raise
         e2el_s = time.perf_counter() - start
         if list(out.prompt_token_ids) != list(prompt):

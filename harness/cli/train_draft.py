@@ -92,6 +92,8 @@ def train_draft(
                           f"--steps {done} or more, or a new --out")
     if str(data) == "demo":
         data = DEMO_DIR / DEMO_DATA
+    if data.is_dir():  # (read_examples would call it missing)
+        raise DSparkError(f"--data {data}: a folder, not a data file; give the JSONL file of training rows")
     dev = options.device(device)
     # the target's config and tokenizer, the data and the draft's config, each checked before the weights load
     target_path = resolve_path(target)
