@@ -17,16 +17,15 @@ R=/tmp/r
 OUT=${OUT:-/tmp/out}
 mkdir -p "$R" "$OUT"
 CLI=(python3 -m harness.cli)
+. benchmarks/stage.sh  # stage NAME SECONDS COMMAND...
 [ -d "$SITE/vllm" ] || python3 tools/vllm_offline/install.py ${PARTS:-/tmp/vp/*} --target "$SITE" >"$R/install.log" 2>&1
 tail -1 "$R/install.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$R/device.txt"
 
 # 1. The defaults: no --preset, no --nsys-arg.
 if [[ " $stages " == *" default "* ]]; then
-t0=$SECONDS
-timeout 400 "${CLI[@]}" profile --nsys --backend vllm --device cuda --systems plain,dspark \
-  --out "$R/profile-vllm-default" >"$R/profile-vllm-default.txt" 2>"$R/profile-vllm-default.log"
-echo "profile-vllm-default rc=$? $((SECONDS - t0)) s" | tee -a "$R/stages.txt"
+stage profile-vllm-default 400 "${CLI[@]}" profile --nsys --backend vllm --device cuda --systems plain,dspark \
+  --out "$R/profile-vllm-default"
 "${CLI[@]}" trace summarize "$R/profile-vllm-default/dspark.sqlite" >"$R/dspark-kernels.txt" 2>&1
 fi
 
@@ -52,5 +51,5 @@ cat "$R/left-after-sigterm.txt" >>"$R/stages.txt"
 fi
 
 tar -C "$R" --exclude='*.nsys-rep' --exclude='*.sqlite' --exclude='*.qdstrm' -czf "$OUT/r.tgz" .
-cp "$R"/stages.txt "$R"/profile-vllm-default.txt "$R"/profile-vllm-default.log "$OUT/" 2>/dev/null
+cp "$R"/stages.txt "$R"/profile-vllm-default.log "$OUT/" 2>/dev/null
 cat "$R/stages.txt"

@@ -1,5 +1,5 @@
-# Sourced by the device scripts (vllm_h200.sh, study_h200.sh): one stage of a device call, timed under its own
-# limit, its output in $R/NAME.log, its exit code and seconds appended to $R/stages.txt.
+# Sourced by the device scripts (vllm_h200.sh, study_h200.sh, profile_vllm_h200.sh): one stage of a device
+# call, timed under its own limit, its output in $R/NAME.log, its exit code and seconds appended to $R/stages.txt.
 stage() {  # stage NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
