@@ -51,22 +51,23 @@ def train_draft(
     """Train a DSpark, DFlash or EAGLE-3 draft for a Qwen3 target.
 
     DSpark and DFlash-mode drafts learn DeepSpec's block objective; an EAGLE-3 draft, its training-time test."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from dspark.train import TrainArgs
 
-    from dspark.checkpoint import DEMO_DIR, load_target, read_config, resolve_path, save_draft
+    tcfg, dcfg, loss, examples, dev = _checked(target, data, out_dir, method, layers, block_size, markov_rank, taps,
+                                               mask_token_id, ttt_length, draft_vocab_size, steps, num_anchors,
+                                               resume, device)
+    args = TrainArgs(steps=steps, batch=batch, lr=lr, seed=seed, checkpoint_every=checkpoint_every, loss=loss)
+    _train(target, tcfg, dcfg, examples, args, out_dir, method, resume, dev, time_limit)
+
+
+def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, block_size: int, markov_rank: int,
+             taps: str | None, mask_token_id: int | None, ttt_length: int | None, draft_vocab_size: int | None,
+             steps: int, num_anchors: int, resume: bool, device: str):
+    """(target config, draft config, objective, examples, device) of the options, every mistake in them
+    refused in one line before any weights load: a training that starts is not stopped by its options."""
+    from dspark.checkpoint import DEMO_DIR, read_config, resolve_path
     from dspark.config import TargetConfig
-    from dspark.train import (
-        LossConfig,
-        TrainArgs,
-        TrainingStopped,
-        checkpoint_format,
-        checkpoint_path,
-        checkpoint_step,
-        load_checkpoint,
-        read_examples,
-        stop_requested,
-        train,
-    )
+    from dspark.train import LossConfig, checkpoint_path, checkpoint_step, read_examples
 
     if method not in METHODS:
         raise DSparkError(f"--method '{method}' is unknown; use {', '.join(METHODS)}")
@@ -120,8 +121,20 @@ def train_draft(
         loss = LossConfig(num_anchors=num_anchors)
     dcfg.validate("train-draft")
     dcfg.check_target(tcfg, "train-draft")
+    return tcfg, dcfg, loss, examples, dev
+
+
+def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, resume: bool, dev: str,
+           time_limit: float | None) -> None:
+    """Load the target, start a fresh draft or resume the checkpoint, train with a progress bar (stopped
+    on a checkpointed step by the time limit, Ctrl-C or SIGTERM: exit code 3), and save the draft."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from dspark.checkpoint import load_target, save_draft
+    from dspark.train import TrainingStopped, checkpoint_format, load_checkpoint, stop_requested, train
+
+    steps = args.steps
     loaded = load_target(target, dev, "float32")
-    args = TrainArgs(steps=steps, batch=batch, lr=lr, seed=seed, checkpoint_every=checkpoint_every, loss=loss)
     start, opt_state = 0, None
     resumed = load_checkpoint(out_dir, loaded.model) if resume else None
     if resumed is not None:
@@ -130,7 +143,7 @@ def train_draft(
             raise DSparkError(f"--method {method}: the checkpoint in {out_dir} is of method {draft.config.method}; "
                               f"resume it with --method {draft.config.method}")
     else:
-        draft = _random_draft(dcfg, loaded.model, examples, seed)
+        draft = _random_draft(dcfg, loaded.model, examples, args.seed)
     columns = [TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[stats]}"), TimeRemainingColumn()]
     with stop_requested(time_limit) as stop, Progress(*columns, console=err) as progress:
@@ -142,7 +155,7 @@ def train_draft(
                 return
             n = len(stats)
             shown = f"loss {sum(float(s.loss.detach()) for s in stats) / n:.3f}  tau~{sum(float(s.tau) for s in stats) / n:.2f}"
-            if eagle3:  # each TTT step's accuracy (draft arg-max = target arg-max), step 0 first
+            if method == "eagle3":  # each TTT step's accuracy (draft arg-max = target arg-max), step 0 first
                 shown += "  acc " + " ".join(f"{float(a):.2f}" for a in sum(s.accuracy for s in stats) / n)
             progress.update(task, completed=step + 1, stats=shown)
 
