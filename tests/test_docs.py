@@ -86,3 +86,12 @@ def test_every_option_of_every_command_is_on_its_docs_page():
 def test_every_test_file_is_in_the_inventory():
     inventory = (ROOT / "docs" / "tests.md").read_text()
     assert [p.name for p in sorted((ROOT / "tests").glob("test_*.py")) if f"`tests/{p.name}`" not in inventory] == []
+
+
+def test_the_architecture_page_names_every_module_and_only_modules_that_exist():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    modules = [p.relative_to(ROOT).as_posix() for folder in ("dspark", "harness") for p in (ROOT / folder).rglob("*.py")
+               if p.name not in ("__init__.py", "__main__.py")]
+    assert sorted(m for m in modules if f"`{m}`" not in page) == []
+    named = set(re.findall(r"`((?:dspark|harness)/[\w/]+\.py)`", page))
+    assert sorted(m for m in named if not (ROOT / m).is_file()) == []
