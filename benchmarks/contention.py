@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from harness.runs.provenance import git_revision, provenance
+from threads import BUSY  # benchmarks/threads.py's competitor: the same busy loop
 
 HERE = Path(__file__).resolve().parents[1]
-BUSY = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
 RUN = ["run", "--split", "qualitative", "--category", "coding", "--systems", "plain,dspark", "--num-prompts", "3",
        "--temperature", "0", "--json"]
 
