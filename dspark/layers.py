@@ -234,13 +234,7 @@ class Attention(FusedProjections):
 
     def forward(self, qkv: Tensor, step: AttentionStep, cache: KVCache, layer: int, residual: Tensor) -> Tensor:
         """`residual` plus the attention of the projected [q | k | v] rows (normed, rotated, K/V cached)
-        through o_proj (the add in o_proj's epilogue on the GPU; with DSPARK_PERSISTENT=1, all of it in one
-        persistent launch: `kernels.attention_block`)."""
-        if kernels.attention_block_fits(qkv, self.num_heads, self.num_kv_heads, self.head_dim, self.o_proj.weight,
-                                        self.o_proj.bias, step.mask, step.causal):
-            return kernels.attention_block(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
-                                           self.k_norm.weight, self.eps, step.cos, step.sin, step.slots, step.limits,
-                                           step.kv_len, cache.k[layer], cache.v[layer], self.o_proj.weight, residual)
+        through o_proj (the add in o_proj's epilogue on the GPU)."""
         q = kernels.qk_norm_rope_cache(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
                                        self.k_norm.weight, self.eps, step.cos, step.sin, step.slots,
                                        cache.k[layer], cache.v[layer])
@@ -269,9 +263,7 @@ class DecoderLayer(nn.Module):
 
     On the GPU its four products carry everything else but attention: each norm runs inside the
     product that reads it (q/k/v, gate/up) and each residual add inside the one that makes the delta
-    (o_proj, down), so a layer is four products, the q/k norm and RoPE, and attention. With
-    DSPARK_PERSISTENT=1, for a few query rows, the q/k norm, attention and o_proj are one persistent launch
-    (off by default: slower on the H200, benchmarks/RESULTS.md, issue 44).
+    (o_proj, down), so a layer is four products, the q/k norm and RoPE, and attention.
     """
 
     def __init__(self, cfg: BackboneConfig):

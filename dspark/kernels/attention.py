@@ -93,10 +93,9 @@ if triton is not None:
 
     @triton.jit
     def attend_chunk(q, k_ptr, v_ptr, base, start, end, limit, c_sp, scale, ROWS: tl.constexpr, D: tl.constexpr,
-                     BLOCK_N: tl.constexpr, IEEE: tl.constexpr, CACHE: tl.constexpr):
+                     BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
         """q's rows (tile row r masked past key limit[r]) over the cached keys start..end-1 of one KV head (at
-        `base`, a key every c_sp): the unnormalised output, running max and sum of the online softmax. CACHE:
-        the keys' load cache modifier (".cg" where another program of the launch wrote some of them)."""
+        `base`, a key every c_sp): the unnormalised output, running max and sum of the online softmax."""
         d = tl.arange(0, D)
         m_i = tl.full([ROWS], -float("inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
@@ -104,8 +103,7 @@ if triton is not None:
         for n0 in range(start, end, BLOCK_N):
             offs = n0 + tl.arange(0, BLOCK_N)
             valid = offs < end
-            k = tl.load(k_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0,
-                        cache_modifier=CACHE)
+            k = tl.load(k_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
@@ -115,8 +113,7 @@ if triton is not None:
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key here yet: p and alpha 0
             p = tl.exp(s - m_safe[:, None])
             alpha = tl.exp(m_i - m_safe)
-            v = tl.load(v_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0,
-                        cache_modifier=CACHE)
+            v = tl.load(v_ptr + base + offs[:, None] * c_sp + d[None, :], mask=valid[:, None], other=0.0)
             if IEEE:
                 pv = tl.dot(p, v, input_precision="ieee")
             else:
@@ -127,14 +124,13 @@ if triton is not None:
         return acc, m_i, l_i
 
     @triton.jit
-    def merge_chunks(po_ptr, pml_ptr, L_OFF, row, ok, D: tl.constexpr, CACHE: tl.constexpr):
+    def merge_chunks(po_ptr, pml_ptr, L_OFF, row, ok, D: tl.constexpr):
         """One query row's attention output from its chunks' partials at `row` (where `ok`): each chunk's output
         weighted by exp(its max - the largest), over the weighted sums."""
-        m = tl.load(pml_ptr + row, mask=ok, other=-float("inf"), cache_modifier=CACHE)
-        l_s = tl.load(pml_ptr + L_OFF + row, mask=ok, other=0.0, cache_modifier=CACHE)
+        m = tl.load(pml_ptr + row, mask=ok, other=-float("inf"))
+        l_s = tl.load(pml_ptr + L_OFF + row, mask=ok, other=0.0)
         w = tl.where(ok & (l_s > 0), tl.exp(m - tl.max(m, axis=0)), 0.0)
-        o = tl.load(po_ptr + row[:, None] * D + tl.arange(0, D)[None, :], mask=ok[:, None], other=0.0,
-                    cache_modifier=CACHE)
+        o = tl.load(po_ptr + row[:, None] * D + tl.arange(0, D)[None, :], mask=ok[:, None], other=0.0)
         return tl.sum(w[:, None] * o, axis=0) / tl.sum(w * l_s, axis=0)
 
     @triton.jit
@@ -158,7 +154,7 @@ if triton is not None:
         start = sp * chunk
         end = tl.minimum(start + chunk, furthest + 1)
         acc, m_i, l_i = attend_chunk(q, k_ptr, v_ptr, b * c_sb + hk * c_sh, start, end, limit, c_sp, scale, ROWS, D,
-                                     BLOCK_N, IEEE, "")
+                                     BLOCK_N, IEEE)
         row = (bk * S + sp) * ROWS + r
         tl.store(po_ptr + row[:, None] * D + d[None, :], acc)
         tl.store(pml_ptr + row, m_i)
@@ -176,5 +172,5 @@ if triton is not None:
         sp = tl.arange(0, SP)
         d = tl.arange(0, D)
         row = (bk * S + sp) * ROWS + t * G + h % G
-        out = merge_chunks(po_ptr, pml_ptr, L_OFF, row, sp < S, D, "")
+        out = merge_chunks(po_ptr, pml_ptr, L_OFF, row, sp < S, D)
         tl.store(o_ptr + ((b * T + t) * HQ + h) * D + d, out.to(o_ptr.dtype.element_ty))

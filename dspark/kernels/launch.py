@@ -22,10 +22,7 @@ _SETTINGS = {"kernels": os.environ.get("DSPARK_KERNELS", "1") != "0",
              "interpret": os.environ.get("TRITON_INTERPRET") == "1",
              # products launched as programmatic dependents on Hopper (a product starting in the tail of the one
              # before it: benchmarks/launch_probe.py); DSPARK_OVERLAP=0 launches them plainly
-             "overlap": os.environ.get("DSPARK_OVERLAP", "1") != "0",
-             # the attention half of a layer as one persistent launch (kernels/attention_block.py), DSPARK_PERSISTENT=1;
-             # off by default: slower than its four launches on the H200 (benchmarks/RESULTS.md, issue 44)
-             "persistent": os.environ.get("DSPARK_PERSISTENT", "0") == "1"}
+             "overlap": os.environ.get("DSPARK_OVERLAP", "1") != "0"}
 
 
 def kernels_on() -> bool:
@@ -54,21 +51,6 @@ def overlap_mode(on: bool):
     """Steps traced or captured inside launch their products as programmatic dependents or not (DSPARK_OVERLAP for
     one block): for timing both in one process (benchmarks/launch_probe.py)."""
     return _setting("overlap", on)
-
-
-def persistent_mode(on: bool):
-    """Steps traced or captured inside run a layer's attention half as one persistent launch or as four
-    (DSPARK_PERSISTENT for one block): for timing both in one process (benchmarks/launch_probe.py)."""
-    return _setting("persistent", on)
-
-
-def persistent_on() -> bool:
-    return _SETTINGS["persistent"]
-
-
-def interpreting() -> bool:
-    """Triton's CPU interpreter (TRITON_INTERPRET=1): it runs a grid's programs one after another."""
-    return _SETTINGS["interpret"]
 
 
 def overlap(t: Tensor) -> bool:
