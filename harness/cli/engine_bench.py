@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from dspark.errors import DSparkError
-from harness.cli.render import out, show
+from harness.cli.render import derived_table, grid, out, show
 from harness.runs.provenance import provenance
 
 
@@ -56,16 +55,27 @@ def engine_bench(
     against the CPU's copy bandwidth, on the threads a CPU run of them would use (seconds); its
     round cost (and EAGLE-3's, where timed) draws the speed notebook's predicted-speedup line of each system of
     those methods in a CPU run."""
+    args = _checked(target, draft, context_len, dtype, repeats, device, skip_hf, compile, eagle3, sweep_context,
+                    against, concurrency, peer_repeats, acceptance)
+    result = _measure(args, acceptance)
+    if as_json:
+        from harness.microbench.engine import dumps
+
+        print(dumps(result))
+    else:
+        _print(result, args)
+
+
+def _checked(target: str | None, draft: str | None, context_len: int | None, dtype: str, repeats: int | None,
+             device: str, skip_hf: bool, compile: bool, eagle3: str | None, sweep_context: str, against: str | None,
+             concurrency: str, peer_repeats: int, acceptance: list[str] | None):
+    """The bench's arguments (`BenchArgs`, the device's defaults where an option is left out), every
+    mistake in the options refused in one line before any model is built."""
+    from dspark.acceptance import check_spec
     from dspark.dtypes import dtype_name
     from harness.cli.options import device as resolve_device
     from harness.cli.options import number_list
-    from harness.microbench.engine import (CPU_DEFAULTS, GPU_DEFAULTS, SWEEP, BenchArgs, bench_configs, dumps,
-                                           eagle3_rows, model_folder, run_engine_bench, sweep_rows, table_rows)
-    from harness.microbench.vllm_peer import peer_tables
-    from harness.runs import threads
-
-    from dspark.acceptance import check_spec, resolve
-    from harness.analysis.study import derived_from_bench
+    from harness.microbench.engine import CPU_DEFAULTS, GPU_DEFAULTS, BenchArgs, bench_configs
 
     for spec in acceptance or []:
         check_spec(spec)  # (refused before any model loads; against the draft's proposal length once it is known)
@@ -90,62 +100,49 @@ def engine_bench(
     if compile and device.startswith("cuda"):
         raise DSparkError("--compile compiles the CPU's steps (CUDA graphs accelerate the GPU's); use --device cpu")
     bench_configs(args, tuple(k for k in ("draft", "eagle3") if given[k] is None))  # (before any model is built)
+    return args
+
+
+def _measure(args, acceptance: list[str] | None) -> dict:
+    """The bench's result on the threads a run of these models would use, with its provenance and, per
+    acceptance profile, the speedups its step costs derive."""
+    from dspark.acceptance import resolve
+    from harness.analysis.study import derived_from_bench
+    from harness.microbench.engine import model_folder, run_engine_bench
+    from harness.runs import threads
+
     folder = model_folder(args.target)  # (a preset has no folder: its size is not known, every core is used)
-    n_threads, threads_by = threads.choose(None, device, folder if folder.is_dir() else None)
+    n_threads, threads_by = threads.choose(None, args.device, folder if folder.is_dir() else None)
     threads.apply(n_threads)
     result = run_engine_bench(args)
     result["threads"] = {"count": n_threads, "chosen_by": threads_by}
-    result["provenance"] = provenance(device) | {"arguments": vars(args), "weights": "random normal(0, 0.02)"}
+    result["provenance"] = provenance(args.device) | {"arguments": vars(args), "weights": "random normal(0, 0.02)"}
     if acceptance:
         k = result["shapes"]["draft"]["num_drafts"]
         result["derived"] = derived_from_bench(result, [resolve(spec, k).to_dict() for spec in acceptance])
-    if as_json:
-        print(dumps(result))
-        return
-    where = result["device_name"] + (f", {n_threads} thread(s)" if result["is_cpu"] else "")
-    show(out, _figures(f"engine-bench {args.target} + {args.draft}, {args.context_len}-token context, "
-                       f"{result['shapes']['dtype']}, {result['device']} ({where})", table_rows(result)))
+    return result
+
+
+def _print(result: dict, args) -> None:
+    """The result's tables: the block draft's figures, EAGLE-3's, vLLM's beside ours, the derived speedups
+    and the context sweep, each where it was measured."""
+    from harness.microbench.engine import SWEEP, eagle3_rows, sweep_rows, table_rows
+    from harness.microbench.vllm_peer import peer_tables
+
+    where = result["device_name"] + (f", {result['threads']['count']} thread(s)" if result["is_cpu"] else "")
+    show(out, grid(f"engine-bench {args.target} + {args.draft}, {args.context_len}-token context, "
+                   f"{result['shapes']['dtype']}, {result['device']} ({where})", FIGURES + table_rows(result), ("figure",)))
     if result.get("eagle3"):
         e = result["eagle3"]
-        show(out, _figures(f"EAGLE-3 {e['name']} ({e['num_tokens']} tokens, draft vocabulary "
-                           f"{e['draft_vocab_size']:,}), alternated with {args.draft}", eagle3_rows(result)))
-    if result.get("against_vllm"):
-        for title, rows in peer_tables(result["against_vllm"]):
-            peer = Table(title=title)
-            for header in rows[0]:
-                peer.add_column(header, justify="right")
-            for row in rows[1:]:
-                peer.add_row(*row)
-            show(out, peer)
+        show(out, grid(f"EAGLE-3 {e['name']} ({e['num_tokens']} tokens, draft vocabulary {e['draft_vocab_size']:,}), "
+                       f"alternated with {args.draft}", FIGURES + eagle3_rows(result), ("figure",)))
+    for title, rows in peer_tables(result["against_vllm"]) if result.get("against_vllm") else ():
+        show(out, grid(title, rows))
     if result.get("derived"):
-        show(out, _derived(result["derived"]))
+        show(out, derived_table(result["derived"]))
     if result.get("sweep"):
-        sweep = Table(title="by context length (ratios against that context's decode step)")
-        for header, _, _ in SWEEP:
-            sweep.add_column(header, justify="right")
-        for row in sweep_rows(result):
-            sweep.add_row(*row)
-        show(out, sweep)
+        show(out, grid("by context length (ratios against that context's decode step)",
+                       [[header for header, _, _ in SWEEP], *sweep_rows(result)]))
 
 
-def _derived(rows: list[dict]) -> Table:
-    """The speedups the step costs derive at each profile's mean acceptance length."""
-    levels = sorted({c for r in rows for c in r["vllm_dspark"]})
-    table = Table(title="derived speedups at each profile's mean acceptance length (AL x plain step / round; "
-                        "synthetic acceptance: a profile, not a draft's quality)")
-    for header in ["profile", "AL", "DSpark (ours)", "EAGLE-3 (ours)", *(f"vLLM DSpark c={c}" for c in levels)]:
-        table.add_column(header, justify="left" if header == "profile" else "right")
-    for r in rows:
-        table.add_row(r["profile"], f"{r['mean_length']:.2f}", *(f"{v:.2f}" if v else "-" for v in (
-            r["dspark"], r["eagle3"], *(r["vllm_dspark"][c] for c in levels))))
-    return table
-
-
-def _figures(title: str, rows: list[tuple[str, str]]) -> Table:
-    """A two-column table of named figures."""
-    table = Table(title=title)
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
+FIGURES = [("figure", "value")]  # the header of a two-column table of named figures

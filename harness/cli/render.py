@@ -217,6 +217,26 @@ def deltas_table(result: dict, names: tuple[str, str], title: str) -> Table:
     return t
 
 
+def grid(title: str, rows: list, left: tuple[str, ...] = ()) -> Table:
+    """A table of a header row and rows of cells: figures right-aligned, the columns named in `left` not."""
+    t = Table(title=title)
+    for header in rows[0]:
+        t.add_column(header, justify="left" if header in left else "right")
+    for row in rows[1:]:
+        t.add_row(*row)
+    return t
+
+
+def derived_table(rows: list[dict]) -> Table:
+    """engine-bench's speedups that the step costs derive at each acceptance profile's mean length."""
+    levels = sorted({c for r in rows for c in r["vllm_dspark"]})
+    return grid("derived speedups at each profile's mean acceptance length (AL x plain step / round; synthetic "
+                "acceptance: a profile, not a draft's quality)",
+                [["profile", "AL", "DSpark (ours)", "EAGLE-3 (ours)", *(f"vLLM DSpark c={c}" for c in levels)],
+                 *([r["profile"], f"{r['mean_length']:.2f}", *(f"{v:.2f}" if v else "-" for v in (
+                     r["dspark"], r["eagle3"], *(r["vllm_dspark"][c] for c in levels)))] for r in rows)], ("profile",))
+
+
 def print_comparison(result: dict, title: str) -> None:
     """One column per system. Times in ms: each step range's total over the timed requests, its calls,
     per call and per generated token; per-token launch and GPU figures where the trace has kernels; from
