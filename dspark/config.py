@@ -115,8 +115,21 @@ class TargetConfig:
             raise _malformed(where, exc) from None
 
 
+class _DraftVocabulary:
+    """The vocabulary a draft scores, the same for every kind of draft: `draft_vocab_size` target tokens
+    where its checkpoint reduces it (mapped back by `d2t`), else the target's whole vocabulary."""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.draft_vocab_size or self.backbone.vocab_size
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.vocab_size != self.backbone.vocab_size
+
+
 @dataclass(frozen=True)
-class DraftConfig:
+class DraftConfig(_DraftVocabulary):
     """One description of a DSpark or DFlash draft, whatever format it was saved in."""
 
     format: str  # deepspec | speculators | zlab
@@ -138,14 +151,6 @@ class DraftConfig:
     def num_drafts(self) -> int:
         """Tokens proposed per block: every slot when anchor-first, all but the anchor slot otherwise."""
         return self.block_size if self.sample_from_anchor else self.block_size - 1
-
-    @property
-    def vocab_size(self) -> int:
-        return self.draft_vocab_size or self.backbone.vocab_size
-
-    @property
-    def reduced_vocab(self) -> bool:
-        return self.vocab_size != self.backbone.vocab_size
 
     @property
     def method(self) -> str:
@@ -222,7 +227,7 @@ class DraftConfig:
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
+class Eagle3Config(_DraftVocabulary):
     """One description of an EAGLE-3 draft, whatever format it was saved in (`dspark.formats.eagle3`).
 
     One decoder layer whose attention reads [norm(embedding), norm(hidden)] (2H wide), fed at the first
@@ -257,14 +262,6 @@ class Eagle3Config:
     def block_size(self) -> int:
         """Tokens proposed per round (a chain, not a block: the name every drafter answers to)."""
         return self.num_speculative_tokens
-
-    @property
-    def vocab_size(self) -> int:
-        return self.draft_vocab_size or self.backbone.vocab_size
-
-    @property
-    def reduced_vocab(self) -> bool:
-        return self.vocab_size != self.backbone.vocab_size
 
     @property
     def feature_size(self) -> int:

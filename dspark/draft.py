@@ -59,7 +59,23 @@ class ConfidenceHead(nn.Module):
         return self.proj(feats).squeeze(-1).float()
 
 
-class DraftModel(nn.Module):
+class DraftBase(nn.Module):
+    """What a block draft and an EAGLE-3 draft do alike, written once: both read tapped target states
+    through `fc`, keep a K/V cache of their layers and, over a reduced vocabulary, map draft ids to
+    target ids with `d2t`."""
+
+    def target_ids(self) -> Tensor:
+        """Target id of every draft id."""
+        ids = torch.arange(self.config.vocab_size, device=self.fc.weight.device)
+        return ids + self.d2t if self.d2t is not None else ids
+
+    def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
+        b = self.config.backbone
+        w = self.fc.weight
+        return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device, b.rope_theta)
+
+
+class DraftModel(DraftBase):
     def __init__(self, cfg: DraftConfig, with_embeddings: bool = True):
         super().__init__()
         self.config = cfg
@@ -134,16 +150,6 @@ class DraftModel(nn.Module):
             self.lm_head = head.to(lm_head.weight.device)
         else:
             self.lm_head = lm_head
-
-    def target_ids(self) -> Tensor:
-        """Target id of every draft id."""
-        ids = torch.arange(self.config.vocab_size, device=self.fc.weight.device)
-        return ids + self.d2t if self.d2t is not None else ids
-
-    def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
-        b = self.config.backbone
-        w = self.fc.weight
-        return KVCache(b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device, b.rope_theta)
 
     def add_context(self, feats: Tensor, positions: Tensor, cache: KVCache, slots: Tensor | None = None) -> None:
         """Write the K/V of new context rows (tapped target features [B, n, T*H] at `positions`).

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from dspark import kernels
 from dspark.config import Eagle3Config
+from dspark.draft import DraftBase
 from dspark.layers import (MLP, AttentionStep, KVCache, RMSNorm, check_fused, fuse_linears, init_weights,
                            lay_out_products)
 
@@ -104,7 +105,7 @@ class Eagle3Layer(nn.Module):
         return self.mlp(act, residual=x)
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(DraftBase):  # (one layer: its config holds num_layers 1)
     def __init__(self, cfg: Eagle3Config, with_embeddings: bool = True):
         super().__init__()
         self.config = cfg
@@ -130,16 +131,6 @@ class Eagle3Draft(nn.Module):
     def share_embeddings(self, embed_tokens: nn.Embedding) -> None:
         """Use the target's token embedding (EAGLE-3 drafts keep a frozen copy of it)."""
         self.embed_tokens = embed_tokens
-
-    def target_ids(self) -> Tensor:
-        """Target id of every draft id."""
-        ids = torch.arange(self.config.vocab_size, device=self.fc.weight.device)
-        return ids + self.d2t if self.d2t is not None else ids
-
-    def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
-        b = self.config.backbone
-        w = self.fc.weight
-        return KVCache(1, batch, b.num_kv_heads, max_len, b.head_dim, w.dtype, w.device, b.rope_theta)
 
     def project_features(self, feats: Tensor) -> Tensor:
         """The first chain step's hidden input: `fc` of the tapped target states [..., taps*H]."""
