@@ -117,7 +117,8 @@ class TargetConfig:
 
 class _DraftVocabulary:
     """The vocabulary a draft scores, the same for every kind of draft: `draft_vocab_size` target tokens
-    where its checkpoint reduces it (mapped back by `d2t`), else the target's whole vocabulary."""
+    where its checkpoint reduces it (mapped back by `d2t`), else the target's whole vocabulary; and the
+    target vocabulary it embeds, which must be its target's."""
 
     @property
     def vocab_size(self) -> int:
@@ -126,6 +127,12 @@ class _DraftVocabulary:
     @property
     def reduced_vocab(self) -> bool:
         return self.vocab_size != self.backbone.vocab_size
+
+    def check_vocabulary(self, t: BackboneConfig, where: str) -> None:
+        """Refuse a target whose vocabulary is not the one the draft embeds (`check_target`)."""
+        if self.backbone.vocab_size != t.vocab_size:
+            raise DSparkError(f"{where}: draft vocabulary {self.backbone.vocab_size} != target vocabulary "
+                              f"{t.vocab_size}; the draft was trained for another target")
 
 
 @dataclass(frozen=True)
@@ -211,11 +218,7 @@ class DraftConfig(_DraftVocabulary):
                 f"{where}: draft hidden_size {self.backbone.hidden_size} != target hidden_size {t.hidden_size}; "
                 "the draft was trained for another target"
             )
-        if self.backbone.vocab_size != t.vocab_size:
-            raise DSparkError(
-                f"{where}: draft vocabulary {self.backbone.vocab_size} != target vocabulary {t.vocab_size}; "
-                "the draft was trained for another target"
-            )
+        self.check_vocabulary(t, where)
         bad = [i for i in self.target_layer_ids if i >= t.num_layers - 1]
         if bad:
             raise DSparkError(
@@ -300,9 +303,7 @@ class Eagle3Config(_DraftVocabulary):
         if self.feature_size != t.hidden_size:
             raise DSparkError(f"{where}: the draft reads target states of width {self.feature_size}, the target's "
                               f"are {t.hidden_size}; the draft was trained for another target")
-        if self.backbone.vocab_size != t.vocab_size:
-            raise DSparkError(f"{where}: draft vocabulary {self.backbone.vocab_size} != target vocabulary "
-                              f"{t.vocab_size}; the draft was trained for another target")
+        self.check_vocabulary(t, where)
         bad = [i for i in self.target_layer_ids if i >= t.num_layers]
         if bad:
             raise DSparkError(f"{where}: tapped target layer {bad[0]} does not exist in a {t.num_layers}-layer target")

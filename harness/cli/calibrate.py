@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from dspark.errors import DSparkError
 from harness.cli import paths
-from harness.cli.render import err, out, show
+from harness.cli.render import err, grid, out, show
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -90,25 +89,20 @@ def calibrate(
         print(json.dumps(result))
         return
     for g in result["groups"]:
-        t = Table(title=f"{g['system']} at T={g['temperature']:g} ({g['run']}): {g['rounds']} rounds, "
-                        f"{g['prompts']} prompts; prefix survival against the accepted prefix")
-        for col in ("position", "pairs", "predicted", "realised", "ECE", "Brier"):
-            t.add_column(col, justify="right")
-        for row in g["table"]:
-            t.add_row(str(row["position"]), str(row["pairs"]), _fmt(row["predicted"]), _fmt(row["realised"]),
-                      _fmt(row["ece"]), _fmt(row["brier"]))
-        show(out, t)
+        rows = [(str(r["position"]), str(r["pairs"]), _fmt(r["predicted"]), _fmt(r["realised"]), _fmt(r["ece"]),
+                 _fmt(r["brier"])) for r in g["table"]]
+        show(out, grid(f"{g['system']} at T={g['temperature']:g} ({g['run']}): {g['rounds']} rounds, {g['prompts']} "
+                       "prompts; prefix survival against the accepted prefix",
+                       [("position", "pairs", "predicted", "realised", "ECE", "Brier"), *rows]))
         if "sts" in g:
             s = g["sts"]
-            t = Table(title=f"STS fitted on {s['fit_prompts']} prompts ({s['fit_rounds']} rounds), judged on "
-                            f"{s['held_out_prompts']} held-out prompts ({s['held_out_rounds']} rounds)")
-            for col in ("position", "STS temperature", "ECE before", "ECE after", "Brier before", "Brier after"):
-                t.add_column(col, justify="right")
-            temps = s["temperatures"] + [None]
-            for temp_j, b, a in zip(temps, s["held_out_before"], s["held_out_after"]):
-                t.add_row(str(b["position"]), _fmt(temp_j, 2), _fmt(b["ece"]), _fmt(a["ece"]), _fmt(b["brier"]),
-                          _fmt(a["brier"]))
-            show(out, t)
+            rows = [(str(b["position"]), _fmt(temp_j, 2), _fmt(b["ece"]), _fmt(a["ece"]), _fmt(b["brier"]),
+                     _fmt(a["brier"])) for temp_j, b, a in zip(s["temperatures"] + [None], s["held_out_before"],
+                                                               s["held_out_after"])]
+            show(out, grid(f"STS fitted on {s['fit_prompts']} prompts ({s['fit_rounds']} rounds), judged on "
+                           f"{s['held_out_prompts']} held-out prompts ({s['held_out_rounds']} rounds)",
+                           [("position", "STS temperature", "ECE before", "ECE after", "Brier before", "Brier after"),
+                            *rows]))
             for note in s["notes"]:
                 err.print(f"note: {note}", highlight=False)
     out.print("ECE: expected calibration error over 10 equal-width bins of the predicted prefix survival "

@@ -57,13 +57,7 @@ def engine_bench(
     those methods in a CPU run."""
     args = _checked(target, draft, context_len, dtype, repeats, device, skip_hf, compile, eagle3, sweep_context,
                     against, concurrency, peer_repeats, acceptance)
-    result = _measure(args, acceptance)
-    if as_json:
-        from harness.microbench.engine import dumps
-
-        print(dumps(result))
-    else:
-        _print(result, args)
+    _print(_measure(args, acceptance), args, as_json)
 
 
 def _checked(target: str | None, draft: str | None, context_len: int | None, dtype: str, repeats: int | None,
@@ -123,12 +117,15 @@ def _measure(args, acceptance: list[str] | None) -> dict:
     return result
 
 
-def _print(result: dict, args) -> None:
-    """The result's tables: the block draft's figures, EAGLE-3's, vLLM's beside ours, the derived speedups
-    and the context sweep, each where it was measured."""
-    from harness.microbench.engine import SWEEP, eagle3_rows, sweep_rows, table_rows
+def _print(result: dict, args, as_json: bool) -> None:
+    """The result as one JSON object, or its tables: the block draft's figures, EAGLE-3's, vLLM's beside
+    ours, the derived speedups and the context sweep, each where it was measured."""
+    from harness.microbench.engine import SWEEP, dumps, eagle3_rows, sweep_rows, table_rows
     from harness.microbench.vllm_peer import peer_tables
 
+    if as_json:
+        print(dumps(result))
+        return
     where = result["device_name"] + (f", {result['threads']['count']} thread(s)" if result["is_cpu"] else "")
     show(out, grid(f"engine-bench {args.target} + {args.draft}, {args.context_len}-token context, "
                    f"{result['shapes']['dtype']}, {result['device']} ({where})", FIGURES + table_rows(result), ("figure",)))

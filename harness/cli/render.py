@@ -147,9 +147,18 @@ def words(cell: str) -> Text:
     return Text(cell, no_wrap=False, justify="left")
 
 
-def _row(row: dict, cells: list[str], keys: list[str]) -> list:
-    """A summary row's cells for a table, the reason a speedup has no interval as `words`."""
-    return [words(c) if key == "speedup_ci95" and row.get("speedup_ci95_reason") else c for c, key in zip(cells, keys)]
+def _systems(summary: dict, title: str, caption: str, cols: list, cells_of, category: str) -> Table:
+    """A summary's rows of `category` under `cols`: figures right-aligned on one line, the system's name
+    folded at left, the reason a speedup has no interval as `words`."""
+    t = Table(title=title, caption=caption, caption_justify="left")
+    for header, _ in cols:
+        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header != "system",
+                     overflow="fold")
+    for row in summary["rows"]:
+        if row["category"] == category:
+            t.add_row(*[words(c) if key == "speedup_ci95" and row.get("speedup_ci95_reason") else c
+                        for c, (_, key) in zip(cells_of(row), cols)])
+    return t
 
 
 def summary_table(summary: dict, title: str, category: str = "overall") -> Table:
@@ -160,28 +169,14 @@ def summary_table(summary: dict, title: str, category: str = "overall") -> Table
         title += f"\nINCOMPLETE: {summary['requests_done']} of {summary['requests_expected']} requests done"
     if summary.get("contended_requests"):
         title += f"\n{contention_line(summary)}"
-    t = Table(title=title, caption=legend(summary), caption_justify="left")
     cols = columns(summary)
-    for header, _ in cols:
-        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header != "system",
-                     overflow="fold")
-    for row in summary["rows"]:
-        if row["category"] == category:
-            t.add_row(*_row(row, cells(row, cols), [key for _, key in cols]))
-    return t
+    return _systems(summary, title, legend(summary), cols, lambda row: cells(row, cols), category)
 
 
 def sweep_table(summary: dict, title: str) -> Table:
     """A concurrency sweep: each system's overall figures at each level, speedups against plain decoding
     at the same level."""
-    t = Table(title=escape(titled(title, summary)), caption=SWEEP_LEGEND, caption_justify="left")
-    for header, _ in SWEEP_COLUMNS:
-        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header != "system",
-                     overflow="fold")
-    for row in summary["rows"]:
-        if row["category"] == "overall":
-            t.add_row(*_row(row, sweep_cells(row), [key for _, key in SWEEP_COLUMNS]))
-    return t
+    return _systems(summary, escape(titled(title, summary)), SWEEP_LEGEND, SWEEP_COLUMNS, sweep_cells, "overall")
 
 
 DELTAS_LEGEND = ("each figure A -> B; change: B - A (TPOT: B / A, above 1 when B is slower); CIs overlap: whether "

@@ -133,7 +133,6 @@ def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, 
     from dspark.checkpoint import load_target, save_draft
     from dspark.train import TrainingStopped, checkpoint_format, load_checkpoint, stop_requested, train
 
-    steps = args.steps
     loaded = load_target(target, dev, "float32")
     start, opt_state = 0, None
     resumed = load_checkpoint(out_dir, loaded.model) if resume else None
@@ -147,10 +146,10 @@ def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, 
     columns = [TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[stats]}"), TimeRemainingColumn()]
     with stop_requested(time_limit) as stop, Progress(*columns, console=err) as progress:
-        task = progress.add_task("training", total=steps, completed=start, stats="")
+        task = progress.add_task("training", total=args.steps, completed=start, stats="")
 
         def on_step(step, stats):
-            if (step + 1) % 10 and step + 1 != steps:  # reading the figures waits for the device: not every step
+            if (step + 1) % 10 and step + 1 != args.steps:  # reading the figures waits for the device: not each
                 progress.update(task, completed=step + 1)
                 return
             n = len(stats)
@@ -164,12 +163,12 @@ def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, 
                           optimizer_state=opt_state, on_step=on_step, stop=stop)
         except TrainingStopped as exc:
             progress.stop()
-            err.print(f"stopped after step {exc.step} of {steps}; the checkpoint is in {out_dir}: continue with "
+            err.print(f"stopped after step {exc.step} of {args.steps}; the checkpoint is in {out_dir}: continue with "
                       "--resume", highlight=False, soft_wrap=True)
             raise typer.Exit(3) from None
     fmt = checkpoint_format(draft)
     save_draft(draft, out_dir, fmt, tcfg)
-    trained = f"{steps} steps" + (f", {steps - start} of them now, resumed at step {start}" if resumed else "")
+    trained = f"{args.steps} steps" + (f", {args.steps - start} of them now, resumed at step {start}" if resumed else "")
     out.print(f"draft saved to {out_dir} ({fmt} format, {method}, {trained})", highlight=False, soft_wrap=True)
 
 
