@@ -127,12 +127,12 @@ def _print(result: dict, args, as_json: bool) -> None:
         print(dumps(result))
         return
     where = result["device_name"] + (f", {result['threads']['count']} thread(s)" if result["is_cpu"] else "")
-    show(out, grid(f"engine-bench {args.target} + {args.draft}, {args.context_len}-token context, "
-                   f"{result['shapes']['dtype']}, {result['device']} ({where})", FIGURES + table_rows(result), ("figure",)))
+    show(out, grid(f"engine-bench {args.target} + {args.draft}, {args.context_len}-token context, {result['shapes']['dtype']}, "
+                   f"{result['device']} ({where})", [("figure", "value"), *table_rows(result)], ("figure",)))
     if result.get("eagle3"):
         e = result["eagle3"]
         show(out, grid(f"EAGLE-3 {e['name']} ({e['num_tokens']} tokens, draft vocabulary {e['draft_vocab_size']:,}), "
-                       f"alternated with {args.draft}", FIGURES + eagle3_rows(result), ("figure",)))
+                       f"alternated with {args.draft}", [("figure", "value"), *eagle3_rows(result)], ("figure",)))
     for title, rows in peer_tables(result["against_vllm"]) if result.get("against_vllm") else ():
         show(out, grid(title, rows))
     if result.get("derived"):
@@ -140,6 +140,3 @@ def _print(result: dict, args, as_json: bool) -> None:
     if result.get("sweep"):
         show(out, grid("by context length (ratios against that context's decode step)",
                        [[header for header, _, _ in SWEEP], *sweep_rows(result)]))
-
-
-FIGURES = [("figure", "value")]  # the header of a two-column table of named figures

@@ -8,10 +8,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from dspark.errors import DSparkError
-from harness.cli.render import out, show
+from harness.cli.render import grid, out, show
 
 
 def parity(
@@ -48,29 +47,24 @@ def parity(
                     f"{g['seeds_equal']} sampled outputs equal" if g["outputs_equal"] is None else
                     f", {g['outputs_equal']}/{g['prompts']} greedy outputs equal")
         sampled = g["temperature"] > 0
-        t = Table(title=title)
-        for col in ("prompt", "turn", "prompt ids") + (("seed",) if sampled else ()) + (
-                "output", "rounds A", "rounds B", "accepted A", "accepted B"):
-            t.add_column(col)
+        cols = ("prompt", "turn", "prompt ids") + (("seed",) if sampled else ()) + (
+            "output", "rounds A", "rounds B", "accepted A", "accepted B")
+        rows = [cols]
         for p in g["per_prompt"]:
             output = "-" if p["outputs_equal"] is None else "equal" if p["outputs_equal"] else \
                 f"differs at {p['first_difference']}"
             seed = ("equal" if p["seeds_equal"] else "DIFFER",) if sampled else ()
-            t.add_row(p["question_id"][:12], str(p["turn"]), "equal" if p["prompt_ids_equal"] else "DIFFER", *seed,
-                      output, *(str(v) for v in (*p["rounds"], *p["accepted"])))
-        show(out, t)
+            rows.append((p["question_id"][:12], str(p["turn"]), "equal" if p["prompt_ids_equal"] else "DIFFER", *seed,
+                         output, *(str(v) for v in (*p["rounds"], *p["accepted"]))))
+        show(out, grid(title, rows, cols))
         if g["method"] != "plain":
             pa, pb = g["pooled"]
-            pos = Table(title=f"{g['system']}: accepted drafts per position (rounds that accepted position k)")
-            pos.add_column("run")
-            for k in range(max(len(pa["accepted_per_position"]), len(pb["accepted_per_position"]))):
-                pos.add_column(str(k + 1))
-            pos.add_column("rounds")
-            pos.add_column("acceptance length")
-            for name, p in zip(names, (pa, pb)):
-                al = "-" if p["acceptance_length"] is None else f"{p['acceptance_length']:.3f}"
-                pos.add_row(name, *(str(c) for c in p["accepted_per_position"]), str(p["rounds"]), al)
-            show(out, pos)
+            cols = ("run", *(str(k + 1) for k in range(max(len(pa["accepted_per_position"]),
+                                                            len(pb["accepted_per_position"])))), "rounds", "acceptance length")
+            rows = [cols, *((name, *(str(c) for c in p["accepted_per_position"]), str(p["rounds"]),
+                             "-" if p["acceptance_length"] is None else f"{p['acceptance_length']:.3f}")
+                            for name, p in zip(names, (pa, pb)))]
+            show(out, grid(f"{g['system']}: accepted drafts per position (rounds that accepted position k)", rows, cols))
         for d in g["divergences"]:
             at = "" if d["round"] is None else f" at round {d['round']} (token {d['token']})"
             out.print(f"  {d['kind']}: {d['question_id'][:12]} turn {d['turn']}{at}: {d['detail']}",

@@ -10,12 +10,11 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from dspark.errors import DSparkError
 from harness.cli import options, paths
 from harness.analysis.summary_text import swept, synthetic_lines, warning_lines
-from harness.cli.render import err, out, show, summary_table, sweep_table
+from harness.cli.render import err, grid, out, show, summary_table, sweep_table
 from harness.runs.plan import RunOptions
 from harness.specs.experiments import Experiment
 
@@ -120,14 +119,12 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
     from harness.analysis.synthetic_check import label
 
     named = label(settings)
-    t = Table(title=escape(f"dry run: experiment {exp.name}, target {exp.target} ({target_path})"
-                           + (f" [{named}]" if named else "")))
-    for col in ("system", "draft", "format", "method", "tokens/round", "fits", "problem"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["system"], r["draft"] or "-", r["format"] or "-", r["method"] or "-",
-                  str(r.get("num_speculative_tokens", "-")), "yes" if r["fits_target"] else "NO", r["problem"] or "")
-    show(console, t)
+    cols = ("system", "draft", "format", "method", "tokens/round", "fits", "problem")
+    cells = [(r["system"], r["draft"] or "-", r["format"] or "-", r["method"] or "-",
+              str(r.get("num_speculative_tokens", "-")), "yes" if r["fits_target"] else "NO", r["problem"] or "")
+             for r in rows]
+    show(console, grid(escape(f"dry run: experiment {exp.name}, target {exp.target} ({target_path})"
+                              + (f" [{named}]" if named else "")), [cols, *cells], cols))
     jobs = None if prompts is None else plan_jobs(settings, prompts, turns_of,
                                                   backend_class(settings["backend"]).capabilities.interleaves)
     size = estimate.run_size(settings, jobs, None if prompts is None else len(prompts)) | {"dataset_unread": unread}
