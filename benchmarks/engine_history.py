@@ -1,4 +1,4 @@
-"""The measured history of the engine: each commit that touches `dspark/kernels/`, `dspark/steps.py` or
+"""The measured history of the engine: each commit that touches `dspark/kernels/`, `dspark/engine/steps.py` or
 `dspark/engine/` timed with `engine-bench --json` beside its parent, alternated in one call on the GPU
 (parent, commit, parent, commit, ...), one line per commit in `benchmarks/results/engine_history.jsonl`.
 

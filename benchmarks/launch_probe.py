@@ -19,10 +19,10 @@ import statistics
 import torch
 
 from dspark import kernels
-from dspark.layers import AttentionStep
-from dspark.presets import TARGETS, build_random
+from dspark.models.layers import AttentionStep
+from dspark.synthetic.presets import TARGETS, build_random
 from harness.backends.timing import cuda_median_ms
-from harness.microbench.step_timers import decode_step, verify_step
+from harness.engine_bench.step_timers import decode_step, verify_step
 from harness.runs.provenance import provenance
 
 

@@ -17,7 +17,7 @@ path's relative distance from it: how much of the causal-masked gap is the half 
     python benchmarks/prefill_bench.py [--target qwen3-8b] [--lengths 512 2048 8192] [--fp32-lengths 512] [--json F]
     python benchmarks/prefill_bench.py --target demo --device cpu --lengths 64 256   # a CPU smoke run
 
-Random weights at the published shapes (`dspark.presets`), or the shipped demo pair with `--target demo`.
+Random weights at the published shapes (`dspark.synthetic.presets`), or the shipped demo pair with `--target demo`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import torch
 from torch import Tensor
 
 from dspark.checkpoint import load_draft, load_target
-from dspark.config import BackboneConfig
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
-from dspark.presets import DRAFTS, TARGETS, build_random
-from dspark.target import Qwen3Target
+from dspark.models.config import BackboneConfig
+from dspark.models.target import Qwen3Target
+from dspark.synthetic.presets import DRAFTS, TARGETS, build_random
 from harness.backends.timing import cuda_median_ms, host_times_ms
 from harness.runs.provenance import provenance
 

@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
-from dspark.presets import DRAFTS, QWEN3_8B, build_random
+from dspark.synthetic.presets import DRAFTS, QWEN3_8B, build_random
 
 
 def kernel_table(prof, steps: int, top: int = 25) -> str:

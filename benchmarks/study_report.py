@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 
-from harness.analysis.figures import speedup_vs_concurrency  # noqa: E402
+from harness.analysis.report_figures import speedup_vs_concurrency  # noqa: E402
 from harness.analysis.study import bench_costs, measured_vs_derived, vllm_level_costs  # noqa: E402
 from harness.analysis.study_figures import engines_side_by_side, measured_against_derived  # noqa: E402
 from harness.analysis.summary import summarize_folder  # noqa: E402

@@ -22,14 +22,14 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from dspark import formats
-from dspark.config import AnyDraftConfig, Eagle3Config, TargetConfig, draft_config_from_hf
-from dspark.draft import DraftModel
 from dspark.dtypes import resolved_dtype
-from dspark.eagle3 import Eagle3Draft
 from dspark.errors import DSparkError
 from dspark.formats.common import KeyTable, save_safetensors
 from dspark.formats.eagle3.common import weights_signature
-from dspark.target import Qwen3Target
+from dspark.models.block_draft import DraftModel
+from dspark.models.config import AnyDraftConfig, Eagle3Config, TargetConfig, draft_config_from_hf
+from dspark.models.eagle3_draft import Eagle3Draft
+from dspark.models.target import Qwen3Target
 from dspark.user_cache import cache_root
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.txt", "*.model", "*.jinja"]
@@ -79,14 +79,14 @@ RANDOM_COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.j
 
 
 def random_folder(source: str, revision: str | None = None) -> Path:
-    """The folder that stands for `random:<source>`: the config of a preset (`dspark.presets`: a target such as
+    """The folder that stands for `random:<source>`: the config of a preset (`dspark.synthetic.presets`: a target such as
     qwen3-8b, a draft such as dspark-qwen3-8b-block7) or of a model folder, demo name or hub id (its config and
     tokenizer files only; the hub's tokenizer where it has one), and a marker saying its weights are drawn
     at load. Written under $DSPARK_CACHE (default ~/.cache/dspark-bench)/random; vLLM reads it with
     load_format="dummy"."""
     import hashlib
 
-    from dspark import presets
+    from dspark.synthetic import presets
 
     if source in presets.TARGETS:
         cfg = presets.TARGETS[source]
@@ -259,7 +259,7 @@ def load_target(name_or_path: str | Path, device: str | torch.device = "cpu", dt
     hf = read_config(path)
     cfg = TargetConfig.from_hf(hf, where=str(name_or_path))
     if random_weights(path):
-        from dspark.presets import build_random
+        from dspark.synthetic.presets import build_random
 
         model = build_random(cfg, None, str(device), pick_dtype(dtype, device), seed=RANDOM_INIT["target_seed"])[0]
         return LoadedTarget(model, path, hf, _stop_tokens(path, cfg))
@@ -345,7 +345,7 @@ def load_draft(name_or_path: str | Path, target: Qwen3Target, revision: str | No
     fmt = formats.get(cfg.format)
     check_draft(path, cfg, where, target.config)
     if random_weights(path):
-        from dspark.presets import random_draft_for
+        from dspark.synthetic.presets import random_draft_for
 
         return LoadedDraft(random_draft_for(target, cfg, seed=RANDOM_INIT["draft_seed"]), path, cfg, True)
     tensors = {fmt.KEYS.ours(k): v for k, v in read_weights(path, fmt.READS_BIN).items()}

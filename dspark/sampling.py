@@ -21,7 +21,7 @@ GREEDY_TEMPERATURE = 1e-5  # at or below this, sampling is argmax
 def probs(logits: Tensor, temperature: float) -> Tensor:
     """softmax(logits / T) in float32 over the last axis; one-hot at the argmax when T is ~0."""
     greedy = temperature <= GREEDY_TEMPERATURE
-    return kernels.race(logits, None, temperature, greedy, want_probs=True)[1]
+    return kernels.vocab_draw(logits, None, temperature, greedy, want_probs=True)[1]
 
 
 def sample(weights: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -44,7 +44,7 @@ def draw(logits: Tensor, temperature: float, generator: torch.Generator | None,
     """A token per row of `logits` [..., V] from softmax(logits / T) (the argmax when T is ~0), and
     with `with_probs` the distribution it came from (`probs`), in the same two passes over the vocabulary."""
     noise = race_noise(tuple(logits.shape), temperature, generator, logits.device)
-    return kernels.race(logits, noise, temperature, temperature <= GREEDY_TEMPERATURE, with_probs)
+    return kernels.vocab_draw(logits, noise, temperature, temperature <= GREEDY_TEMPERATURE, with_probs)
 
 
 def top2_margin(logits: Tensor) -> Tensor:
@@ -99,7 +99,7 @@ def rejection_sample(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Te
 def synthetic_accept(target_probs: Tensor, conditional: Tensor, streams: Streams,
                      num_proposed: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Acceptance at a chosen profile instead of the lossless rule (timing at a set acceptance; see
-    `dspark.acceptance`): slot i is accepted with probability conditional[i] [n] while every slot before it
+    `dspark.synthetic.acceptance`): slot i is accepted with probability conditional[i] [n] while every slot before it
     was and it counts (num_proposed [B]), from the acceptance stream's uniforms, as the real rule draws
     them; the next token is drawn from the target's distribution at the first row not accepted (the
     rejected slot's, or the bonus row). The target has verified the whole block either way, and shapes

@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
 def tiny_dir(tmp_path_factory):
     """`make_tiny` output: target/, dspark/, dspark-speculators/, dflash/, dflash-zlab/, eagle3/,
     eagle3-speculators/, eagle3-deepspec/."""
-    from dspark.tiny import make_tiny
+    from dspark.synthetic.tiny import make_tiny
 
     out = tmp_path_factory.mktemp("tiny")
     make_tiny(out, seed=0)

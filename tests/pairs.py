@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.tiny import random_draft, random_target, tiny_draft_config, tiny_target_config
+from dspark.synthetic.tiny import random_draft, random_target, tiny_draft_config, tiny_target_config
 
 
 def bigram_pair(vocab: int = 64, perturb: float = 0.006, block_size: int = 5, dtype=torch.float64, seed: int = 0,
@@ -50,7 +50,7 @@ def eagle3_pair(vocab: int = 8, std: float = 0.3, dtype=torch.float64, seed: int
                 qk_norm: bool = False, norm_before_residual: bool = False, draft_vocab: int | None = None):
     """A tiny target and a random EAGLE-3 draft reading three of its layers. Over a small vocabulary a
     random draft's greedy choice matches the target's often enough for rounds that accept several drafts."""
-    from dspark.tiny import random_eagle3, tiny_eagle3_config
+    from dspark.synthetic.tiny import random_eagle3, tiny_eagle3_config
 
     tcfg = tiny_target_config(vocab_size=vocab, hidden=32, layers=3, heads=4, kv_heads=2, head_dim=8,
                               intermediate=64, eos=())
@@ -69,7 +69,7 @@ def eagle3_close_pair(vocab: int = 16, perturb: float = 0.006, dtype=torch.float
     values are the same), its values pass it through unchanged, and the residual, the hidden input
     and the MLP are zeroed (`norm_before_residual` with a zero `hidden_norm`). Its output is then the
     normed embedding of x(p+1), and its head, the target's, scores B(x(p+1)) = x(p+2)."""
-    from dspark.tiny import random_eagle3, tiny_eagle3_config
+    from dspark.synthetic.tiny import random_eagle3, tiny_eagle3_config
 
     tcfg = tiny_target_config(vocab_size=vocab, hidden=16, layers=3, heads=4, kv_heads=4, head_dim=4,
                               intermediate=32, eos=())

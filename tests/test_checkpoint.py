@@ -22,11 +22,11 @@ from safetensors.torch import load_file, save_file
 
 from dspark import kernels
 from dspark.checkpoint import load_draft, load_target, save_draft, save_target
-from dspark.config import DraftConfig, TargetConfig
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
-from dspark.tiny import MASK_TOKEN_ID, random_draft, random_target, tiny_draft_config, tiny_target_config
+from dspark.models.config import DraftConfig, TargetConfig
+from dspark.synthetic.tiny import MASK_TOKEN_ID, random_draft, random_target, tiny_draft_config, tiny_target_config
 
 # ---- 1. config parsing of the published layouts -------------------------------------------------
 
@@ -777,7 +777,7 @@ def test_demo_short_names_resolve_to_package_data(tiny_dir, monkeypatch, tmp_pat
 def test_saved_weights_get_the_mode_any_new_file_gets(tmp_path):
     """Weights are written as their config is, with the mode the umask gives a new file (safetensors
     alone leaves its file 0600 after its private temporary file): every format, the target included."""
-    from dspark.tiny import make_tiny
+    from dspark.synthetic.tiny import make_tiny
 
     before = os.umask(0o027)
     try:

@@ -15,7 +15,7 @@ import torch
 from cli_runner import run_cli
 
 from dspark.checkpoint import load_target, save_target
-from dspark.tiny import random_target, tiny_target_config
+from dspark.synthetic.tiny import random_target, tiny_target_config
 
 PROMPT = [10, 20, 30, 40, 50, 60, 10, 20, 30, 40, 50, 60, 10, 20, 30]  # repeats, so n-gram lookup finds matches
 MAX_NEW = 24

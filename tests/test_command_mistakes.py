@@ -130,7 +130,7 @@ def test_inspect_names_a_draft_and_a_target_given_in_each_others_place(args, say
 @pytest.fixture
 def no_building(monkeypatch):
     """Building engine-bench's random models fails the test: the mistake must be refused from the configs."""
-    from harness.microbench import engine
+    from harness.engine_bench import engine
 
     def never(*args, **kwargs):
         raise AssertionError("engine-bench built its models before refusing the mistake")

@@ -82,7 +82,7 @@ def test_the_prefix_scheduler_maps_onto_vllms_adaptive_verification(tmp_path):
     """On the vLLM backends `confidence = "schedule"` is vLLM's adaptive verification (its speculative config
     says so); every other policy, a non-DSpark method, a CPU run and our own cost tables or temperatures are
     refused in one line each."""
-    from harness.backends.vllm import speculative_config
+    from harness.backends.vllm.offline import speculative_config
     from harness.runs.plan import vllm_policy_problem
     from harness.specs.experiments import System
 

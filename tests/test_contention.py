@@ -19,7 +19,7 @@ from dspark.checkpoint import DEMO_DIR
 from harness.analysis.metrics import speedup_macro, speedup_with_contention
 from harness.analysis.records import read_requests
 from harness.analysis.summary import summarize, uncontended_tpot
-from harness.analysis.summary_text import columns, markdown
+from harness.analysis.table_text import columns, markdown
 from harness.runs import contention
 from harness.runs.contention import Sample, between
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from cli_runner import run_cli
+
 from dspark import kernels as K
 from dspark.checkpoint import DEMO_DIR, load_draft, load_target
 from dspark.drafters import NgramDrafter, drafter_for
 from dspark.engine import Engine, GenerationConfig, graphs
 from dspark.engine.compile import choose_cache_dir
-from dspark.layers import device_layout, rope_cos_sin
+from dspark.models.layers import device_layout, rope_cos_sin
 from harness.specs.datasets import load
 
 DEMO = (DEMO_DIR / "target" / "model.safetensors").is_file()

@@ -117,7 +117,7 @@ def test_graph_path_is_lossless():
 
 
 def test_engine_bench_runs_on_a_tiny_pair(tiny_dir):
-    from harness.microbench.engine import BenchArgs, run_engine_bench
+    from harness.engine_bench.native import BenchArgs, run_engine_bench
 
     out = run_engine_bench(BenchArgs(target=str(tiny_dir / "target"), draft=str(tiny_dir / "dspark"), context_len=64,
                                      repeats=5, copy_gib=0.25, hf_new_tokens=4, dtype="float32",
@@ -157,7 +157,7 @@ def test_engines_sharing_a_target_keep_their_graphs_valid():
     block goes to the next tensor of its size: here NaN-filled ones (on the H200 the demo's plain
     decoding ran every prompt to its length limit so). The random pair's attention decides its tokens (the
     bigram pair's barely: with it the old code passed, the table's block taken by the DSpark run's tensors)."""
-    from dspark import layers
+    from dspark.models import layers
 
     target, draft = random_pair(dtype=torch.float32)
     target, draft = target.cuda(), draft.cuda()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from pairs import random_pair
 
-from dspark.distill import answers, generate_batch
 from dspark.engine import Engine, GenerationConfig
+from dspark.training.distill import answers, generate_batch
 
 
 def test_batched_greedy_answers_equal_the_engine_one_prompt_at_a_time():

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from pairs import eagle3_close_pair, eagle3_pair
 from test_lossless import PROMPT, biased_rejection_sample, chi_square_p, exact_joint, sampled_joint
 
-import dspark.steps
+import dspark.engine.steps
 from dspark.drafters import Eagle3Drafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
@@ -164,6 +164,6 @@ def test_eagle3_samples_the_target_distribution(temperature):
 
 def test_the_eagle3_distribution_test_catches_a_biased_sampler(monkeypatch):
     target, draft = eagle3_pair(vocab=4, std=1.0, num_tokens=2)
-    monkeypatch.setattr(dspark.steps, "rejection_sample", biased_rejection_sample)
+    monkeypatch.setattr(dspark.engine.steps, "rejection_sample", biased_rejection_sample)
     counts, _, _ = sampled_joint(Engine(target, Eagle3Drafter(draft)), 1.0, 0.0, N_SAMPLES)
     assert chi_square_p(counts, exact_joint(target, PROMPT, 1.0)) < 1e-6

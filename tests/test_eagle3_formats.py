@@ -21,13 +21,13 @@ from test_checkpoint import ALL_8B, QWEN3_8B, _Payload, assert_one_error_line, q
 
 from dspark import formats
 from dspark.checkpoint import check_draft, load_draft, load_draft_config, load_target, save_draft, save_target
-from dspark.config import DraftConfig, draft_config_from_hf
 from dspark.drafters import Eagle3Drafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
 from dspark.formats import deepspec as block_deepspec
 from dspark.formats.eagle3.deepspec import vllm_config
-from dspark.tiny import random_eagle3, random_target, tiny_draft_config, tiny_eagle3_config, tiny_target_config
+from dspark.models.config import DraftConfig, draft_config_from_hf
+from dspark.synthetic.tiny import random_eagle3, random_target, tiny_draft_config, tiny_eagle3_config, tiny_target_config
 
 # ---- 1. the published layouts (Qwen3-8B drafts; notes §4) --------------------------------------
 

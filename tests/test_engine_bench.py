@@ -12,7 +12,7 @@ import pytest
 from cli_runner import run_cli
 
 from dspark.checkpoint import DEMO_DIR, read_config
-from harness.microbench.engine import CPU_DEFAULTS
+from harness.engine_bench.native import CPU_DEFAULTS
 
 
 def test_engine_bench_on_a_cpu_times_the_demo_pair(monkeypatch, capfd):
@@ -78,9 +78,9 @@ def test_engine_bench_times_an_eagle3_draft_alternated_with_the_block_draft(monk
     the same target and context as the block draft, in the order block, EAGLE-3, block, EAGLE-3; its ratios
     are of its own figures; a block draft given to --eagle3 (or the reverse) is one line."""
     from dspark.checkpoint import save_draft
-    from dspark.config import TargetConfig
-    from dspark.presets import eagle3_draft_config
-    from dspark.tiny import random_eagle3, random_target
+    from dspark.models.config import TargetConfig
+    from dspark.synthetic.presets import eagle3_draft_config
+    from dspark.synthetic.tiny import random_eagle3, random_target
 
     monkeypatch.setitem(CPU_DEFAULTS, "copy_gib", 0.02)
     tcfg = TargetConfig.from_hf(read_config(DEMO_DIR / "target"))

@@ -15,9 +15,9 @@ matplotlib.use("Agg")
 
 import run_folders  # noqa: E402
 
-from harness.analysis import figures, frames  # noqa: E402
+from harness.analysis import frames, report_figures  # noqa: E402
 from harness.analysis.metrics import acceptance  # noqa: E402
-from harness.analysis.plots import summary_figure  # noqa: E402
+from harness.analysis.run_figures import summary_figure  # noqa: E402
 from harness.analysis.summary import summarize_folder  # noqa: E402
 
 # n-gram's rounds of two requests: most rounds find no match and propose nothing (they still verify one
@@ -51,7 +51,7 @@ def test_joint_acceptance_counts_every_round_in_the_metrics_the_frames_and_both_
     assert list(pos["rounds"]) == [10, 10, 10] and list(pos["joint"]) == pytest.approx([0.2, 0.1, 0.0])
     assert list(pos["proposed"]) == [3, 3, 2] and list(pos["conditional"]) == pytest.approx([2 / 3, 1 / 2, 0.0])
 
-    fig = figures.position_curves(frames.load_runs([run]))
+    fig = report_figures.position_curves(frames.load_runs([run]))
     joint, cond = fig.axes[0], fig.axes[1]
     assert list(joint.lines[0].get_ydata()) == pytest.approx([0.2, 0.1, 0.0])
     assert "over all rounds" in joint.get_title() and "k proposed" in cond.get_title()

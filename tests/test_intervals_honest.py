@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 from harness.analysis.metrics import MIN_PAIRS, interval_text, length_interval, side_text, t_quantile
-from harness.analysis.present import clause, ratio_cell, warning_html
+from harness.analysis.report_text import clause, ratio_cell, warning_html
 from harness.analysis.summary import summarize, summarize_folder
-from harness.analysis.summary_text import WRAP, cells, contention_line, markdown, warning_lines
+from harness.analysis.table_text import WRAP, cells, contention_line, markdown, warning_lines
 from harness.cli.run import print_summary
 from tests.cli_runner import run_cli
 from tests.run_folders import empty, native, write
@@ -133,7 +133,7 @@ def test_acceptance_length_interval_follows_the_speedup_rule():
 def test_html_al_column_says_too_few_requests(tmp_path):
     """The HTML headline's AL 95 % CI column: the reason where a system has fewer than MIN_PAIRS requests."""
     from harness.analysis.frames import load_runs
-    from harness.analysis.present import summary_table
+    from harness.analysis.report_text import summary_table
 
     run = write(tmp_path / "r", [native(s, f"q{i}", 5.0 if s == "plain" else 4.0) for s in ("plain", "dspark")
                                  for i in range(4)], systems=["plain", "dspark"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dspark import kernels as K
-from dspark.layers import rope_cos_sin
+from dspark.models.layers import rope_cos_sin
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and not torch.cuda.is_available()
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -188,10 +188,10 @@ def test_race_equals_its_reference(vocab, temperature):
     logits = torch.randn(3, vocab, device=DEVICE, generator=gen) * 4
     greedy = temperature == 0.0
     noise = None if greedy else torch.empty(3, vocab, device=DEVICE).exponential_(generator=gen)
-    (idx, p), (ridx, rp) = (f(logits, noise, temperature, greedy, True) for f in (K.race, K.race_ref))
+    (idx, p), (ridx, rp) = (f(logits, noise, temperature, greedy, True) for f in (K.race, K.vocab_draw_ref))
     assert torch.equal(idx, ridx)
     torch.testing.assert_close(p, rp, rtol=1e-4, atol=1e-7)
-    idx_only, none = K.race(logits, noise, temperature, greedy, False)
+    idx_only, none = K.vocab_draw(logits, noise, temperature, greedy, False)
     assert none is None and torch.equal(idx_only, ridx)
 
 
@@ -199,7 +199,7 @@ def test_race_breaks_ties_at_the_lowest_index():
     logits = torch.zeros(2, 5000, device=DEVICE)
     logits[0, [4000, 700, 2500]] = 3.0  # equal maxima in different blocks
     logits[1, [1, 3]] = 1.0  # and in one block
-    idx, p = K.race(logits, None, 0.0, True, True)
+    idx, p = K.vocab_draw(logits, None, 0.0, True, True)
     assert idx.tolist() == [700, 1] and p.sum(-1).tolist() == [1.0, 1.0] and p[0, 700] == 1.0
 
 
@@ -230,7 +230,7 @@ def test_markov_sample_equals_its_reference(dtype, temperature, rank):
     bias_rtol = 2.0**-7 if dtype == torch.bfloat16 else TOL[dtype]
     torch.testing.assert_close(corrected - logits, rcorrected - logits, rtol=bias_rtol, atol=TOL[torch.float32])
     # q is exactly the distribution of the kernel's own corrected logits
-    torch.testing.assert_close(q, K.race_ref(corrected, None, temperature, greedy, True)[1], rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(q, K.vocab_draw_ref(corrected, None, temperature, greedy, True)[1], rtol=1e-3, atol=1e-6)
     if dtype == torch.float32:
         torch.testing.assert_close(q, rq, rtol=1e-3, atol=1e-6)
 

@@ -85,7 +85,7 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
 ALLOWED = {
     "dspark": ("dspark",),
     "harness.specs": ("dspark", "harness.specs"),
-    "harness.analysis": ("dspark.errors", "dspark.dtypes", "dspark.acceptance", "harness.analysis"),  # (torch-free)
+    "harness.analysis": ("dspark.errors", "dspark.dtypes", "dspark.synthetic.acceptance", "harness.analysis"),  # (torch-free)
     "harness.backends": ("dspark", "harness.specs", "harness.backends"),
     "harness.runs": ("dspark", "harness.specs", "harness.backends", "harness.analysis", "harness.runs"),
     # (and the capture window's protocol with the child it profiles: its file names and variables; and how a
@@ -96,10 +96,9 @@ ALLOWED = {
     # (and, for engine-bench --against vllm, the one probe of vLLM, what starts a vLLM engine and reads its counters;
     # the step timing and round-cost measurement it shares with the native backend, which measures the scheduler's
     # costs at start)
-    "harness.microbench": ("dspark", "harness.backends.vllm", "harness.backends.vllm_checks",
-                           "harness.backends.vllm_drafts",
-                           "harness.backends.server_metrics", "harness.backends.timing", "harness.backends.round_costs",
-                           "harness.microbench"),
+    "harness.engine_bench": ("dspark", "harness.backends.vllm.offline", "harness.backends.vllm.checks",
+                             "harness.backends.vllm.drafts", "harness.backends.served.metrics", "harness.backends.timing",
+                             "harness.backends.round_costs", "harness.engine_bench"),
 }
 
 
@@ -126,7 +125,7 @@ def test_the_command_line_loads_no_torch_until_a_command_needs_it():
 
 def test_analysis_imports_neither_torch_nor_rich():
     code = ("import sys\nimport harness.analysis.summary, harness.analysis.metrics, harness.analysis.records, "
-            "harness.analysis.plots\nprint(sorted(m for m in ('torch', 'rich') if m in sys.modules))")
+            "harness.analysis.run_figures\nprint(sorted(m for m in ('torch', 'rich') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-1000:]
 

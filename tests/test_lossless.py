@@ -16,7 +16,7 @@ import pytest
 import torch
 from pairs import bigram_pair, random_pair
 
-import dspark.steps
+import dspark.engine.steps
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
 from dspark.sampling import Streams, probs, rejection_sample, sample
@@ -154,14 +154,15 @@ def test_engine_samples_the_target_distribution(temperature, kind, truncate):
 
 def test_engine_test_catches_a_biased_sampler(monkeypatch):
     target, draft = _pair("far")
-    monkeypatch.setattr(dspark.steps, "rejection_sample", biased_rejection_sample)
+    monkeypatch.setattr(dspark.engine.steps, "rejection_sample", biased_rejection_sample)
     counts, _, _ = sampled_joint(Engine(target, BlockDrafter(draft)), 1.0, 0.0, N_SAMPLES)
     assert chi_square_p(counts, exact_joint(target, PROMPT, 1.0)) < 1e-6
 
 
 def test_the_top_k_markov_head_with_every_token_is_the_full_head():
     """With k = V the top-k form draws the same drafts and the same q as the full head, greedy and sampled."""
-    from dspark.kernels import markov_sample_ref, markov_sample_topk_ref as markov_sample_topk
+    from dspark.kernels import markov_sample_ref
+    from dspark.kernels import markov_sample_topk_ref as markov_sample_topk
 
     torch.manual_seed(0)
     n, vocab, rank = 5, 11, 3

@@ -96,7 +96,7 @@ def test_the_notebooks_are_stored_without_outputs():
 
 
 def test_the_analysis_layer_needs_neither_torch_nor_rich():
-    code = ("import sys; import harness.analysis.frames, harness.analysis.figures, harness.analysis.notebooks, "
+    code = ("import sys; import harness.analysis.frames, harness.analysis.report_figures, harness.analysis.notebooks, "
             "harness.analysis.calibration, harness.analysis.policies, harness.analysis.reliability; "
             "bad = [m for m in ('torch', 'rich') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
@@ -159,47 +159,47 @@ def test_every_section_draws_or_says_why_in_one_line_on_every_kind_of_run(folder
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness.analysis import figures, frames, present, reliability, study_figures
+    from harness.analysis import frames, reliability, report_figures, report_text, study_figures
 
     runs = frames.load_runs([folders[kind]])
     modules = {"reliability_diagrams": reliability, "speedup_vs_acceptance": study_figures}
     for section in SECTIONS:
-        drawn = getattr(modules.get(section, figures), section)(runs)
+        drawn = getattr(modules.get(section, report_figures), section)(runs)
         want = EXPECTED[kind].get(section)
         if isinstance(drawn, str):
             assert "\n" not in drawn and want != FIG, (section, drawn)
             assert want is None or want in drawn, (section, drawn)
         else:
             assert want is None or want == FIG, (section, want)
-            alt = figures.alt_text(drawn)
+            alt = report_figures.alt_text(drawn)
             assert drawn._suptitle.get_text() in alt and "against" in alt  # the image says what it shows
             for ax in drawn.axes:
                 assert ax.get_yscale() == "linear"
             plt.close(drawn)
-    shown = [present.Headline(runs), present.speed_table(runs), present.acceptance_table(runs)]
+    shown = [report_text.Headline(runs), report_text.speed_table(runs), report_text.acceptance_table(runs)]
     for thing in shown:
         text = thing._repr_html_() + repr(thing)
         assert not any(bad in text for bad in ("nan", "NaN", "None", "[", "Traceback")), (kind, text)
     if kind == "sweep":
         rows = runs.summary[runs.summary["run"] == runs.meta["run"][0]]
-        fig = figures.speedup_vs_concurrency(rows, runs.caption())
+        fig = report_figures.speedup_vs_concurrency(rows, runs.caption())
         assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "4"]
         plt.close(fig)
 
 
 def test_the_headline_says_what_ran_where_the_verdict_and_the_warnings(folders):
-    from harness.analysis import frames, present
+    from harness.analysis import frames, report_text
 
     runs = frames.load_runs([folders["mixed"]])
-    text = repr(present.Headline(runs))
+    text = repr(report_text.Headline(runs))
     assert ("mixed: native backend on cpu (x86_64, 2 cores); target demo; qualitative split, coding, math; "
             "systems plain, dspark, dflash; 41 of 48 requests; git 0123456 (uncommitted changes); 2026-01-02") in text
-    verdict = present.verdict(runs)
+    verdict = report_text.verdict(runs)
     assert verdict.startswith("dspark: 2.00x faster than plain decoding at T=0 (95 % CI 1.78-")
     assert "dflash: no clear speedup at T=0, 1.28x (the 95 % CI 0." in verdict and "spans 1)" in verdict
     assert "dflash: too few prompts (1) for an interval at T=1 (1.11x measured, no verdict)" in verdict
     assert verdict.endswith(".") and "faster than plain decoding at T=1" not in verdict
-    html = present.Headline(runs)._repr_html_()
+    html = report_text.Headline(runs)._repr_html_()
     for warning in ("incomplete run: 41 of 48 requests done", "1 requests failed", "contention: 2 of",
                     "too few prompts for an interval, so no verdict: dflash T=1 (1 pair)"):
         assert warning in html
@@ -207,9 +207,9 @@ def test_the_headline_says_what_ran_where_the_verdict_and_the_warnings(folders):
     assert "8 (1 failed)" in html and "1 of 8" in html  # requests per row: failed and unfinished
     assert "<td>too few prompts (1) for an interval</td>" in html  # the table's interval cell says why
     both = frames.load_runs([folders["mixed"], folders["no_plain"]])
-    verdict = present.verdict(both)
+    verdict = report_text.verdict(both)
     assert verdict.startswith("mixed/dspark: 2.00x faster") and "no-plain: no speedup: plain decoding is not" in verdict
-    assert present.verdict(frames.load_runs([folders["plain_only"]])) == \
+    assert report_text.verdict(frames.load_runs([folders["plain_only"]])) == \
         "plain decoding only, no speculative system to compare with it."
 
 
@@ -219,7 +219,7 @@ def test_per_position_acceptance_has_wilson_intervals_and_leaves_out_sparse_posi
     matplotlib.use("Agg")
     import pandas as pd
 
-    from harness.analysis import figures, frames
+    from harness.analysis import frames, report_figures
 
     lo, hi = frames.wilson(8, 10)
     assert (round(lo, 3), round(hi, 3)) == (0.490, 0.943)  # the Wilson score interval of 8 of 10
@@ -234,7 +234,7 @@ def test_per_position_acceptance_has_wilson_intervals_and_leaves_out_sparse_posi
     assert (pos["joint_lo"] < pos["joint"]).all() and (pos["conditional_hi"] > pos["conditional"]).all()
     runs = frames.Runs(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame([{"run": "r", "backend": "native",
                        "device": "cpu", "target": "demo", "date": "?"}]), counts)
-    fig = figures.position_curves(runs)
+    fig = report_figures.position_curves(runs)
     cond = fig.axes[1].lines[0]
     assert list(cond.get_xdata()) == [1, 2]  # position 3: 8 rounds reached it, fewer than 10
     assert "fewer than 10 rounds" in " ".join(t.get_text() for t in fig.texts) and "dspark T=0 from 3" in \
@@ -244,7 +244,7 @@ def test_per_position_acceptance_has_wilson_intervals_and_leaves_out_sparse_posi
 def test_tables_are_rounded_with_no_index_and_a_dash_for_a_missing_value():
     import pandas as pd
 
-    from harness.analysis.present import Table, percent
+    from harness.analysis.report_text import Table, percent
 
     frame = pd.DataFrame([{"system": "a", "x": 1.23456, "ci": [0.91234, 1.5], "rate": 0.4567, "empty": None},
                           {"system": "b", "x": float("nan"), "ci": None, "rate": None, "empty": None}])
@@ -261,41 +261,41 @@ def test_a_cpu_profile_leaves_out_its_kernel_plots_in_one_line(folders, tmp_path
     import matplotlib
 
     matplotlib.use("Agg")
-    from harness.analysis import figures, frames, present
+    from harness.analysis import frames, report_figures, report_text
 
     profiles = frames.load_profiles([folders["cpu_profile"]])
-    assert "no GPU kernels" in figures.kernel_shares(profiles, "c")
-    assert "no GPU kernels" in figures.launches_per_token(profiles, "c")
-    fig = figures.step_times(profiles, "c")
+    assert "no GPU kernels" in report_figures.kernel_shares(profiles, "c")
+    assert "no GPU kernels" in report_figures.launches_per_token(profiles, "c")
+    fig = report_figures.step_times(profiles, "c")
     assert sorted(t.get_text() for t in fig.axes[0].get_yticklabels()) == ["decode", "verify"]
-    assert "no profile saw GPU work" in repr(present.launches_table(profiles))
+    assert "no profile saw GPU work" in repr(report_text.launches_table(profiles))
     # the folder named once: in the caption, not on each row
-    assert repr(present.operators_table(profiles, top=1)).splitlines() == [
+    assert repr(report_text.operators_table(profiles, top=1)).splitlines() == [
         "cpu-profile: the 1 operators with the most self time, per system",
         "system  operator  calls  self ms  share", "dspark  aten::mm  40     300.0    60 %",
         "plain   aten::mm  40     300.0    60 %"]
-    assert present.operators_table(profiles)._repr_html_().count("cpu-profile") == 1
+    assert report_text.operators_table(profiles)._repr_html_().count("cpu-profile") == 1
     # of several profiles, each named on the first of its rows
     second = shutil.copytree(folders["cpu_profile"], tmp_path / "second-profile")
     both = frames.load_profiles([folders["cpu_profile"], second])
-    assert [line.split()[0] for line in repr(present.operators_table(both, top=1)).splitlines()[1:]] == [
+    assert [line.split()[0] for line in repr(report_text.operators_table(both, top=1)).splitlines()[1:]] == [
         "profile", "cpu-profile", "plain", "second-profile", "plain"]
-    page = present.operators_table(both)._repr_html_()
+    page = report_text.operators_table(both)._repr_html_()
     assert page.count("cpu-profile") == page.count("second-profile") == 1
 
 
 def test_the_engines_tables_of_a_parity_pair(folders):
-    from harness.analysis import present
+    from harness.analysis import report_text
     from harness.analysis.parity import parity
 
     result = parity(folders["mixed"], folders["vllm"])  # native against vLLM's totals
-    assert repr(present.parity_table(result)).splitlines()[1:] == [
+    assert repr(report_text.parity_table(result)).splitlines()[1:] == [
         "plain   0  1  2        2/2           2/2                   none",
         "dspark  0  1  2        2/2           2/2                   unclassified 2"]
-    assert "only totals are known for one side" in repr(present.divergences_table(result))
+    assert "only totals are known for one side" in repr(report_text.divergences_table(result))
     apart = parity(folders["plain_only"], folders["no_plain"])
-    assert repr(present.parity_table(apart)) == "parity: the two runs share no system, temperature and prompt"
-    assert repr(present.divergences_table(apart)) == "divergences: nothing compared"
+    assert repr(report_text.parity_table(apart)) == "parity: the two runs share no system, temperature and prompt"
+    assert repr(report_text.divergences_table(apart)) == "divergences: nothing compared"
 
 
 # --- report --html on every kind of run folder (built in Python; one notebook kernel per report) ----------
@@ -337,7 +337,6 @@ def test_report_html_of_a_plain_only_run(tmp_path, monkeypatch, capfd):
 @needs_tools
 def test_report_html_of_a_native_and_a_vllm_run_with_a_cpu_profile_and_step_costs(tmp_path, monkeypatch, capfd):
     import run_folders
-
     from test_trace import _kineto
 
     bench = tmp_path / "engine-bench.json"  # (`engine-bench --json`: a round's cost in decode steps)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dspark.config import BackboneConfig
+from dspark.models.config import BackboneConfig
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "prefill_bench.py"
 

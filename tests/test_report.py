@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from harness.analysis.summary import expected_requests, summarize, warnings
-from harness.analysis.summary_text import COLUMNS, LEGEND, markdown
+from harness.analysis.table_text import COLUMNS, LEGEND, markdown
 from harness.cli.render import show
 from harness.cli.render import summary_table as table
 from harness.runs.progress import RunProgress

@@ -17,9 +17,9 @@ import torch
 from cli_runner import run_cli, run_watched
 
 from dspark.checkpoint import DEMO_DIR, save_draft, save_target
-from dspark.config import BackboneConfig, TargetConfig
-from dspark.presets import dspark_draft_config, eagle3_draft_config
-from dspark.tiny import random_draft, random_eagle3, random_target
+from dspark.models.config import BackboneConfig, TargetConfig
+from dspark.synthetic.presets import dspark_draft_config, eagle3_draft_config
+from dspark.synthetic.tiny import random_draft, random_eagle3, random_target
 from harness.analysis.records import read_requests
 
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
@@ -336,7 +336,7 @@ def test_a_dry_runs_estimate_from_engine_bench_step_costs():
     of the same shape (the committed H200 ones, for Qwen3-8B): plain decoding a decode step per token; a
     draft of the bench's method and block between a round per block + 1 tokens and a round per token; a
     system of another kind gets no figure, and says so."""
-    from dspark.presets import TARGETS
+    from dspark.synthetic.presets import TARGETS
     from harness.runs.estimate import estimate
 
     settings = {"backend": "native", "target": "Qwen/Qwen3-8B", "device": "cuda", "dtype": "auto",

@@ -97,8 +97,8 @@ def _killed_mid_sweep(root: Path) -> dict:
 def external_server(tmp_path_factory):
     """The n-gram server `external` runs against, started (in a thread) when the sweep starts: its start is
     mostly one Python thread importing vLLM, so on 2 cores it overlaps the sweep instead of following it."""
-    from harness.backends import vllm_server
-    from harness.backends.vllm import speculative_config
+    from harness.backends.vllm import process as vllm_process
+    from harness.backends.vllm.offline import speculative_config
     from harness.specs.experiments import load_experiment
 
     root = tmp_path_factory.mktemp("external-server")
@@ -106,13 +106,13 @@ def external_server(tmp_path_factory):
     args = {"max_model_len": 1024, "seed": 0, "dtype": "float32", "enforce_eager": True, "enable_prefix_caching": False,
             "speculative_config": speculative_config(ngram, None, None, on_cpu=True)}
     with ThreadPoolExecutor(1) as pool:
-        started = pool.submit(vllm_server.start, DEMO_DIR / "target", args, root / "server.log", 900.0,
+        started = pool.submit(vllm_process.start, DEMO_DIR / "target", args, root / "server.log", 900.0,
                               dict(os.environ) | ENV)
         try:
             yield started
         finally:
             if started.exception() is None:  # (waits for the start to end)
-                vllm_server.stop(started.result())
+                vllm_process.stop(started.result())
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,8 @@ def external(tmp_path_factory, external_server):
     """An n-gram server the test starts itself (as someone else would), our client against it through
     `--backend openai` at concurrency 1 and 4, `vllm bench serve` on the same workload, and a run whose
     requests time out."""
-    from harness.backends import vllm_server
+    from harness.backends.served.stream import models
+    from harness.backends.vllm import process as vllm_process
 
     root = tmp_path_factory.mktemp("external")
     server = external_server.result()
@@ -216,13 +217,13 @@ def external(tmp_path_factory, external_server):
         timed_out = _cli(["run", "--category", "coding", "--num-prompts", "2", "--output-len", "512", "--ignore-eos",
                           "--temperature", "0", "--systems", "ngram", "--backend", "openai", "--base-url", url,
                           "--request-timeout", "0.2", "--out", root / "timeout", "--json"], root)
-        alive = vllm_server.models(url) is not None
+        alive = models(url) is not None
         resumed = _cli(["run", "--resume", root / "timeout"], root)
         paced = _cli([*ARGS[:3], "--num-prompts", "4", "--output-len", "8", "--temperature", "0", "--systems", "ngram",
                       "--backend", "openai", "--base-url", url, "--max-concurrency", "4", "--request-rate", "4",
                       "--burstiness", "0.5", "--out", root / "paced"], root)
     finally:
-        vllm_server.stop(server)
+        vllm_process.stop(server)
     return {"ours": root / "ours", "summary": json.loads(ours.stdout), "bench": json.loads((root / "bench.json")
             .read_text()), "timed_out": timed_out, "timeout_dir": root / "timeout", "alive": alive,
             "resumed": resumed, "paced": paced, "paced_dir": root / "paced", "port": server.port}

@@ -11,10 +11,10 @@ import pytest
 
 from harness.analysis.metrics import acceptance_from_totals
 from harness.analysis.summary import busy_seconds, summarize
-from harness.analysis.summary_text import markdown
+from harness.analysis.table_text import markdown
 from harness.backends.base import Schedule
-from harness.backends.server_metrics import delta, engine_counters, spec_counters
-from harness.backends.vllm_server import cli_args
+from harness.backends.served.metrics import delta, engine_counters, spec_counters
+from harness.backends.vllm.process import cli_args
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter

@@ -186,8 +186,8 @@ def test_engine_bench_against_vllm_asks_the_one_probe_of_vllm(tmp_path, monkeypa
     """engine-bench --against vllm imported vLLM itself and named its own install line, beside the one probe
     the run and the dry run use (`vllm_checks.installed_version`), and never checked the version against the
     DSpark method it starts; now a missing vLLM and one too old are the run's own lines."""
-    from harness.backends import vllm_checks
-    from harness.microbench.vllm_peer import run_against_vllm
+    from harness.backends.vllm import checks as vllm_checks
+    from harness.engine_bench.vllm_peer import run_against_vllm
 
     name = "no_such_vllm_module"
     if version is not None:

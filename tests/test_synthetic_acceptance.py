@@ -15,11 +15,18 @@ import torch
 from pairs import random_pair
 from scipy import stats
 
-from dspark.acceptance import (PROFILES, chi2_sf, count_probabilities, geometric_rates, goodness_of_fit,
-                               realised_rates, resolve)
 from dspark.drafters import NgramDrafter, drafter_for
 from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
+from dspark.synthetic.acceptance import (
+    PROFILES,
+    chi2_sf,
+    count_probabilities,
+    geometric_rates,
+    goodness_of_fit,
+    realised_rates,
+    resolve,
+)
 
 
 @pytest.mark.parametrize("mean", [1.0, 1.1, 2.33, 3.41, 4.81, 7.9, 8.0])

@@ -12,9 +12,9 @@ import pytest
 from cli_runner import run_cli
 from test_vllm import _cli, needs_demo, needs_vllm
 
-from dspark.acceptance import goodness_of_fit, resolve
 from dspark.checkpoint import DEMO_DIR, random_folder, random_weights, resolve_path
 from dspark.errors import DSparkError
+from dspark.synthetic.acceptance import goodness_of_fit, resolve
 from harness.analysis.records import read_requests
 from harness.specs.datasets import demo_suite_dir
 from harness.specs.shaped import GENERATION_PROMPT, MESSAGE_WRAP, ShapedTokenizer
@@ -62,7 +62,7 @@ def test_a_random_folder_holds_the_config_and_a_marker_and_no_weights(tmp_path):
     assert draft["block_size"] == 7 and draft["markov_rank"] == 256 and draft["target_layer_ids"] == [1, 9, 17, 25, 33]
     assert random_folder("qwen3-8b") == target  # the same config: the same folder
     from dspark.checkpoint import load_draft_config
-    from dspark.presets import DRAFTS
+    from dspark.synthetic.presets import DRAFTS
 
     for name, make in DRAFTS.items():  # every draft preset, each in its own format (z-lab's fill-in DFlash too)
         path, cfg = load_draft_config(f"random:{name}")
@@ -151,7 +151,7 @@ def test_a_bad_profile_in_an_experiment_names_the_file_and_the_system(tmp_path, 
 
 def test_tables_keep_real_acceptance_beside_synthetic():
     """A run whose drafts are partly real keeps the accept and = plain columns beside the profile's."""
-    from harness.analysis.summary_text import columns
+    from harness.analysis.table_text import columns
 
     rows = [{"system": "plain", "method": "plain"}, {"system": "a", "method": "dspark", "profile_acceptance_length": 3.4},
             {"system": "b", "method": "dflash", "profile_acceptance_length": None}]
@@ -170,7 +170,7 @@ def test_a_random_target_with_a_real_draft_is_refused(tmp_path, monkeypatch, cap
 
 @needs_demo
 def test_vllm_without_synthetic_acceptance_and_dummy_drafts_on_its_cpu_build_are_refused():
-    from harness.backends.vllm import VllmTarget
+    from harness.backends.vllm.offline import VllmTarget
     from harness.runs.synthetic import with_synthetic
     from harness.specs.experiments import System
 

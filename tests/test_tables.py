@@ -13,9 +13,9 @@ from cli_runner import run_cli
 from rich.console import Console
 
 from harness.analysis.compare_runs import deltas, settings_diff, settings_line
-from harness.analysis.plots import run_caption
+from harness.analysis.run_figures import run_caption
 from harness.analysis.summary import summarize
-from harness.analysis.summary_text import cells, columns, sweep_cells
+from harness.analysis.table_text import cells, columns, sweep_cells
 from harness.cli.render import deltas_table, show, summary_table, sweep_table
 from harness.cli.run import print_summary
 

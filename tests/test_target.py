@@ -93,7 +93,7 @@ def test_a_prefill_without_positions_is_the_causal_forward(tmp_path, dtype):
 def test_rope_table_rows_equal_rope_cos_sin():
     """The RoPE table a forward gathers from holds exactly the rows `rope_cos_sin` computes, and grows
     (keeping them) when a longer cache asks."""
-    from dspark.layers import rope_cos_sin, rope_table
+    from dspark.models.layers import rope_cos_sin, rope_table
 
     positions = torch.tensor([[0, 5, 99, 1023]])
     for dtype in (torch.float32, torch.bfloat16):
@@ -110,7 +110,7 @@ def test_a_grown_rope_table_keeps_the_one_it_replaced_alive():
     import gc
     import weakref
 
-    from dspark.layers import rope_table
+    from dspark.models.layers import rope_table
 
     cos, _ = rope_table(100, 32, 1234.5, torch.float32, torch.device("cpu"))  # a shape no other test uses
     old = weakref.ref(cos)

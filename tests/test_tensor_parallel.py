@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 import pytest
-
 from cli_runner import run_cli
+
 from dspark.checkpoint import DEMO_DIR
 from harness.analysis.records import read_requests
 from harness.analysis.summary import parallel_label
-from harness.backends.parallel import cpu_binding
-from harness.analysis.summary_text import titled
+from harness.analysis.table_text import titled
+from harness.backends.vllm.parallel import cpu_binding
 from harness.runs.threads import usable_cores
 
 
@@ -62,7 +62,7 @@ def test_the_tensor_parallel_sizes_go_into_every_title():
 
 
 def test_cpu_binding_splits_the_cores_among_the_ranks():
-    from harness.backends.parallel import parallel_environment
+    from harness.backends.vllm.parallel import parallel_environment
 
     assert cpu_binding([0, 1], 2) == "0|1" and cpu_binding([0, 1, 2, 3, 4], 2) == "0,1,2|3,4"
     assert parallel_environment(2, on_cpu=False) == {"NCCL_NVLS_ENABLE": "0"}

@@ -7,7 +7,7 @@ from pairs import random_pair
 
 from dspark.drafters import BlockDrafter
 from dspark.engine import Engine, GenerationConfig
-from dspark.train import LossConfig, cosine_lr, draft_loss, sample_anchors, target_features, trainable_parameters
+from dspark.training.loop import LossConfig, cosine_lr, draft_loss, sample_anchors, target_features, trainable_parameters
 
 
 def _sequence(n=48, vocab=63, seed=0):
@@ -92,7 +92,7 @@ def _examples(n=6, length=40, vocab=63):
 
 
 def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
-    from dspark.train import TrainArgs, load_checkpoint, train
+    from dspark.training.loop import TrainArgs, load_checkpoint, train
 
     args = TrainArgs(steps=6, batch=2, lr=1e-2, checkpoint_every=3, loss=LossConfig(num_anchors=8))
     # A target with tied embedding and head (as the demo's): the resumed draft shares them, and its
@@ -124,7 +124,7 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
 def test_a_stopped_run_checkpoints_its_last_step_and_resumes_to_the_same_result(tmp_path):
     import pytest
 
-    from dspark.train import TrainArgs, TrainingStopped, load_checkpoint, train
+    from dspark.training.loop import TrainArgs, TrainingStopped, load_checkpoint, train
 
     args = TrainArgs(steps=5, batch=2, lr=1e-2, checkpoint_every=100, loss=LossConfig(num_anchors=8))
     target, draft = random_pair(dtype=torch.float64)
@@ -147,12 +147,9 @@ def test_a_stopped_run_checkpoints_its_last_step_and_resumes_to_the_same_result(
 
 
 def test_stop_requested_turns_signals_and_a_time_limit_into_a_request():
-    import os
     import signal
 
-    import pytest
-
-    from dspark.train import stop_requested
+    from dspark.training.loop import stop_requested
 
     # Python's own SIGINT handler, as in a user's shell (a pytest-xdist worker ignores SIGINT, and an ignored
     # signal rightly stays ignored: checked below with SIGTERM)
@@ -220,8 +217,8 @@ def test_train_draft_command_trains_saves_and_resumes(tiny_dir, tmp_path, monkey
 
 
 def test_train_target_learns_its_data():
-    from dspark.tiny import random_target, tiny_target_config
-    from dspark.train import TrainArgs, lm_loss, train_target
+    from dspark.synthetic.tiny import random_target, tiny_target_config
+    from dspark.training.loop import TrainArgs, lm_loss, train_target
 
     target = random_target(tiny_target_config(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
                                               intermediate=64, eos=()), seed=0)
@@ -238,8 +235,8 @@ def test_train_target_learns_its_data():
 def test_padded_batch_loss_equals_the_per_sequence_losses():
     """Right padding never leaks into real tokens: the batched loss is the token-weighted mean of the
     sequences' own losses, whatever their lengths."""
-    from dspark.tiny import random_target, tiny_target_config
-    from dspark.train import lm_loss, pad_batch
+    from dspark.synthetic.tiny import random_target, tiny_target_config
+    from dspark.training.loop import lm_loss, pad_batch
 
     target = random_target(tiny_target_config(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
                                               intermediate=64, eos=()), seed=0)
@@ -257,7 +254,7 @@ def test_padded_batch_loss_equals_the_per_sequence_losses():
 def test_a_padded_batch_of_sequences_trains_each_block_as_alone():
     """Blocks of sequences of different lengths, batched with padding, get the hidden states (and so
     the loss terms) they get one sequence at a time."""
-    from dspark.train import pad_anchors, pad_batch
+    from dspark.training.loop import pad_anchors, pad_batch
 
     target, draft = random_pair(dtype=torch.float64)
     seqs = [(_sequence(30, seed=1), torch.arange(30) >= 4), (_sequence(48, seed=2), torch.arange(48) >= 9)]
@@ -290,7 +287,7 @@ def test_a_padded_batch_of_sequences_trains_each_block_as_alone():
 
 def test_a_model_that_generated_can_still_train():
     """Generation fuses projection weights inside inference mode; the parameters must stay trainable."""
-    from dspark.train import TrainArgs, train
+    from dspark.training.loop import TrainArgs, train
 
     target, draft = random_pair(dtype=torch.float32)
     Engine(target, BlockDrafter(draft)).generate(list(range(1, 12)), GenerationConfig(max_new_tokens=12))
@@ -305,8 +302,8 @@ def test_train_draft_command_trains_an_eagle3_draft_over_the_datas_vocabulary(ti
     from cli_runner import run_cli
 
     from dspark.checkpoint import load_draft, load_target
-    from dspark.train import read_examples
-    from dspark.train_eagle3 import draft_vocabulary
+    from dspark.training.eagle3_objective import draft_vocabulary
+    from dspark.training.loop import read_examples
 
     data = tmp_path / "data.jsonl"
     rows = [{"prompt_ids": [1, 2, 3], "response_ids": [40 + i % 5, 60, 61, 62 + i]} for i in range(8)]

@@ -11,8 +11,8 @@ from pairs import eagle3_pair
 from test_eagle3 import _rms, _rope, reference_chain
 
 from dspark.errors import DSparkError
-from dspark.train import LossConfig, TrainArgs, load_checkpoint, target_features, train
-from dspark.train_eagle3 import TTTConfig, draft_vocabulary, ttt_loss
+from dspark.training.eagle3_objective import TTTConfig, draft_vocabulary, ttt_loss
+from dspark.training.loop import LossConfig, TrainArgs, load_checkpoint, target_features, train
 
 
 def _layer(draft, embeds, hidden, positions, past_k, past_v):

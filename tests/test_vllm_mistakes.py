@@ -24,8 +24,8 @@ import pytest
 from cli_runner import run_cli
 
 from dspark.checkpoint import DEMO_DIR
-from harness.backends import vllm_checks
-from harness.backends.vllm_checks import INSTALL, installed_version, system_features, version_problem
+from harness.backends.vllm import checks as vllm_checks
+from harness.backends.vllm.checks import INSTALL, installed_version, system_features, version_problem
 from harness.specs.experiments import System
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -110,7 +110,7 @@ def test_the_dry_run_refuses_the_deepspec_dflash_draft_vllms_cpu_build_refuses(t
 def test_a_vllm_runs_leftovers_do_not_block_its_out_folder(tmp_path, monkeypatch, capfd):
     args = ["run", "--experiment", _experiment(tmp_path), "--systems", "plain", "--device", "cpu", "--num-prompts",
             "1", "--vllm-arg", "no_such_engine_argument=1", "--out", tmp_path / "r"]
-    from harness.backends.vllm_output import logging_config
+    from harness.backends.vllm.output import logging_config
 
     logging_config(tmp_path / "r")  # what a run that failed once its engine started left (vllm-logging.json)
     for _ in range(2):  # a mistake given twice: the same answer (now before the run starts), not "holds other files"
@@ -169,13 +169,13 @@ def test_an_engine_that_dies_mid_run_is_one_line_with_vllms_cause_and_its_log(tm
 @needs_vllm
 def test_a_server_that_dies_before_ready_is_one_line_with_vllms_cause_and_its_log(tiny_dir, tmp_path):
     from dspark.errors import DSparkError
-    from harness.backends import vllm_server
+    from harness.backends.vllm import process as vllm_process
 
     log = tmp_path / "server-plain.log"
     args = {"max_model_len": 100000, "seed": 0, "dtype": "float32", "enforce_eager": True}  # past the target's 4096
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
     with pytest.raises(DSparkError) as refused:
-        vllm_server.start(tiny_dir / "target", args, log, 900.0, env | {"VLLM_CPU_KVCACHE_SPACE": "1"})
+        vllm_process.start(tiny_dir / "target", args, log, 900.0, env | {"VLLM_CPU_KVCACHE_SPACE": "1"})
     line = str(refused.value)
     assert "\n" not in line and line.startswith("vllm serve exited (1) before it was ready: ")
     assert ("ValidationError: 1 validation error for ModelConfig: Value error, User-specified max_model_len (100000) "

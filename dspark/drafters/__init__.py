@@ -7,12 +7,12 @@ many count). The block drafter (DSpark, DFlash) and the EAGLE-3 chain drafter wo
 only, so their step can be a CUDA graph; the n-gram drafter looks the history up on the host.
 """
 
-from dspark.draft import DraftModel
 from dspark.drafters.base import Drafter
 from dspark.drafters.block import BlockDrafter
 from dspark.drafters.eagle3 import Eagle3Drafter
 from dspark.drafters.ngram import NgramDrafter
-from dspark.eagle3 import Eagle3Draft
+from dspark.models.block_draft import DraftModel
+from dspark.models.eagle3_draft import Eagle3Draft
 
 
 def drafter_for(model: DraftModel | Eagle3Draft, num_tokens: int | None = None,

@@ -7,8 +7,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from dspark.engine.steps import DecodeState
 from dspark.schedule import ProposalCut
-from dspark.steps import DecodeState
 
 
 class Drafter(Protocol):

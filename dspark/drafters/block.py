@@ -7,11 +7,11 @@ import torch
 from torch import Tensor
 
 from dspark import kernels
-from dspark.draft import DraftModel
-from dspark.layers import KVCache
+from dspark.engine.steps import DecodeState, scratch_positions, visible_len
+from dspark.models.block_draft import DraftModel
+from dspark.models.layers import KVCache
 from dspark.sampling import GREEDY_TEMPERATURE, draw, race_noise, top2_margin
 from dspark.schedule import ProposalCut
-from dspark.steps import DecodeState, scratch_positions, visible_len
 
 
 class BlockDrafter:

@@ -22,11 +22,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dspark.eagle3 import Eagle3Draft
-from dspark.layers import KVCache
+from dspark.engine.steps import DecodeState, scratch_positions, visible_len
+from dspark.models.eagle3_draft import Eagle3Draft
+from dspark.models.layers import KVCache
 from dspark.sampling import GREEDY_TEMPERATURE, draw, top2_margin
 from dspark.schedule import ProposalCut
-from dspark.steps import DecodeState, scratch_positions, visible_len
 
 
 class Eagle3Drafter:

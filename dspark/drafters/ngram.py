@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dspark.engine.steps import DecodeState
 from dspark.schedule import ProposalCut
-from dspark.steps import DecodeState
 
 
 class NgramDrafter:

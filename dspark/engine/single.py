@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from dspark.acceptance import conditional_rates
-from dspark.drafters import Drafter
 from dspark.engine.graphs import StepRunner
-from dspark.engine.step import ACCEPT, DECODE, PREFILL, VERIFY, WARMUP, Step, propose_step
+from dspark.engine.nvtx import Ranges
+from dspark.engine.steps import ACCEPT, DECODE, PREFILL, VERIFY, WARMUP, DecodeState, Step, TargetSteps, propose_step
 from dspark.engine.timing import StepTimer, synchronize
 from dspark.errors import DSparkError
-from dspark.profiling import Ranges
+from dspark.models.target import Qwen3Target
 from dspark.sampling import GREEDY_TEMPERATURE, Streams, draw
 from dspark.schedule import ProposalCut
-from dspark.steps import DecodeState, TargetSteps
-from dspark.target import Qwen3Target
+from dspark.synthetic.acceptance import conditional_rates
+
+if TYPE_CHECKING:  # (the drafters read the engine's step state: importing them here would be a cycle)
+    from dspark.drafters import Drafter
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class GenerationConfig:
     # confidence logits' STS temperatures (N; empty: 1); a non-empty cost table turns it on
     confidence_schedule: tuple[float, ...] = ()
     confidence_temperatures: tuple[float, ...] = ()
-    # synthetic acceptance (`dspark.acceptance`): per-slot unconditional rates, one per draft slot; non-empty, the
+    # synthetic acceptance (`dspark.synthetic.acceptance`): per-slot unconditional rates, one per draft slot; non-empty, the
     # accept step accepts at this profile instead of by the lossless rule (timing at a set acceptance)
     synthetic_rates: tuple[float, ...] = ()
 

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from dspark.engine.step import HOST, Step
+from dspark.engine.steps import HOST, Step
 
 
 def synchronize(device: torch.device) -> None:

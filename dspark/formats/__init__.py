@@ -1,7 +1,7 @@
 """The draft checkpoint formats, one module each, and which one a config.json is.
 
 Every format module has the same parts: `NAME`; `KIND` ("block": a DSpark/DFlash draft, read into
-`dspark.config.DraftConfig`; "eagle3": an EAGLE-3 draft, read into `Eagle3Config`); `detect(cfg,
+`dspark.models.config.DraftConfig`; "eagle3": an EAGLE-3 draft, read into `Eagle3Config`); `detect(cfg,
 where)` (is this config mine? raises for a config that claims the format but cannot be one);
 `parse(cfg, where, backbone)` (the fields of its normalised config); `KEYS` (its tensor key table:
 the ignored tensors, and the names it stores otherwise than the model); `READS_BIN` (whether a

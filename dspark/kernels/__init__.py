@@ -25,7 +25,7 @@ The kernels:
 - `linear`: x @ W^T for up to 16 rows, the residual add (o_proj, down) in its epilogue.
 - `norm_linear`: the product of x's RMSNorm (q/k/v, gate/up) in the same launch, the norm's weight on
   x's tiles and its 1/rms in the epilogue; for gate/up, SwiGLU's silu(gate) * up there too.
-- `race`: sampling and distributions over the whole vocabulary, spread over many programs: the
+- `vocab_draw`: sampling and distributions over the whole vocabulary, spread over many programs: the
   exponential race's arg-max (a token drawn from softmax(logits / T)) and softmax or one-hot probs.
 - `accept`: the lossless acceptance rule (accepted prefix, residual or bonus token) in two launches.
 - `markov_sample`: the vanilla Markov head's left-to-right loop, one launch per slot (bias product,
@@ -42,11 +42,20 @@ from dspark.kernels.cpu import use_cpu_forms
 from dspark.kernels.gemv import linear, linear_ref, norm_linear, norm_linear_ref
 from dspark.kernels.launch import kernels_on, overlap_mode, references, use_triton
 from dspark.kernels.norms import qk_norm_rope_cache, qk_norm_rope_cache_ref, rms_norm, rms_norm_ref, rope_ref
-from dspark.kernels.sampling import (SAMPLE_BLOCK, accept, accept_ref, markov_sample, markov_sample_ref,
-                                     markov_sample_topk, markov_sample_topk_ref, race, race_ref)
+from dspark.kernels.sampling import (
+                                     SAMPLE_BLOCK,
+                                     accept,
+                                     accept_ref,
+                                     markov_sample,
+                                     markov_sample_ref,
+                                     markov_sample_topk,
+                                     markov_sample_topk_ref,
+                                     vocab_draw,
+                                     vocab_draw_ref,
+)
 
 __all__ = ["SAMPLE_BLOCK", "SPLIT_KV_MAX_QUERIES", "accept", "accept_ref", "attention", "attention_ref", "kernels_on",
            "linear", "linear_ref", "markov_sample", "markov_sample_ref", "markov_sample_topk", "markov_sample_topk_ref",
-           "norm_linear", "norm_linear_ref", "overlap_mode", "qk_norm_rope_cache", "qk_norm_rope_cache_ref", "race",
-           "race_ref", "references", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul", "silu_mul_ref",
-           "split_kv_attention", "use_cpu_forms", "use_triton", "visibility"]
+           "norm_linear", "norm_linear_ref", "overlap_mode", "qk_norm_rope_cache", "qk_norm_rope_cache_ref",
+           "references", "rms_norm", "rms_norm_ref", "rope_ref", "silu_mul", "silu_mul_ref", "split_kv_attention",
+           "use_cpu_forms", "use_triton", "visibility", "vocab_draw", "vocab_draw_ref"]

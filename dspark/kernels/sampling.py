@@ -16,7 +16,7 @@ SAMPLE_BLOCK = 512  # vocabulary columns per program: 297 programs over Qwen3's 
 MARKOV_BLOCK = 256
 
 
-def race_ref(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
+def vocab_draw_ref(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
              want_probs: bool) -> tuple[Tensor, Tensor | None]:
     """Per row of `logits` [..., V]: the arg-max of logits - T * log(noise) (with `noise` ~ Exp(1), a
     draw from softmax(logits / T); the plain arg-max without noise), and when `want_probs` the
@@ -30,13 +30,13 @@ def race_ref(logits: Tensor, noise: Tensor | None, temperature: float, greedy: b
     return idx, torch.softmax(x / temperature, dim=-1)
 
 
-def race(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
+def vocab_draw(logits: Tensor, noise: Tensor | None, temperature: float, greedy: bool,
          want_probs: bool) -> tuple[Tensor, Tensor | None]:
-    """`race_ref` in two launches over the whole vocabulary: per block of columns, the arg-max and the
+    """`vocab_draw_ref` in two launches over the whole vocabulary: per block of columns, the arg-max and the
     softmax's running max and sum; then per block again, the row's totals and its slice of the
     probabilities (PyTorch's softmax and arg-max run one program per row)."""
     if not use_triton(logits):
-        return race_ref(logits, noise, temperature, greedy, want_probs)
+        return vocab_draw_ref(logits, noise, temperature, greedy, want_probs)
     shape = logits.shape
     x = logits.reshape(-1, shape[-1]).contiguous()
     rows, vocab = x.shape
@@ -75,13 +75,13 @@ def markov_sample_ref(logits: Tensor, bias_of, to_target: Tensor, anchor: Tensor
     prev, rows, ids, prevs = anchor.view(1), [], [], []
     for k in range(logits.shape[0]):
         row = logits[k : k + 1] + bias_of(prev, k)
-        d, _ = race_ref(row, None if noise is None else noise[k : k + 1], temperature, greedy, False)
+        d, _ = vocab_draw_ref(row, None if noise is None else noise[k : k + 1], temperature, greedy, False)
         rows.append(row)
         ids.append(d)
         prevs.append(prev)
         prev = to_target[d]
     corrected = torch.cat(rows)
-    return race_ref(corrected, None, temperature, greedy, True)[1], torch.cat(ids), torch.cat(prevs), corrected
+    return vocab_draw_ref(corrected, None, temperature, greedy, True)[1], torch.cat(ids), torch.cat(prevs), corrected
 
 
 def markov_sample(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anchor: Tensor, noise: Tensor | None,
@@ -137,7 +137,7 @@ def markov_sample_topk_ref(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Te
         prevs.append(prev)
         prev = to_target[d]
     corrected = torch.full_like(x, float("-inf")).scatter_(1, cand, torch.stack(vals))
-    return race_ref(corrected, None, temperature, greedy, True)[1], torch.cat(ids), torch.cat(prevs), corrected
+    return vocab_draw_ref(corrected, None, temperature, greedy, True)[1], torch.cat(ids), torch.cat(prevs), corrected
 
 
 def markov_sample_topk(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor, anchor: Tensor,
@@ -158,7 +158,7 @@ def markov_sample_topk(logits: Tensor, w1: Tensor, w2: Tensor, to_target: Tensor
     _markov_topk_kernel[(1,)](base, cand, gumbel, w1.contiguous(), w2.contiguous(), to_target, anchor, vals, ids,
                               prevs, n, R=rank, K=topk, RB=min(64, rank), NOISE=noise is not None, num_warps=8)
     corrected = torch.full_like(x, float("-inf")).scatter_(1, cand, vals)
-    return race_ref(corrected, None, temperature, greedy, True)[1], ids, prevs, corrected
+    return vocab_draw_ref(corrected, None, temperature, greedy, True)[1], ids, prevs, corrected
 
 
 def accept_ref(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, counted: Tensor | None, u: Tensor,

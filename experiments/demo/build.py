@@ -41,16 +41,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus as corpus_mod  # noqa: E402
 
-from dspark import distill as distill_mod
 from dspark.checkpoint import DEMO_DIR, load_draft, load_target, save_draft, save_target  # noqa: E402
-from dspark.config import BackboneConfig, TargetConfig  # noqa: E402
 from dspark.drafters import NgramDrafter, drafter_for  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
-from dspark.presets import evenly_spaced_taps, vllm_default_eagle3_taps  # noqa: E402
-from dspark.target import Qwen3Target  # noqa: E402
-from dspark.tiny import random_draft, random_eagle3, random_target, tiny_draft_config, tiny_eagle3_config  # noqa: E402
+from dspark.models.config import BackboneConfig, TargetConfig  # noqa: E402
+from dspark.models.target import Qwen3Target  # noqa: E402
+from dspark.synthetic.presets import evenly_spaced_taps, vllm_default_eagle3_taps  # noqa: E402
+from dspark.synthetic.tiny import random_draft, random_eagle3, random_target, tiny_draft_config, tiny_eagle3_config  # noqa: E402
 from dspark.tokenizer import SPECIALS, build_tokenizer, chat_prompt_ids, conversation, save_tokenizer  # noqa: E402
-from dspark.train import (  # noqa: E402
+from dspark.training import distill as distill_mod
+from dspark.training.eagle3_objective import TTTConfig, draft_vocabulary  # noqa: E402
+from dspark.training.loop import (  # noqa: E402
     LossConfig,
     TrainArgs,
     TrainingStopped,
@@ -60,7 +61,6 @@ from dspark.train import (  # noqa: E402
     train,
     train_target,
 )
-from dspark.train_eagle3 import TTTConfig, draft_vocabulary  # noqa: E402
 from harness.specs.datasets import file_sha256
 from harness.specs.datasets import load as load_suite
 

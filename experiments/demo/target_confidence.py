@@ -33,15 +33,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build  # noqa: E402
 import corpus as corpus_mod  # noqa: E402
 from generalization import prompt_sets  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-import build  # noqa: E402
 from dspark.checkpoint import load_draft, load_target  # noqa: E402
 from dspark.drafters import BlockDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
-from dspark.train import TrainArgs, train_target  # noqa: E402
+from dspark.training.loop import TrainArgs, train_target  # noqa: E402
 from harness.runs.provenance import provenance  # noqa: E402
 
 TOP1_LEVELS = (0.5, 0.8, 0.95)  # the bounds of the top-1 probability levels (under 0.5, 0.5 to 0.8, ...)

@@ -205,7 +205,7 @@ def report_html(env: dict[str, str], out: Path, progress=None) -> tuple[list[str
     except ImportError:
         raise DSparkError(INSTALL) from None
     from harness.analysis.frames import load_runs
-    from harness.analysis.present import TITLE, Headline
+    from harness.analysis.report_text import TITLE, Headline
 
     names = [n for n, needs in NOTEBOOKS.items() if needs is None or needs in env]
     merged = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})

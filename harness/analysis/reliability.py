@@ -7,8 +7,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt  # (the backend is the caller's: inline in a notebook, Agg for files)
 
 from harness.analysis import calibration
-from harness.analysis.figures import _titled
 from harness.analysis.frames import Runs
+from harness.analysis.report_figures import _titled
 
 
 def reliability_diagrams(runs: Runs, temperatures: dict | None = None):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt  # (the backend is the caller's: inline in a notebook, Agg for files)
 
-from harness.analysis.figures import _label, _speedup_axis, _titled, no_acceptance, no_speedup
 from harness.analysis.frames import Runs, prompt_speedups
+from harness.analysis.report_figures import _label, _speedup_axis, _titled, no_acceptance, no_speedup
 from harness.analysis.study import predicted_costs
 
 SERIES = ("run", "system", "temperature", "max_concurrency")

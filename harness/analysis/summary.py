@@ -1,5 +1,5 @@
 """Summaries of a run's requests: per system x temperature x category, a macro `overall`, and the
-warnings a reader must see before trusting them (`summary_text` writes them as tables, Markdown and
+warnings a reader must see before trusting them (`table_text` writes them as tables, Markdown and
 CSV). Imports neither torch nor rich, so notebooks can use it."""
 
 from __future__ import annotations
@@ -8,10 +8,17 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from harness.analysis.synthetic_check import add_synthetic, mismatches
-from harness.analysis.metrics import (MIN_PAIRS, acceptance, acceptance_from_totals, interval_text, latency_stats,
-                                      percentile, speedup_with_contention)
+from harness.analysis.metrics import (
+    MIN_PAIRS,
+    acceptance,
+    acceptance_from_totals,
+    interval_text,
+    latency_stats,
+    percentile,
+    speedup_with_contention,
+)
 from harness.analysis.records import REQUESTS, UNPROFILED, read_manifest, read_waves, requests_and_notes
+from harness.analysis.synthetic_check import add_synthetic, mismatches
 
 BASELINE = "plain"  # the method of the baseline system
 NO_SPEEDUP = {"speedup": None, "speedup_ci95": None, "speedup_pairs": 0, "speedup_ci95_reason": None}

@@ -5,7 +5,7 @@ Such a run times a system; it says nothing of any draft's quality. Its summary g
 weights, synthetic acceptance: <profile>") that every table title and headline carries, and per
 system a `synthetic` check: the realised per-position rates (the share of full rounds that accepted at
 least i drafts) beside the profile's, and Pearson's chi-square test of the rounds' accepted counts
-against the profile (`dspark.acceptance.goodness_of_fit`), per temperature and concurrency level. Rows
+against the profile (`dspark.synthetic.acceptance.goodness_of_fit`), per temperature and concurrency level. Rows
 of such systems carry the profile's mean acceptance length and the realised rates, which stand where
 acceptance and greedy equality with plain decoding stand in a real run (neither means anything here).
 No torch, no rich.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dspark.acceptance import goodness_of_fit, realised_rates
+from dspark.synthetic.acceptance import goodness_of_fit, realised_rates
 
 MISMATCH_P = 1e-3  # below this p-value a system's realised acceptance is reported as not its profile's
 

@@ -45,7 +45,7 @@ def capture_window(kind: str | None, run_dir: Path, device: str):
         return
     import torch
 
-    from dspark import profiling
+    from dspark.engine import nvtx
 
     cuda = device.startswith("cuda") and torch.cuda.is_available()
     if kind == "nsys" and not cuda:
@@ -61,7 +61,7 @@ def capture_window(kind: str | None, run_dir: Path, device: str):
             torch.cuda.cudart().cudaProfilerStop()  # also flushes the CUDA activity buffers before exit
         return
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    profiling.torch_ranges(True)
+    nvtx.torch_ranges(True)
     prof = torch.profiler.profile(activities=activities)
     with warnings.catch_warnings():  # (some releases warn of cycles, which a one-window profile never has)
         warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle")
@@ -69,11 +69,11 @@ def capture_window(kind: str | None, run_dir: Path, device: str):
     try:
         yield
     except BaseException:  # an interrupted capture keeps what it has, if within the limit, and re-raises
-        _stop(prof, cuda, profiling)
+        _stop(prof, cuda, nvtx)
         with contextlib.suppress(DSparkError):
             write_trace(prof, Path(run_dir), trace_limit())
         raise
-    _stop(prof, cuda, profiling)
+    _stop(prof, cuda, nvtx)
     write_trace(prof, Path(run_dir), trace_limit())
 
 
@@ -92,13 +92,13 @@ def wait_for_gate() -> None:
         time.sleep(0.02)
 
 
-def _stop(prof, cuda: bool, profiling) -> None:
+def _stop(prof, cuda: bool, nvtx) -> None:
     if cuda:
         import torch
 
         torch.cuda.synchronize()
     prof.stop()
-    profiling.torch_ranges(False)
+    nvtx.torch_ranges(False)
 
 
 def trace_limit() -> int | None:

@@ -7,9 +7,9 @@ from importlib import import_module
 
 from harness.specs.experiments import BACKENDS
 
-CLASSES = {"native": ("harness.backends.native", "NativeBackend"), "vllm": ("harness.backends.vllm", "VllmBackend"),
-           "vllm-server": ("harness.backends.server", "VllmServerBackend"),
-           "openai": ("harness.backends.remote", "OpenAIBackend")}
+CLASSES = {"native": ("harness.backends.native", "NativeBackend"), "vllm": ("harness.backends.vllm.offline", "VllmBackend"),
+           "vllm-server": ("harness.backends.vllm.server", "VllmServerBackend"),
+           "openai": ("harness.backends.served.openai", "OpenAIBackend")}
 assert set(CLASSES) == set(BACKENDS), "every backend an experiment may name has a class"
 
 

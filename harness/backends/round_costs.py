@@ -12,7 +12,7 @@ from itertools import accumulate
 import torch
 
 from dspark.engine import Engine, GenerationConfig
-from dspark.engine.step import ACCEPT, VERIFY
+from dspark.engine.steps import ACCEPT, VERIFY
 from harness.backends.timing import median_ms
 
 

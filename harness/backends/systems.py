@@ -5,9 +5,9 @@ by the backend and by `generate`)."""
 from __future__ import annotations
 
 from dspark.checkpoint import check_draft, load_draft, load_draft_config
-from dspark.config import AnyDraftConfig, TargetConfig
 from dspark.drafters import Drafter, NgramDrafter, drafter_for
 from dspark.errors import DSparkError
+from dspark.models.config import AnyDraftConfig, TargetConfig
 from harness.specs.experiments import System
 
 NGRAM_TOKENS = 7  # an n-gram proposal's length when the experiment does not set one

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dspark.checkpoint import read_config, resolve_path
-from dspark.config import TargetConfig
+from dspark.models.config import TargetConfig
 
 
 class TargetFiles:

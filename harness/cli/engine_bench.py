@@ -65,11 +65,11 @@ def _checked(target: str | None, draft: str | None, context_len: int | None, dty
              concurrency: str, peer_repeats: int, acceptance: list[str] | None):
     """The bench's arguments (`BenchArgs`, the device's defaults where an option is left out), every
     mistake in the options refused in one line before any model is built."""
-    from dspark.acceptance import check_spec
     from dspark.dtypes import dtype_name
+    from dspark.synthetic.acceptance import check_spec
     from harness.cli.options import device as resolve_device
     from harness.cli.options import number_list
-    from harness.microbench.engine import CPU_DEFAULTS, GPU_DEFAULTS, BenchArgs, bench_configs
+    from harness.engine_bench.native import CPU_DEFAULTS, GPU_DEFAULTS, BenchArgs, bench_configs
 
     for spec in acceptance or []:
         check_spec(spec)  # (refused before any model loads; against the draft's proposal length once it is known)
@@ -100,9 +100,9 @@ def _checked(target: str | None, draft: str | None, context_len: int | None, dty
 def _measure(args, acceptance: list[str] | None) -> dict:
     """The bench's result on the threads a run of these models would use, with its provenance and, per
     acceptance profile, the speedups its step costs derive."""
-    from dspark.acceptance import resolve
+    from dspark.synthetic.acceptance import resolve
     from harness.analysis.study import derived_from_bench
-    from harness.microbench.engine import model_folder, run_engine_bench
+    from harness.engine_bench.native import model_folder, run_engine_bench
     from harness.runs import threads
 
     folder = model_folder(args.target)  # (a preset has no folder: its size is not known, every core is used)
@@ -120,8 +120,8 @@ def _measure(args, acceptance: list[str] | None) -> dict:
 def _print(result: dict, args, as_json: bool) -> None:
     """The result as one JSON object, or its tables: the block draft's figures, EAGLE-3's, vLLM's beside
     ours, the derived speedups and the context sweep, each where it was measured."""
-    from harness.microbench.engine import SWEEP, dumps, eagle3_rows, sweep_rows, table_rows
-    from harness.microbench.vllm_peer import peer_tables
+    from harness.engine_bench.native import SWEEP, dumps, eagle3_rows, sweep_rows, table_rows
+    from harness.engine_bench.vllm_peer import peer_tables
 
     if as_json:
         print(dumps(result))

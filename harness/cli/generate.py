@@ -39,9 +39,9 @@ def generate(
 ):
     """Generate from one prompt, plainly or speculatively, and report the rounds."""
     from dspark.checkpoint import load_target, read_config, resolve_path
-    from dspark.config import TargetConfig
     from dspark.dtypes import dtype_name
     from dspark.engine import Engine, GenerationConfig
+    from dspark.models.config import TargetConfig
     from dspark.tokenizer import chat_prompt_ids, conversation
     from harness.backends.systems import make_drafter
 

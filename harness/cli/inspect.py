@@ -78,8 +78,8 @@ def _target_config(name: str):
     """The target's config; a draft given as --target is refused as one (it was read as a target: a table of
     misfits, exit 1)."""
     from dspark.checkpoint import read_config, resolve_path
-    from dspark.config import TargetConfig, draft_config_from_hf
     from dspark.formats import detect_format
+    from dspark.models.config import TargetConfig, draft_config_from_hf
 
     hf = read_config(resolve_path(name))
     try:

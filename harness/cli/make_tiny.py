@@ -16,7 +16,7 @@ def make_tiny_cmd(
     seed: int = typer.Option(0, help="Seed of the random weights."),
 ):
     """Save a small random-weight Qwen3 target and drafts in every real format (smoke tests, timing)."""
-    from dspark.tiny import made_by_make_tiny, make_tiny
+    from dspark.synthetic.tiny import made_by_make_tiny, make_tiny
 
     paths.output_folder(out_dir, "OUT_DIR")
     paths.own_folder(out_dir, "OUT_DIR", "an earlier make-tiny output", made_by_make_tiny, "/tmp/dspark-tiny")

@@ -52,11 +52,11 @@ def profile(
     """Profile every system of a run (one trace each, steady state only) and compare where the time goes.
     Without --num-prompts and --temperature: 2 prompts at the experiment's first temperature."""
     from harness.backends.registry import CLASSES, backend_class
-    from harness.backends.served import ServedBackend
+    from harness.backends.served.client import ServedBackend
     from harness.profiling.orchestrate import profile_run, resume_profile
     from harness.runs import preflight
-    from harness.runs.selection import choose
     from harness.runs.plan import default_out, recorded_options, resolve_settings
+    from harness.runs.selection import choose
     from harness.specs.experiments import load_experiment
 
     if stall_timeout < 0:

@@ -21,8 +21,16 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.analysis.metrics import side_text
-from harness.analysis.summary_text import (SWEEP_COLUMNS, SWEEP_LEGEND, cells, columns, contention_line, legend, sweep_cells,
-                                          titled)
+from harness.analysis.table_text import (
+    SWEEP_COLUMNS,
+    SWEEP_LEGEND,
+    cells,
+    columns,
+    contention_line,
+    legend,
+    sweep_cells,
+    titled,
+)
 
 out = Console()  # results
 err = Console(stderr=True)  # progress, notices, refusals

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from dspark.errors import DSparkError
+from harness.analysis.table_text import swept, synthetic_lines, warning_lines
 from harness.cli import options, paths
-from harness.analysis.summary_text import swept, synthetic_lines, warning_lines
 from harness.cli.render import err, grid, out, show, summary_table, sweep_table
 from harness.runs.plan import RunOptions
 from harness.specs.experiments import Experiment

@@ -51,7 +51,7 @@ def train_draft(
     """Train a DSpark, DFlash or EAGLE-3 draft for a Qwen3 target.
 
     DSpark and DFlash-mode drafts learn DeepSpec's block objective; an EAGLE-3 draft, its training-time test."""
-    from dspark.train import TrainArgs
+    from dspark.training.loop import TrainArgs
 
     tcfg, dcfg, loss, examples, dev = _checked(target, data, out_dir, method, layers, block_size, markov_rank, taps,
                                                mask_token_id, ttt_length, draft_vocab_size, steps, num_anchors,
@@ -66,8 +66,8 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
     """(target config, draft config, objective, examples, device) of the options, every mistake in them
     refused in one line before any weights load: a training that starts is not stopped by its options."""
     from dspark.checkpoint import DEMO_DIR, read_config, resolve_path
-    from dspark.config import TargetConfig
-    from dspark.train import LossConfig, checkpoint_path, checkpoint_step, read_examples
+    from dspark.models.config import TargetConfig
+    from dspark.training.loop import LossConfig, checkpoint_path, checkpoint_step, read_examples
 
     if method not in METHODS:
         raise DSparkError(f"--method '{method}' is unknown; use {', '.join(METHODS)}")
@@ -109,8 +109,8 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
     if eagle3:
         dcfg, loss = _eagle3_config(tcfg, tap_ids, block_size, ttt_length, draft_vocab_size)
     else:
-        from dspark.presets import evenly_spaced_taps
-        from dspark.tiny import tiny_draft_config
+        from dspark.synthetic.presets import evenly_spaced_taps
+        from dspark.synthetic.tiny import tiny_draft_config
 
         if mask_token_id is None:
             mask_token_id = len(tokenizer) if tokenizer is not None else tcfg.backbone.vocab_size - 1
@@ -131,7 +131,7 @@ def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from dspark.checkpoint import load_target, save_draft
-    from dspark.train import TrainingStopped, checkpoint_format, load_checkpoint, stop_requested, train
+    from dspark.training.loop import TrainingStopped, checkpoint_format, load_checkpoint, stop_requested, train
 
     loaded = load_target(target, dev, "float32")
     start, opt_state = 0, None
@@ -182,9 +182,9 @@ def _eagle3_config(tcfg, taps: tuple[int, ...] | None, num_tokens: int, ttt_leng
                    draft_vocab_size: int | None):
     """The EAGLE-3 draft's config (one Llama-style layer of the target's shape, vLLM's default taps unless
     given) and its objective."""
-    from dspark.presets import vllm_default_eagle3_taps
-    from dspark.tiny import tiny_eagle3_config
-    from dspark.train_eagle3 import TTTConfig
+    from dspark.synthetic.presets import vllm_default_eagle3_taps
+    from dspark.synthetic.tiny import tiny_eagle3_config
+    from dspark.training.eagle3_objective import TTTConfig
 
     vocab = tcfg.backbone.vocab_size
     if draft_vocab_size is not None and not 0 < draft_vocab_size <= vocab:
@@ -197,9 +197,9 @@ def _eagle3_config(tcfg, taps: tuple[int, ...] | None, num_tokens: int, ttt_leng
 def _random_draft(dcfg, target, examples, seed: int):
     """A fresh draft of `dcfg` for `target`; an EAGLE-3 draft over a reduced vocabulary gets the target
     tokens the data scores most (`draft_vocabulary`)."""
-    from dspark.config import Eagle3Config
-    from dspark.tiny import random_draft, random_eagle3
-    from dspark.train_eagle3 import draft_vocabulary
+    from dspark.models.config import Eagle3Config
+    from dspark.synthetic.tiny import random_draft, random_eagle3
+    from dspark.training.eagle3_objective import draft_vocabulary
 
     if not isinstance(dcfg, Eagle3Config):
         return random_draft(dcfg, target, seed)

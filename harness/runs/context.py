@@ -40,7 +40,7 @@ def longest(settings: dict, rows: list | None, turns_of: dict[str, list[str]] | 
     """The run's longest request against the target's context. `rows` None: the prompts are not known (the
     hub out of reach), counted as one token."""
     from dspark.checkpoint import read_config, resolve_path
-    from dspark.config import TargetConfig
+    from dspark.models.config import TargetConfig
     from dspark.tokenizer import chat_prompt_ids, conversation
     from harness.specs.shaped import run_tokenizer
 

@@ -138,7 +138,7 @@ def _from_runs(group: tuple, runs: list[dict]) -> tuple[float, dict] | None:
 def engine_costs(target_cfg, machine: dict, dtype: str) -> dict | None:
     """The newest `engine-bench --json` measurement in the checkout's benchmarks/results/ on this machine, of a
     target shaped as `target_cfg`, at `dtype`: {path, when, decode_ms, round_ms, method, block}."""
-    from dspark.presets import DRAFTS, TARGETS
+    from dspark.synthetic.presets import DRAFTS, TARGETS
 
     found = []
     for path in sorted((CHECKOUT / "benchmarks" / "results").glob("*.json")):

@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dspark.acceptance import check_spec
 from dspark.errors import DSparkError
+from dspark.synthetic.acceptance import check_spec
 from harness.backends.registry import CLASSES, backend_class
-from harness.backends.vllm_args import owned_problem
+from harness.backends.vllm.args import owned_problem
 from harness.runs import threads
 from harness.runs.folder import RunFolder
 from harness.specs import datasets
@@ -50,7 +50,7 @@ class RunOptions:
     threads: int | None = None  # intra-op threads (None: `harness.runs.threads.choose`)
     record_margins: bool = False  # the native engine records its greedy drafts' top-2 margins (for `parity`)
     compile: bool = False  # the native engine's CPU steps compiled (torch.compile)
-    acceptance: str | None = None  # synthetic acceptance for every draft-model system (`dspark.acceptance`)
+    acceptance: str | None = None  # synthetic acceptance for every draft-model system (`dspark.synthetic.acceptance`)
     out: str | None = None
     resume: str | None = None
     profiled: str | None = None  # "nsys" or "torch": warm every system first, capture only the timed requests

