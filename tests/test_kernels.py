@@ -182,20 +182,20 @@ def test_norm_linear_many_rows_runs_the_kernels_one_by_one():
 
 @pytest.mark.parametrize("vocab", [151936, 1000])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_race_equals_its_reference(vocab, temperature):
+def test_vocab_draw_equals_its_reference(vocab, temperature):
     """Multi-block race arg-max and probabilities: the same winner as the reference, the same distribution."""
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     logits = torch.randn(3, vocab, device=DEVICE, generator=gen) * 4
     greedy = temperature == 0.0
     noise = None if greedy else torch.empty(3, vocab, device=DEVICE).exponential_(generator=gen)
-    (idx, p), (ridx, rp) = (f(logits, noise, temperature, greedy, True) for f in (K.race, K.vocab_draw_ref))
+    (idx, p), (ridx, rp) = (f(logits, noise, temperature, greedy, True) for f in (K.vocab_draw, K.vocab_draw_ref))
     assert torch.equal(idx, ridx)
     torch.testing.assert_close(p, rp, rtol=1e-4, atol=1e-7)
     idx_only, none = K.vocab_draw(logits, noise, temperature, greedy, False)
     assert none is None and torch.equal(idx_only, ridx)
 
 
-def test_race_breaks_ties_at_the_lowest_index():
+def test_vocab_draw_breaks_ties_at_the_lowest_index():
     logits = torch.zeros(2, 5000, device=DEVICE)
     logits[0, [4000, 700, 2500]] = 3.0  # equal maxima in different blocks
     logits[1, [1, 3]] = 1.0  # and in one block
