@@ -130,12 +130,12 @@ def test_inspect_names_a_draft_and_a_target_given_in_each_others_place(args, say
 @pytest.fixture
 def no_building(monkeypatch):
     """Building engine-bench's random models fails the test: the mistake must be refused from the configs."""
-    from harness.engine_bench import engine
+    from harness.engine_bench import native
 
     def never(*args, **kwargs):
         raise AssertionError("engine-bench built its models before refusing the mistake")
 
-    monkeypatch.setattr(engine, "build_random", never)
+    monkeypatch.setattr(native, "build_random", never)
 
 
 @pytest.mark.parametrize("extra, says", [
