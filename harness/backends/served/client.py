@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends.base import OnResult, Prepared, RequestResult, RequestSpec, Schedule
+from harness.backends.served.acceptance import request_acceptance, wave_check
 from harness.backends.served.metrics import delta, fetch, spec_counters
 from harness.backends.served.stream import StreamResult, chat_body, completion_body, stream_chat
 
@@ -46,15 +47,24 @@ class ServedBackend:
     def generate_many(self, prepared: Prepared, prompts: list[list[int]], specs: list[RequestSpec],
                       schedule: Schedule, on_result: OnResult) -> dict:
         """Send the wave; returns what the server's counters grew by during it (`spec_counters`, where it
-        has them)."""
+        has them) and whether its requests' own acceptance adds up to that (`acceptance_check`, where
+        they carry any)."""
         why = self.dead(prepared)
         if why is not None:
             raise self._died(prepared, why)
         url = self.base_url(prepared)
+        totals: list[dict | None] = []
+
+        def kept(i: int, result: RequestResult) -> None:
+            on_result(i, result)
+            totals.append(result.acceptance_totals)
+
         before = spec_counters(fetch(url))
-        asyncio.run(self._wave(prepared, prompts, specs, schedule, on_result, self.request_timeout_s))
+        asyncio.run(self._wave(prepared, prompts, specs, schedule, kept, self.request_timeout_s))
         counters = delta(before, spec_counters(fetch(url)))
-        return {} if counters is None else {"spec_counters": counters}
+        check = wave_check(totals, counters)
+        return ({} if counters is None else {"spec_counters": counters}) | ({} if check is None else
+                                                                            {"acceptance_check": check})
 
     async def _wave(self, prepared: Prepared, prompts, specs, schedule: Schedule, on_result: OnResult,
                     timeout_s: float) -> None:
@@ -98,18 +108,12 @@ class ServedBackend:
         if r.prompt_token_ids is not None and r.prompt_token_ids != list(prompt):
             raise DSparkError("the server's prompt ids differ from ours (its chat template or tokenizer differs); "
                               "the engines would not see the same input")
-        steps = r.spec_decode or {}
-        accepted, drafted = list(steps.get("per_step_accepted") or []), list(steps.get("per_step_drafted") or [])
         ttft = r.ttft_s or 0.0
         tokens = list(r.token_ids) if r.token_ids is not None else []
         return RequestResult(
             tokens=tokens, prefill_s=r.ttft_s, decode_s=r.e2el_s - ttft,
             stop_reason="stop_token" if r.finish_reason == "stop" else "max_new_tokens",
-            acceptance_lengths=[a + 1 for a in accepted], accepted_counts=accepted, proposal_lengths=drafted,
-            acceptance_source=("vllm per-step" if drafted else "vllm totals") if steps else None,
-            acceptance_totals={k: steps.get(k) for k in ("num_spec_steps", "num_draft_tokens",
-                                                         "num_accepted_draft_tokens")} if steps else None,
-            start_utc=r.start_utc, text=None if r.token_ids is not None else r.text,
+            **request_acceptance(r.spec_decode), start_utc=r.start_utc, text=None if r.token_ids is not None else r.text,
             extra={"itl_ms": [round(1e3 * x, 3) for x in r.itl_s], "usage_output_tokens": r.output_tokens,
                    "usage_prompt_tokens": r.prompt_tokens, "server_prompt_ids_checked": r.prompt_token_ids is not None})
 

@@ -85,6 +85,37 @@ def completion_body(model: str, prompt: list[int], max_tokens: int, temperature:
             "ignore_eos": not stop_token_ids, "stop_token_ids": stop_token_ids}
 
 
+def read_chunk(out: StreamResult, chunk: dict) -> bool:
+    """One server-sent event's JSON into `out`; whether it carries output (text or token ids: the chunks
+    the latencies are timed by). vLLM's per-request speculative metrics ride on the final usage chunk
+    (`metrics.speculative_decoding`, where the server was started with `--per-request-spec-decode-metrics`
+    and the request asked for usage); an error event (vLLM: its engine died after the 200) sets `out.error`."""
+    if chunk.get("error"):
+        error = chunk["error"]
+        out.error = f"error event: {error.get('message', error) if isinstance(error, dict) else error}"[:300]
+        return False
+    if chunk.get("prompt_token_ids") is not None:
+        out.prompt_token_ids = list(chunk["prompt_token_ids"])
+    spec = (chunk.get("metrics") or {}).get("speculative_decoding")
+    if spec:
+        out.spec_decode = spec
+    usage = chunk.get("usage")
+    if usage:
+        out.output_tokens = usage.get("completion_tokens")
+        out.prompt_tokens = usage.get("prompt_tokens")
+    carries = False
+    for choice in chunk.get("choices") or []:
+        text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+        ids = choice.get("token_ids")
+        if ids is not None:
+            out.token_ids = (out.token_ids or []) + list(ids)
+        carries = carries or bool(text or ids)
+        out.text += text
+        if choice.get("finish_reason"):
+            out.finish_reason = choice["finish_reason"]
+    return carries
+
+
 async def stream_chat(session, url: str, body: dict, timeout_s: float) -> StreamResult:
     """POST `body` to `url` (an aiohttp session) and read its server-sent events to the end."""
     import aiohttp
@@ -103,35 +134,15 @@ async def stream_chat(session, url: str, body: dict, timeout_s: float) -> Stream
                 data = line[len("data:"):].strip()
                 if data == "[DONE]":
                     break
-                chunk = json.loads(data)
-                if chunk.get("error"):  # a failure after the 200 (vLLM: its engine died), sent as an event
-                    error = chunk["error"]
-                    out.error = f"error event: {error.get('message', error) if isinstance(error, dict) else error}"[:300]
+                now = time.perf_counter()
+                if read_chunk(out, json.loads(data)):
+                    if out.ttft_s is None:
+                        out.ttft_s = now - start
+                    else:
+                        out.itl_s.append(now - last)
+                    last = now
+                if out.error is not None:
                     break
-                if chunk.get("prompt_token_ids") is not None:
-                    out.prompt_token_ids = list(chunk["prompt_token_ids"])
-                spec = (chunk.get("metrics") or {}).get("speculative_decoding")
-                if spec:
-                    out.spec_decode = spec
-                usage = chunk.get("usage")
-                if usage:
-                    out.output_tokens = usage.get("completion_tokens")
-                    out.prompt_tokens = usage.get("prompt_tokens")
-                for choice in chunk.get("choices") or []:
-                    now = time.perf_counter()
-                    text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                    ids = choice.get("token_ids")
-                    if ids is not None:
-                        out.token_ids = (out.token_ids or []) + list(ids)
-                    if text or ids:
-                        if out.ttft_s is None:
-                            out.ttft_s = now - start
-                        else:
-                            out.itl_s.append(now - last)
-                        last = now
-                    out.text += text
-                    if choice.get("finish_reason"):
-                        out.finish_reason = choice["finish_reason"]
     except TimeoutError:
         out.error = f"timed out after {timeout_s:g} s"
     except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a chunk that is not JSON

@@ -53,6 +53,7 @@ from harness.backends.base import (
 )
 from harness.backends.base import VLLM_LOG as LOG
 from harness.backends.fingerprints import model_record
+from harness.backends.served.acceptance import request_acceptance
 from harness.backends.served.metrics import delta, engine_counters
 from harness.backends.systems import NGRAM_TOKENS, check_system
 from harness.backends.target import TargetFiles
@@ -293,22 +294,17 @@ class VllmBackend(VllmTarget):
             raise DSparkError("vLLM changed the prompt ids; the engines would not see the same input")
         completion = out.outputs[0]
         ttft_s = getattr(getattr(out, "metrics", None), "first_token_latency", None)
-        steps = getattr(completion, "spec_decode_metrics", None)
-        drafted = list(getattr(steps, "per_step_drafted", None) or [])
-        accepted = list(getattr(steps, "per_step_accepted", None) or [])
-        source, totals = None, None
-        if steps is not None:  # vLLM's RequestSpecDecodeMetrics, summed as its response payload sums it
-            summed = steps.to_dict() if hasattr(steps, "to_dict") else {}
-            totals = {k: summed.get(k) for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens",
-                                                 "acceptance_histogram")}
-            source = "vllm per-step" if drafted or not totals["num_spec_steps"] else "vllm totals"
+        steps = getattr(completion, "spec_decode_metrics", None)  # vLLM's RequestSpecDecodeMetrics
+        if steps is not None:  # summed as its response payload sums it: read as a served run reads that
+            fields = request_acceptance(steps.to_dict())
         elif counted:  # one request at a time: the counters' growth is this request's
             totals = delta(before, engine_counters(llm.get_metrics()))
-            source = "vllm totals" if totals else None
+            fields = {"acceptance_source": "vllm totals" if totals else None, "acceptance_totals": totals}
+        else:
+            fields = {"acceptance_source": None}
         return RequestResult(tokens=list(completion.token_ids), prefill_s=ttft_s, decode_s=e2el_s - (ttft_s or 0.0),
                              stop_reason="stop_token" if completion.finish_reason == "stop" else "max_new_tokens",
-                             acceptance_lengths=[a + 1 for a in accepted], accepted_counts=accepted,
-                             proposal_lengths=drafted, acceptance_source=source, acceptance_totals=totals)
+                             **fields)
 
     def generate_many(self, prepared: Prepared, prompts: list[list[int]], specs: list[RequestSpec],
                       schedule: Schedule, on_result: OnResult) -> dict:

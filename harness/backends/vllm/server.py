@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends.base import SERVER_LOG, Capabilities, Prepared
+from harness.backends.served.acceptance import COUNTERS, PER_REQUEST
 from harness.backends.served.client import ServedBackend
 from harness.backends.served.stream import healthy, models
 from harness.backends.vllm import process as vllm_process
@@ -72,9 +73,9 @@ class VllmServerBackend(VllmTarget, ServedBackend):
     def _start(self, prepared: Prepared, max_len: int) -> vllm_process.Server:
         sc = prepared.handle["speculative_config"]
         args = {"max_model_len": min(max_len, self.max_context), "seed": 0, **SERVER_DEFAULTS, **self.engine_args}
-        if sc is not None:  # per request where vLLM has it (0.32; 0.26 only its counters, read around each wave)
-            args |= {"speculative_config": sc} | ({"per_request_spec_decode_metrics": "detailed"}
-                                                  if per_request_metrics() else {})
+        per_request = sc is not None and per_request_metrics()  # (0.32 has it; 0.26 only its counters)
+        if sc is not None:
+            args |= {"speculative_config": sc} | ({"per_request_spec_decode_metrics": "detailed"} if per_request else {})
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env |= self.parallel_environment()
@@ -87,7 +88,9 @@ class VllmServerBackend(VllmTarget, ServedBackend):
                               "log": server.log.name,
                               "models": models(server.base_url),
                               "model_runner": "V2" if v2 == "1" else "the environment's (V2 if set, else vLLM's)",
-                              "draft_config": prepared.handle["draft_rewritten"] or "as given"}
+                              "draft_config": prepared.handle["draft_rewritten"] or "as given",
+                              "acceptance": None if sc is None else PER_REQUEST if per_request else
+                              f"{COUNTERS} (vLLM {self.version} has no --per-request-spec-decode-metrics)"}
         return server
 
     def base_url(self, prepared: Prepared) -> str:
