@@ -32,7 +32,9 @@ asked. Settings that only choose which requests ran (prompts, categories, system
 turns, seed, levels) or say how they ran (backend, device, dtype, threads, engine arguments: what
 parity exists to compare across) may differ: the runs are compared over the requests both ran,
 prompt by prompt, and `settings_differ` names the differences. A system both ran must be one system
-in both (method, draft, drafts per round, proposal-length policy).
+in both (method, draft, drafts per round, proposal-length policy), and have run one method in both: the
+method an engine ran (`ran_method`: a vLLM engine's, read back from it, else its speculative config's) is
+the one its divergences are named by, so the n-gram wording names only systems that ran n-gram lookup.
 """
 
 from __future__ import annotations
@@ -268,6 +270,20 @@ def check_system(dir_a: Path, dir_b: Path, ma: dict, mb: dict, system: str) -> N
                               "both with one definition")
 
 
+# our methods vLLM runs under another of its names: a DeepSpec-format DFlash draft runs as its dspark method
+RUNS_AS = {"dflash": ("dflash", "dspark")}
+
+
+def ran_method(manifest: dict, system: str, recorded: str) -> str:
+    """The method `system`'s engine ran: a vLLM engine's own (read back from it), else the speculative config
+    it was given (a run from before the read-back, whose `--vllm-arg speculative_config.method` may have run
+    another method under the system's), else what its records say (`recorded`)."""
+    backend = manifest.get("backend") or {}
+    engine = {**(backend.get("servers") or {}), **(backend.get("engines") or {})}.get(system) or {}
+    ran = engine.get("method") or (engine.get("speculative_config") or {}).get("method")
+    return recorded if ran is None or ran in RUNS_AS.get(recorded, (recorded,)) else ran
+
+
 def _policy(manifest: dict, system: str) -> str:
     """The system's proposal-length policy as the run recorded it ("off" for runs from before policies)."""
     found = _system_definition(manifest, system)
@@ -310,7 +326,11 @@ def parity(dir_a: Path, dir_b: Path) -> dict:
             continue
         pairs = [(index[0][k], index[1][k]) for k in keys]
         as_totals = any(_totals_only(r) for p in pairs for r in p)  # (then both sides pooled as vLLM counts)
-        method = pairs[0][native]["method"]
+        ran = [ran_method(m, system, pairs[0][i]["method"]) for i, m in enumerate((ma, mb))]
+        if ran[0] != ran[1]:
+            raise DSparkError(f"system '{system}' ran method {ran[0]} in {dir_a} and {ran[1]} in {dir_b} (as each "
+                              "engine ran it); parity compares a system with itself: rerun both with one method")
+        method = ran[native]
         prompts, found = [], []
         for (x, y), key in zip(pairs, keys):
             same_input = x["prompt_sha256"] == y["prompt_sha256"]

@@ -4,11 +4,11 @@ by the backend and by `generate`)."""
 
 from __future__ import annotations
 
-from dspark.checkpoint import check_draft, load_draft, load_draft_config
+from dspark.checkpoint import check_draft, load_draft, load_draft_config, resolve_path
 from dspark.drafters import Drafter, NgramDrafter, drafter_for
 from dspark.errors import DSparkError
 from dspark.models.config import AnyDraftConfig, TargetConfig
-from harness.specs.experiments import System
+from harness.specs.experiments import METHODS, System
 
 NGRAM_TOKENS = 7  # an n-gram proposal's length when the experiment does not set one
 
@@ -44,6 +44,14 @@ def resolve_system(system: System, target_cfg: TargetConfig) -> dict:
         k = system.num_speculative_tokens or (NGRAM_TOKENS if system.method == "ngram" else 0)
         return info | {"method": system.method, "format": None, "num_speculative_tokens": k, "fits_target": True,
                        "problem": None}
+    if system.method not in METHODS:  # one of vLLM's: its draft (if any) is a model vLLM reads, not one of ours
+        try:
+            path = None if system.draft is None else str(resolve_path(system.draft))
+        except DSparkError as exc:
+            return info | {"method": system.method, "format": None, "fits_target": False, "problem": str(exc)}
+        k = {} if system.num_speculative_tokens is None else {"num_speculative_tokens": system.num_speculative_tokens}
+        return info | {"method": system.method, "format": None, "path": path, "vllm_method": system.method, **k,
+                       "fits_target": True, "problem": None}
     try:
         path, cfg = load_draft_config(system.draft)
         check_draft(path, cfg, f"draft {system.draft}", target_cfg)

@@ -7,6 +7,8 @@ run refused, and the user was told to resume a profile that could never finish.
 - The systems (`systems`): each resolved against the target's config, reading no weights
   (`systems.resolve_system`); on the vLLM backends, what the installed vLLM refuses (`backends/vllm/checks.py`: vLLM
   missing or too old, an engine argument or value, a draft its CPU build cannot run).
+- On the native backend, a system our engine cannot run (`native_problem`: one of vLLM's methods, or vLLM's
+  own options in its `speculative_config` table), naming the backends that run it.
 - `refuse`: a system that would not run, in one line naming each (exit 2).
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from dspark.errors import DSparkError
 from harness.runs import context
 from harness.runs.plan import RunOptions, load_dataset, select_prompts, user_turns
-from harness.specs.experiments import Experiment
+from harness.specs.experiments import METHODS, Experiment, System
 
 VLLM_BACKENDS = ("vllm", "vllm-server")
 
@@ -58,6 +60,9 @@ def systems(exp: Experiment, settings: dict, device: str) -> tuple[Path, object,
     target_path = resolve_path(exp.target)
     target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
     rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
+    if settings["backend"] == "native":
+        rows = [row | ({"fits_target": False, "problem": problem} if (problem := native_problem(exp.system(
+            row["system"]))) else {}) for row in rows]
     if settings["backend"] in VLLM_BACKENDS:
         from harness.backends.vllm.checks import dry_run_rows
         from harness.runs.synthetic import with_synthetic
@@ -65,6 +70,19 @@ def systems(exp: Experiment, settings: dict, device: str) -> tuple[Path, object,
         rows = dry_run_rows(rows, [with_synthetic(exp.system(n), settings) for n in settings["systems"]], device,
                             target_path, settings.get("engine_args", {}), settings["backend"])
     return target_path, target_cfg, rows
+
+
+def native_problem(system: System) -> str | None:
+    """Why our engine cannot run `system`: a speculative method only vLLM has, or vLLM's own options (its
+    `speculative_config` table), which our engine would silently ignore."""
+    runs_it = f"run it with --backend {' or '.join(VLLM_BACKENDS)}, which run vLLM"
+    if system.method not in METHODS:
+        return (f"method '{system.method}' is not one of our engine's ({', '.join(METHODS)}); {runs_it}, or leave "
+                "it out with --systems")
+    if system.speculative_config:
+        return (f"speculative_config ({', '.join(sorted(system.speculative_config))}) holds vLLM's options, which our "
+                f"engine does not take; {runs_it}, or drop the table")
+    return None
 
 
 def refuse(rows: list[dict]) -> None:
@@ -82,6 +100,9 @@ def check(opts: RunOptions, exp: Experiment, settings: dict) -> Prompts:
     against the context, and on the vLLM backends the installed vLLM against the systems and the engine
     arguments (the native backend checks its drafts as it loads them). Returns the prompts."""
     found = prompts(opts, exp, settings)
+    if settings["backend"] == "native":
+        refuse([{"system": n, "fits_target": not (problem := native_problem(exp.system(n))), "problem": problem}
+                for n in settings["systems"]])
     if settings["backend"] in VLLM_BACKENDS:
         refuse(systems(exp, settings, opts.device)[2])
     return found

@@ -14,7 +14,7 @@ from dataclasses import replace
 from dspark.checkpoint import RANDOM, load_draft_config
 from dspark.errors import DSparkError
 from dspark.synthetic.acceptance import resolve
-from harness.specs.experiments import Experiment, System
+from harness.specs.experiments import METHODS, Experiment, System
 
 
 def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[str]) -> dict:
@@ -44,7 +44,13 @@ def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[st
 
 
 def proposal_length(system: System) -> int:
-    """Drafts a round of `system` proposes: its draft's block, or the EAGLE-3 chain it asks for."""
+    """Drafts a round of `system` proposes: its draft's block, or the EAGLE-3 chain it asks for; for one of
+    vLLM's methods (`METHODS` are ours), its num_speculative_tokens."""
+    if system.method not in METHODS:
+        if system.num_speculative_tokens is None:
+            raise DSparkError(f"system '{system.name}': synthetic acceptance gives rates per proposal slot; give "
+                              f"method {system.method} its num_speculative_tokens")
+        return system.num_speculative_tokens
     _, cfg = load_draft_config(system.draft)
     if cfg.method == "eagle3" and system.num_speculative_tokens:
         return system.num_speculative_tokens

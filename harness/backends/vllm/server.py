@@ -24,6 +24,7 @@ from harness.backends.served.stream import healthy, models
 from harness.backends.vllm import process as vllm_process
 from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.checks import installed_version
+from harness.backends.vllm.methods import logged_method, ran_problem
 from harness.backends.vllm.offline import VllmTarget, per_request_metrics, v2_runner
 
 READY_S = 900.0  # a server must answer within this (three processes import vLLM; minutes on a small CPU)
@@ -91,6 +92,13 @@ class VllmServerBackend(VllmTarget, ServedBackend):
                               "draft_config": prepared.handle["draft_rewritten"] or "as given",
                               "acceptance": None if sc is None else PER_REQUEST if per_request else
                               f"{COUNTERS} (vLLM {self.version} has no --per-request-spec-decode-metrics)"}
+        if sc is not None:  # the method the server's engine ran, from its config line (vLLM may change it)
+            ran = logged_method(server.log.read_text(errors="replace"))
+            self.servers[name]["method"] = ran
+            problem = ran_problem(name, sc["method"], ran, self.version, sc.get("model"))
+            if problem:
+                vllm_process.stop(server)
+                raise DSparkError(problem)
         return server
 
     def base_url(self, prepared: Prepared) -> str:

@@ -1,0 +1,113 @@
+"""vLLM's speculative methods and their options, read from the installed vLLM itself (never a list copied
+into our code: each release adds methods, and renames or drops some), in this one place:
+
+- `vllm_methods`: the names vLLM's `SpeculativeConfig.method` takes (its `SpeculativeMethod` Literal);
+- `speculative_fields`: the options its `SpeculativeConfig` takes, each with the type vLLM validates;
+- `method_problem` / `option_problem`: a method or an option the installed vLLM lacks, or a value it refuses,
+  in one line naming vLLM's version and what it has (a close match first), before any model loads;
+- `changed_method`: vLLM replaces the method it was given in a few cases (MTP's per-model names become
+  "mtp"; a draft_model whose path or architecture names another method becomes that method): whether the
+  method an engine ran (read back from its config, or a server's log: `logged_method`) is another than
+  the one asked for, refused in one line (`ran_problem`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from typing import get_args
+
+from dspark.errors import DSparkError
+
+MTP = "mtp"  # what vLLM runs every per-model MTP method as (qwen3_next_mtp, deepseek_mtp, ...)
+
+
+def vllm_methods() -> tuple[str, ...]:
+    """Every speculative method the installed vLLM knows, from its `SpeculativeMethod` Literal (nested
+    Literals flatten under `typing.get_args`)."""
+    from vllm.config.speculative import SpeculativeMethod
+
+    return tuple(get_args(SpeculativeMethod))
+
+
+def mtp_methods() -> tuple[str, ...]:
+    """The installed vLLM's MTP methods: each runs as "mtp"."""
+    from vllm.config.speculative import MTPModelTypes
+
+    return tuple(get_args(MTPModelTypes))
+
+
+def speculative_fields() -> dict:
+    """The installed vLLM's `SpeculativeConfig` options: name -> its pydantic field (annotation = type)."""
+    from vllm.config import SpeculativeConfig
+
+    return dict(SpeculativeConfig.__pydantic_fields__)
+
+
+def _near(name: str, known: list[str], what: str) -> str:
+    """`did you mean X?` for a close match, else the list of what there is."""
+    near = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean '{near[0]}'?" if near else f"{what}: {', '.join(sorted(known))}"
+
+
+def method_problem(method: str, version: str) -> str | None:
+    """Why the installed vLLM (`version`) cannot run speculative `method`, naming the methods it has."""
+    known = list(vllm_methods())
+    if method in known:
+        return None
+    return f"vLLM {version} has no speculative method '{method}'; {_near(method, known, 'its methods are')}"
+
+
+def option_problem(key: str, value, version: str, where: str) -> str | None:
+    """Why vLLM `version` refuses speculative-config option `key` = `value` (given by `where`): not one of
+    its `SpeculativeConfig`'s options (a close match named), or a value not of that option's type. `where`
+    prefixes the key: "--vllm-arg speculative_config.", "FILE: system 'x': speculative_config."."""
+    from pydantic import TypeAdapter, ValidationError
+
+    fields = speculative_fields()
+    if key not in fields:
+        return (f"{where}{key}: not a key of vLLM {version}'s speculative config; "
+                f"{_near(key, list(fields), 'see vllm.config.SpeculativeConfig')}")
+    try:
+        TypeAdapter(fields[key].annotation).validate_python(value)
+    except ValidationError as exc:
+        shown = value if isinstance(value, str) else json.dumps(value)
+        return f"{where}{key}={shown}: vLLM {version} refuses it ({exc.errors()[0]['msg']})"
+    return None
+
+
+def options_problem(options: dict, version: str, where: str) -> str | None:
+    """The first option of `options` vLLM `version` does not take (`option_problem`), or None."""
+    return next(filter(None, (option_problem(k, options[k], version, where) for k in sorted(options))), None)
+
+
+def check_options(options: dict, version: str, where: str) -> None:
+    """Refuse, in one line, the first option of `options` vLLM `version` does not take."""
+    problem = options_problem(options, version, where)
+    if problem:
+        raise DSparkError(problem)
+
+
+def changed_method(asked: str, ran: str | None) -> bool:
+    """Whether an engine asked for method `asked` ran another (`ran`, read back from vLLM's config); an
+    MTP method's per-model name running as "mtp" is the same method."""
+    return ran != asked and not (ran == MTP and asked in mtp_methods())
+
+
+def ran_problem(system: str, asked: str, ran: str | None, version: str, draft: str | None) -> str | None:
+    """One line refusing a system whose engine ran another method than the one asked for (`changed_method`):
+    measured, its figures would be labelled with a method that never ran."""
+    if not changed_method(asked, ran):
+        return None
+    return (f"system '{system}': vLLM {version} ran speculative method '{ran}' where the experiment asks for "
+            f"'{asked}' (vLLM infers a method from the draft's path and architecture"
+            + (f": {draft}" if draft else "") + f"); the run stops rather than label {ran}'s figures {asked}: give "
+            f"the system method = \"{ran}\", or a draft vLLM reads as {asked}")
+
+
+def logged_method(log: str) -> str | None:
+    """The speculative method an engine ran, from its log's config line (`... with config: ...
+    speculative_config=SpeculativeConfig(method='ngram', ...)`, the last one: a served engine's)."""
+    found = re.findall(r"speculative_config=SpeculativeConfig\(method='([^']+)'", log)
+    return found[-1] if found else None
