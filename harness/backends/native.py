@@ -77,7 +77,8 @@ class NativeBackend:
 
     def prepare(self, system: System) -> Prepared:
         drafter, method, cfg = make_drafter(system.method, system.draft, self.loaded.model,
-                                            system.num_speculative_tokens, margins=self.margins)
+                                            system.num_speculative_tokens, margins=self.margins,
+                                            markov_topk=system.markov_topk)
         problem = check_system(system, cfg) if cfg is not None else None
         if problem:
             raise DSparkError(f"system '{system.name}': {problem}")

@@ -21,25 +21,35 @@ def check_system(system: System, cfg: AnyDraftConfig) -> str | None:
     if cfg.method != "eagle3" and system.num_speculative_tokens not in (None, cfg.num_drafts):
         return (f"{system.draft} proposes {cfg.num_drafts} tokens per round, but the experiment says "
                 f"{system.num_speculative_tokens}; fix num_speculative_tokens")
+    if system.markov_topk is not None and cfg.markov_head_type != "vanilla":  # (vLLM's dspark has only that head)
+        return (f"markov_topk = {system.markov_topk}: {system.draft}'s Markov head is {cfg.markov_head_type}, and "
+                "the top-k restriction is for the vanilla head (ours and vLLM's); drop markov_topk")
+    if system.markov_topk is not None and system.markov_topk > cfg.vocab_size:  # (vLLM's bound)
+        return (f"markov_topk = {system.markov_topk} is more than {system.draft}'s draft vocabulary "
+                f"({cfg.vocab_size} tokens); give 1 to {cfg.vocab_size}, or drop it for the whole vocabulary")
     return None
 
 
 def make_drafter(method: str, draft: str | None, target, num_speculative_tokens: int | None = None,
-                 margins: bool = False) -> tuple[Drafter | None, str, AnyDraftConfig | None]:
+                 margins: bool = False, markov_topk: int | None = None
+                 ) -> tuple[Drafter | None, str, AnyDraftConfig | None]:
     """(drafter, the method that runs, the draft's config): none for plain decoding, n-gram lookup, or
     the draft model at `draft` (its method read from its config) on `target`, recording its greedy
-    top-2 margins when `margins`."""
+    top-2 margins when `margins`, its Markov head restricted to each slot's `markov_topk` best base
+    logits when given (`check_system` holds that against the draft)."""
     if method == "plain":
         return None, "plain", None
     if method == "ngram":
         return NgramDrafter(num_speculative_tokens or NGRAM_TOKENS), "ngram", None
     loaded = load_draft(draft, target)
-    return drafter_for(loaded.model, num_speculative_tokens, margins), loaded.config.method, loaded.config
+    return (drafter_for(loaded.model, num_speculative_tokens, margins, markov_topk or 0), loaded.config.method,
+            loaded.config)
 
 
 def resolve_system(system: System, target_cfg: TargetConfig) -> dict:
     """What a system would run, from configs and tensor headers alone (no weights read): the dry run."""
-    info = {"system": system.name, "declared_method": system.method, "draft": system.draft}
+    info = {"system": system.name, "declared_method": system.method, "draft": system.draft,
+            "markov_topk": system.markov_topk}
     if system.method in ("plain", "ngram"):
         k = system.num_speculative_tokens or (NGRAM_TOKENS if system.method == "ngram" else 0)
         return info | {"method": system.method, "format": None, "num_speculative_tokens": k, "fits_target": True,

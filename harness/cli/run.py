@@ -120,7 +120,8 @@ def _dry_run(opts: RunOptions, exp: Experiment, settings: dict, console: Console
 
     named = label(settings)
     cols = ("system", "draft", "format", "method", "tokens/round", "fits", "problem")
-    cells = [(r["system"], r["draft"] or "-", r["format"] or "-", r["method"] or "-",
+    cells = [(r["system"], r["draft"] or "-", r["format"] or "-", (r["method"] or "-") + (
+                  f" (markov_topk {r['markov_topk']})" if r.get("markov_topk") else ""),
               str(r.get("num_speculative_tokens", "-")), "yes" if r["fits_target"] else "NO", r["problem"] or "")
              for r in rows]
     show(console, grid(escape(f"dry run: experiment {exp.name}, target {exp.target} ({target_path})"

@@ -98,11 +98,15 @@ def refuse(rows: list[dict]) -> None:
 def check(opts: RunOptions, exp: Experiment, settings: dict) -> Prompts:
     """Everything above, for a run about to start (or a profile about to make its folder): the prompts
     against the context, and on the vLLM backends the installed vLLM against the systems and the engine
-    arguments (the native backend checks its drafts as it loads them). Returns the prompts."""
+    arguments (the native backend checks its drafts as it loads them, but a `markov_topk` system's here: that
+    mistake is in the options). Returns the prompts."""
     found = prompts(opts, exp, settings)
     if settings["backend"] == "native":
         refuse([{"system": n, "fits_target": not (problem := native_problem(exp.system(n))), "problem": problem}
                 for n in settings["systems"]])
+    topk = [n for n in settings["systems"] if exp.system(n).markov_topk is not None]
+    if settings["backend"] == "native" and topk:  # (its draft's Markov head and vocabulary, from configs alone)
+        refuse(systems(exp, settings | {"systems": topk}, opts.device)[2])
     if settings["backend"] in VLLM_BACKENDS:
         refuse(systems(exp, settings, opts.device)[2])
     return found

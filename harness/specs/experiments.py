@@ -28,7 +28,7 @@ TOP_KEYS = ("name", "target", "description", "backend", "dataset", "dataset_revi
             "engine_args")
 SAMPLING_KEYS = ("temperatures", "output_len", "num_prompts", "shuffle", "seed", "turns")
 SYSTEM_KEYS = ("name", "method", "draft", "num_speculative_tokens", "confidence", "confidence_threshold",
-               "confidence_costs", "confidence_sts", "acceptance", "speculative_config")
+               "confidence_costs", "confidence_sts", "acceptance", "markov_topk", "speculative_config")
 # a system's name is picked by --systems (comma-separated), printed in tables and names profile folders
 SYSTEM_NAME = re.compile(r"[A-Za-z0-9._-]+")
 # a method other than ours (`METHODS`) is one of vLLM's speculative methods, by its name there (draft_model, suffix,
@@ -56,6 +56,9 @@ class System:
     # rates), and the per-slot rates it resolves to for this system's k, set by the run (`with_synthetic`)
     acceptance: str | None = None
     synthetic_rates: tuple[float, ...] = ()
+    # a DSpark draft's Markov head corrects only each slot's k best base logits, every other token out of the
+    # proposal (vLLM's `dspark_draft_topk`; our `BlockDrafter(markov_topk=k)`); None: the whole vocabulary
+    markov_topk: int | None = None
     # the method's own vLLM options (`speculative_config = { prompt_lookup_max = 4, ... }`), merged into this
     # system's speculative config alone on the vLLM backends (vLLM's SpeculativeConfig fields)
     speculative_config: dict = field(default_factory=dict)
@@ -256,6 +259,10 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
                 raise DSparkError(f"{where}: system '{sname}': acceptance and confidence = \"{policy['confidence']}\" "
                                   "cannot go together (a policy cutting the proposal changes what it accepts)")
             check_spec(acceptance, f"{where}: system '{sname}': acceptance")
+        topk = typed(raw, "markov_topk", int, where, context, at_least=1)
+        if topk is not None and method != "dspark":
+            raise DSparkError(f"{where}: system '{sname}': markov_topk restricts a DSpark draft's Markov head to each "
+                              f"slot's top-k base logits; method {method} has no Markov head (drop the key)")
         own = typed(raw, "speculative_config", dict, where, context, default={})
         for key in own:
             if key in SPECULATIVE_OWNED:
@@ -264,7 +271,8 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
         if own and method == "plain":
             raise DSparkError(f"{where}: system '{sname}': speculative_config: plain decoding has no speculative "
                               "config; drop the table")
-        systems.append(System(sname, method, draft, k, **policy, acceptance=acceptance, speculative_config=dict(own)))
+        systems.append(System(sname, method, draft, k, **policy, acceptance=acceptance, markov_topk=topk,
+                              speculative_config=dict(own)))
     if not systems:
         raise DSparkError(f"{where}: no [[systems]]; name at least one")
     engine_args = typed(data, "engine_args", dict, where, default={})

@@ -32,6 +32,8 @@ OWNED = {
                                                         "its own name: set a system's method in the experiment"),
     SPEC + "model": (("vllm", "vllm-server"), SYSTEM + "; given here it would swap every system's draft under its "
                                                        "own name: set a system's draft in the experiment"),
+    SPEC + "dspark_draft_topk": (("vllm", "vllm-server"), "a DSpark system's markov_topk = k in the experiment file "
+                                                          "sets it, for that system alone"),
     "per_request_spec_decode_metrics": (("vllm", "vllm-server"), "the harness asks for \"detailed\": each request's "
                                                                  "rounds come from it"),
     "profiler_config": (("vllm",), "dspark-bench profile --backend vllm sets it (--torch or --nsys)"),

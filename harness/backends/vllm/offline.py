@@ -94,6 +94,8 @@ def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | 
           "draft_sample_method": "greedy" if on_cpu else "probabilistic"}
     if system.confidence == "schedule":  # our prefix scheduler's counterpart (checked by the run's plan)
         sc["enable_adaptive_verification"] = True
+    if system.markov_topk is not None:  # the Markov head on each slot's top-k base logits, as BlockDrafter's
+        sc["dspark_draft_topk"] = system.markov_topk
     if system.synthetic_rates:  # the same per-slot unconditional rates our engine accepts at
         sc |= {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": list(system.synthetic_rates)}
     return sc
@@ -386,13 +388,16 @@ def engine_record(llm, sc: dict | None, run_dir: Path | None) -> dict:
         chosen = found[-1] if found else None
     if chosen is None and str(cfg.device_config.device_type) == "cpu":
         chosen = "CPU_ATTN"  # vLLM's CPU platform picks it for every non-MLA model, silently
+    spec = cfg.speculative_config  # (DSpark's top-k as its draft runs it: the system's, else the draft config's own)
+    draft = getattr(spec, "draft_model_config", None) if getattr(spec, "method", None) == "dspark" else None
+    topk = None if draft is None else getattr(draft.hf_config, "dspark_draft_topk", None)
     ran = None if cfg.speculative_config is None else cfg.speculative_config.method  # (vLLM may change it)
     return {"model_runner": "V2" if cfg.use_v2_model_runner else "V1", "speculative_config": sc, "method": ran,
             "dtype": str(cfg.model_config.dtype),
             "max_model_len": cfg.model_config.max_model_len,
             "compilation_mode": getattr(comp.mode, "name", str(comp.mode)),
             "cudagraph_mode": getattr(comp.cudagraph_mode, "name", str(comp.cudagraph_mode)),
-            "enforce_eager": cfg.model_config.enforce_eager,
+            "enforce_eager": cfg.model_config.enforce_eager, **({"dspark_draft_topk": topk} if topk else {}),
             "attention_backend": str(chosen) if chosen is not None else "unknown (vLLM's platform default)"}
 
 
