@@ -67,9 +67,10 @@ class Runs:
 
     def caption(self) -> str:
         """What produced these runs, for a figure's title: backend, device, target, date, and a run's label
-        (random weights, synthetic acceptance: <profile>) where it has one."""
+        (random weights, synthetic acceptance: <profile>) and Triton's interpreter where it has them."""
         parts = [f"{m.run}: {m.backend} on {m.device}, {m.target}, {m.date}"
-                 + (f" [{m.label}]" if isinstance(getattr(m, "label", None), str) else "") for m in self.meta.itertuples()]
+                 + "".join(f" [{v}]" for v in (getattr(m, "label", None), getattr(m, "interpreted", None))
+                           if isinstance(v, str)) for m in self.meta.itertuples()]
         return "; ".join(parts)
 
 
@@ -94,7 +95,8 @@ def _meta(label: str, path: Path, manifest: dict, summary: dict) -> dict:
             "systems": ", ".join(settings.get("systems") or []), "date": (prov.get("time_utc") or "")[:10] or "?",
             "git": git.get("commit"), "dirty": git.get("dirty"), "requests_done": summary.get("requests_done"),
             "requests_expected": summary.get("requests_expected"), "complete": summary.get("complete"),
-            "label": summary.get("label"), "parallel": summary.get("parallel")}
+            "label": summary.get("label"), "parallel": summary.get("parallel"),
+            "interpreted": summary.get("interpreted")}
 
 
 def _position_counts(proposed: list[int], accepted: list[int]) -> list[tuple[int, int, int, int, int]]:

@@ -281,11 +281,13 @@ def verdict(runs: Runs) -> str:
     rows = overall_rows(runs)
     several, sweep = runs.meta.shape[0] > 1, _is_sweep(rows)
     parts = []
-    for run in runs.meta["run"]:
+    for run, note in zip(runs.meta["run"], runs.meta.get("interpreted", [None] * runs.meta.shape[0])):
         mine = rows[rows["run"] == run]
         prefix = f"{run}: " if several else ""
         if mine.empty:
             parts.append(f"{prefix}no finished request yet")
+        elif isinstance(note, str):
+            parts.append(f"{prefix}no speedup verdict, {note}")
         elif (mine["method"] == BASELINE).all():
             parts.append(f"{prefix}plain decoding only, no speculative system to compare with it")
         elif not (mine["method"] == BASELINE).any():
@@ -346,6 +348,9 @@ class Headline:
             if isinstance(meta.get("label"), str):  # random weights, synthetic acceptance: timing, never quality
                 lines.append(f'<p class="dspark-label-run"><strong>{e(meta["run"])}: {e(meta["label"])}</strong> '
                              "(these figures time the systems; they say nothing of any draft's quality)</p>")
+            if isinstance(meta.get("interpreted"), str):  # the reverse: acceptance holds, the times say nothing
+                lines.append(f'<p class="dspark-label-run"><strong>{e(meta["run"])}: {e(meta["interpreted"])}'
+                             "</strong> (its times and speedups are the interpreter's, not the engine's)</p>")
             lines.append(f'<p class="dspark-where"><strong>{e(meta["run"])}</strong>: {e(where(meta))}</p>')
         parts = [part.partition(": ") for part in verdict(self.runs).split("; ")]  # (each system's name in bold)
         sentence = "; ".join(f"<strong>{e(name)}</strong>: {e(rest)}" if rest else e(name) for name, _, rest in parts)
@@ -368,7 +373,8 @@ class Headline:
 
     def __repr__(self) -> str:
         lines = [f"{TITLE}: {', '.join(self.runs.meta['run'])}"]
-        lines += [f"{m['run']}: {m['label']}" for m in self.runs.meta.to_dict("records") if isinstance(m.get("label"), str)]
+        lines += [f"{m['run']}: {m[key]}" for m in self.runs.meta.to_dict("records") for key in ("label", "interpreted")
+                  if isinstance(m.get(key), str)]
         lines += [f"{m['run']}: {where(m)}" for m in self.runs.meta.to_dict("records")]
         lines += [f"Verdict: {verdict(self.runs)}"] + ([] if overall_rows(self.runs).empty else
                                                          [repr(summary_table(self.runs))])

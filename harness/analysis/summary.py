@@ -8,6 +8,7 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from harness.analysis.delivered import UNKNOWN, from_rounds, from_totals, tokens_after_first
 from harness.analysis.metrics import (
     MIN_PAIRS,
     acceptance,
@@ -97,16 +98,18 @@ def busy_seconds(records: list[dict]) -> float:
 
 
 def counted_acceptance(records: list[dict], waves: dict[str, dict],
-                       group: list[dict]) -> tuple[list[dict], str | None] | None:
+                       group: list[dict]) -> tuple[list[dict], str | None, list[int]] | None:
     """Acceptance totals of requests that have no rounds: vLLM's per-request totals, or the server's
     counters of the waves they came in (a wave's counters only when every request of it, failed ones
-    included, is in `group`). None when some request's acceptance cannot be known from these."""
-    totals, sources, whole = [], set(), set()
+    included, is in `group`), each with the tokens after the first its requests output (what the totals'
+    steps made, `delivered.from_totals`). None when some request's acceptance cannot be known from these."""
+    totals, sources, whole, tokens = [], set(), set(), []
     for r in records:
         source = r.get("acceptance_source")
         sources.add(source)
         if r.get("acceptance_totals"):
             totals.append(r["acceptance_totals"])
+            tokens.append(tokens_after_first(r))
         elif source in ("server counters (request)", "server counters (wave)") and r.get("wave") in waves:
             whole.add(r["wave"])
         else:
@@ -115,7 +118,8 @@ def counted_acceptance(records: list[dict], waves: dict[str, dict],
         if sum(r.get("wave") == wave_id for r in group) != waves[wave_id]["requests"]:
             return None  # part of a wave: its counters pool requests outside this group
         totals.append(waves[wave_id]["spec_counters"])
-    return totals, ", ".join(sorted(map(str, sources)))
+        tokens.append(sum(tokens_after_first(r) for r in records if r.get("wave") == wave_id))
+    return totals, ", ".join(sorted(map(str, sources))), tokens
 
 
 def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseline: bool,
@@ -139,7 +143,9 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
            "output_throughput": out_tokens / duration if duration else None,
            "total_token_throughput": (in_tokens + out_tokens) / duration if duration else None,
            **(acceptance_from_totals(counted[0]) if counted else acceptance(lengths, proposals, accepted)),
-           "acceptance_from": counted[1] if counted else ("rounds" if lengths else None)}
+           "acceptance_from": counted[1] if counted else ("rounds" if lengths else None),
+           **((from_totals(counted[0], counted[2]) if counted else from_rounds(drafted) if drafted and lengths
+               else None) or UNKNOWN)}
     for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
         row |= latency_stats(name, [r[name] for r in records])
     row |= latency_stats("itl_ms", [x for r in records for x in r.get("itl_ms") or []])
@@ -183,7 +189,9 @@ def expected_requests(jobs: list[tuple]) -> list[dict]:
 
 
 MACRO = ("spec_decode_acceptance_length", "spec_decode_acceptance_rate", "mean_ttft_ms", "mean_tpot_ms",
-         "mean_e2el_ms")
+         "mean_e2el_ms", "delivered_acceptance_length", "delivered_acceptance_rate")
+# a served run's categories share its waves' counters: where no category has a figure, the overall keeps the pooled one
+POOLED_ONLY = ("spec_decode_acceptance_length", "delivered_acceptance_length", "delivered_acceptance_rate")
 
 
 def summarize(records: list[dict], expected: list[dict] | None = None, cores: int | None = None,
@@ -230,7 +238,7 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
             overall["pooled_acceptance_length"] = overall["spec_decode_acceptance_length"]
             for key in MACRO:
                 vals = [row[key] for row in per_cat if row[key] is not None]
-                if vals or key != "spec_decode_acceptance_length":  # (wave counters: only the pooled figure)
+                if vals or key not in POOLED_ONLY:  # (wave counters: only the pooled figure)
                     overall[key] = sum(vals) / len(vals) if vals else None
             macro = speedup_with_contention([_pairs(groups[(system, temp, conc, c)], baseline) for c in cats],
                                             [_pairs(groups[(system, temp, conc, c)], baseline, quiet) for c in cats]) \
@@ -301,6 +309,9 @@ def warnings(summary: dict) -> list[str]:
     """What a reader must know before trusting the figures: an unfinished run, a loaded machine, speedups
     from too few prompts for an interval."""
     out = list(summary.get("repeated_requests") or [])
+    if summary.get("interpreted"):
+        out.append(f"{summary['interpreted']}: every time, TPOT and speedup here is the interpreter's, not the "
+                   "engine's (no speedup verdict); acceptance and greedy equality hold")
     if summary.get("profiled"):
         p = summary["profiled"]
         out.append(f"timed under {p['profiler']}: every time and speedup here includes the profiler's overhead "
@@ -374,7 +385,18 @@ def summarize_folder(run_dir: Path) -> dict:
     summary["run_dir"] = str(Path(run_dir).resolve())
     summary["requests_missing"] = not (Path(run_dir) / REQUESTS).is_file()
     summary["profiled"] = profiled_by(run_dir, manifest)
+    summary["interpreted"] = interpreted(manifest)
     return summary | {"warnings": warnings(summary)}
+
+
+INTERPRETED = "kernels under Triton's interpreter (TRITON_INTERPRET=1): times not meaningful"
+
+
+def interpreted(manifest: dict) -> str | None:
+    """INTERPRETED for a run whose Triton kernels ran interpreted (its provenance's `triton_interpreter`: how
+    the tests run vLLM's V2 runner on a CPU), else None. Its times are the interpreter's, 1 s a round where
+    the engine takes milliseconds: no speedup of it says anything of the engine, so none gets a verdict."""
+    return INTERPRETED if (manifest.get("provenance") or {}).get("triton_interpreter") else None
 
 
 PROFILERS = {"torch": "the PyTorch profiler", "nsys": "Nsight Systems (nsys)"}

@@ -92,7 +92,7 @@ def cells(row: dict, cols: list[tuple[str, str]] = COLUMNS) -> list[str]:
             cells.append("-" if v is None else f"{v}/{row['matches_baseline_of']}")
         elif key == "temperature":
             cells.append(f"{v:g}")
-        elif key == "spec_decode_acceptance_rate":
+        elif key in ("spec_decode_acceptance_rate", "delivered_acceptance_rate"):
             cells.append("-" if v is None else f"{100 * v:.0f}%")
         else:
             cells.append(_fmt(v, 1 if key in ("duration_s", "mean_tpot_ms") else 2))
@@ -160,11 +160,16 @@ def contention_line(summary: dict) -> str:
 
 def titled(title: str, summary: dict) -> str:
     """A table's title with the run's tensor-parallel sizes (TP 2), its label (random weights, synthetic
-    acceptance: <profile>) and the profiler it was timed under, where it has them."""
+    acceptance: <profile>), the profiler it was timed under and Triton's interpreter, where it has them."""
+    said = marks(summary)
+    return f"{title} [{'; '.join(said)}]" if said else title
+
+
+def marks(summary: dict) -> list[str]:
+    """What a run's title says besides its name: TP sizes, label, profiler, Triton's interpreter."""
     profiled = summary.get("profiled")
-    marks = [m for m in (summary.get("parallel"), summary.get("label"),
-                         profiled and f"timed under {profiled['profiler']}") if m]
-    return f"{title} [{'; '.join(marks)}]" if marks else title
+    return [m for m in (summary.get("parallel"), summary.get("label"),
+                        profiled and f"timed under {profiled['profiler']}", summary.get("interpreted")) if m]
 
 
 def synthetic_lines(summary: dict) -> list[str]:

@@ -160,8 +160,8 @@ def _systems(summary: dict, title: str, caption: str, cols: list, cells_of, cate
     folded at left, the reason a speedup has no interval as `words`."""
     t = Table(title=title, caption=caption, caption_justify="left")
     for header, _ in cols:
-        t.add_column(header, justify="left" if header == "system" else "right", no_wrap=header != "system",
-                     overflow="fold")
+        left = header in ("system", "run", "engine")
+        t.add_column(header, justify="left" if left else "right", no_wrap=not left, overflow="fold")
     for row in summary["rows"]:
         if row["category"] == category:
             t.add_row(*[words(c) if key == "speedup_ci95" and row.get("speedup_ci95_reason") else c
@@ -185,6 +185,14 @@ def sweep_table(summary: dict, title: str) -> Table:
     """A concurrency sweep: each system's overall figures at each level, speedups against plain decoding
     at the same level."""
     return _systems(summary, escape(titled(title, summary)), SWEEP_LEGEND, SWEEP_COLUMNS, sweep_cells, "overall")
+
+
+def together_table(result: dict, title: str, category: str) -> Table:
+    """`analysis.together`'s one table of several runs' rows of `category`, its legend under it."""
+    from harness.analysis.together import together_cells
+
+    cols = result["columns"]
+    return _systems(result, escape(title), result["legend"], cols, lambda row: together_cells(row, cols), category)
 
 
 DELTAS_LEGEND = ("each figure A -> B; change: B - A (TPOT: B / A, above 1 when B is slower); CIs overlap: whether "

@@ -11,6 +11,7 @@ import typer
 
 from dspark.errors import DSparkError
 from harness.analysis.records import not_a_run, read_manifest
+from harness.analysis.table_text import warning_lines
 from harness.cli import paths
 from harness.cli.render import deltas_table, out, show
 from harness.cli.run import print_summary
@@ -20,6 +21,9 @@ def report(
     run_dirs: list[Path] = typer.Argument(..., help="Run folders written by `dspark-bench run`."),
     category: str = typer.Option("overall", help="Which category's rows to show (overall: the macro average)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
+    together: bool = typer.Option(False, "--together", help="One table of every run's systems (rows run x "
+                                  "system, each against its own run's plain decoding, acceptance by one definition "
+                                  "for every engine) instead of a table per run and B against A."),
     html: Optional[Path] = typer.Option(None, "--html", help="Execute the report notebooks on these runs and "
                                         "write them, figures embedded, as one HTML file here (instead of the tables)."),
     profile: Optional[list[Path]] = typer.Option(None, "--profile", help="With --html: a profile folder or trace "
@@ -32,6 +36,9 @@ def report(
     """Print the comparison tables of saved runs again (recomputed from their requests); --html writes the
     report notebooks' figures for them."""
     _each_once(run_dirs)
+    if together and html is not None:
+        raise DSparkError("--together is the terminal's (and --json's) one table; the HTML report already puts "
+                          "every run's systems in one table: drop --together or --html")
     if (profile or engine_bench) and html is None:
         raise DSparkError("--profile and --engine-bench go into the HTML report; add --html OUT")
     if html is not None:
@@ -60,10 +67,13 @@ def report(
         _html(run_dirs, list(profile or []), engine_bench, html)
         if not as_json:  # the tables are in the page: the console gets only the path written
             return
+    names = run_labels(len(summaries))
+    if together:
+        _together(run_dirs, names, summaries, category, as_json)
+        return
     if as_json:
         print(json.dumps(summaries))
         return
-    names = run_labels(len(summaries))
     for label, (name, summary) in zip(names, summaries.items()):
         print_summary(summary, f"{label + ': ' if len(summaries) > 1 else ''}{name} ({category})", category)
     for label, d in zip(names[1:], run_dirs[1:]):
@@ -94,6 +104,25 @@ def print_deltas(dir_a: Path, dir_b: Path, summary_a: dict, summary_b: dict, nam
         if missing:
             rows = ", ".join(f"{system} T={temp:g}" + ("" if conc == 1 else f" c={conc}") for system, temp, conc in missing)
             out.print(f"only in {label}: {rows}", style="dim", highlight=False, markup=False, soft_wrap=True)
+
+
+def _together(run_dirs: list[Path], names: list[str], summaries: dict, category: str, as_json: bool) -> None:
+    """Every run's systems in one table (`analysis.together`), each run's folder and title marks under it."""
+    from harness.analysis.together import together
+    from harness.cli.render import together_table
+
+    result = together([(name, summaries[str(d)], read_manifest(d) or {}) for name, d in zip(names, run_dirs)], category)
+    if as_json:
+        print(json.dumps(result | {"runs": {name: str(d) for name, d in zip(names, run_dirs)}}))
+        return
+    show(out, together_table(result, f"{len(run_dirs)} runs together ({category})", category))
+    for name, d in zip(names, run_dirs):
+        said = result["marks"].get(name)
+        out.print(f"{name}: {d}" + (f" [{'; '.join(said)}]" if said else ""), highlight=False, markup=False,
+                  soft_wrap=True)
+        for warning in summaries[str(d)].get("warnings", []):
+            out.print("\n".join(warning_lines(warning, f"{name} warning: ")), style="yellow", highlight=False,
+                      markup=False, soft_wrap=True)
 
 
 STEP_COSTS = ("decode_ms", "round_ms")  # what the speed notebook reads of an engine-bench file, in ms

@@ -96,5 +96,7 @@ def provenance(device: str) -> dict:
         "git": git_revision() | {"source_sha256": source_sha256()},
         "versions": {name: _version(name) for name in PACKAGES} | {"python": platform.python_version()},
         "host": platform.node(),
+        # Triton kernels (ours, vLLM's V2 runner's) interpreted in Python: times that say nothing of the engine
+        "triton_interpreter": os.environ.get("TRITON_INTERPRET") == "1",
         **device_info(device),
     }

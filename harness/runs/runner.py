@@ -36,7 +36,7 @@ from dspark.tokenizer import chat_prompt_ids, conversation
 from harness.analysis.metrics import first_difference, request_latencies
 from harness.analysis.records import MANIFEST, REQUESTS, WAVES, read_requests, read_waves, request_key, requests_and_notes
 from harness.analysis.run_figures import plot, plot_sweep, run_caption
-from harness.analysis.summary import expected_requests, summarize_folder
+from harness.analysis.summary import expected_requests, interpreted, summarize_folder
 from harness.analysis.synthetic_check import label
 from harness.analysis.table_text import markdown, to_csv
 from harness.backends.base import Backend, RequestResult, RequestSpec, Schedule
@@ -182,17 +182,19 @@ class Session:
                 raise DSparkError(f"--resume {folder.path}: the run used {settings['backend']} {was}, this is "
                                   f"{backend.record().get('version')}; start a new run")
         else:
+            prov = provenance(opts.device)
             folder.create({"settings": settings, "options": recorded_options(opts),
                            "experiment": {"path": exp.path, "sha256": exp.sha256,
                                           "systems": [asdict(s) for s in exp.systems],
                                           "toml": experiment_text(exp)},  # (what a resume names the changes against)
                            **inputs, "methods": {n: p.method for n, p in prepared.items()},
                            "threads": {"count": n_threads, "chosen_by": threads_by},
-                           **({"label": named} if (named := label(settings)) else {}),
+                           **({"label": named} if (named := "; ".join(filter(None, (
+                               label(settings), interpreted({"provenance": prov}))))) else {}),
                            "prompts_selected": len(rows), "requests_expected": expected_requests(
                                [(name, temp, row.category, conc) for name, conc, temp, row, _ in jobs]),
                            "backend": backend.record(), "profiled": opts.profiled or False,
-                           "provenance": provenance(opts.device)})
+                           "provenance": prov})
         done, notes = requests_and_notes(folder.path, repair=True)  # (a request recorded twice: done once)
         for note in notes:
             console.print(f"warning: {note}", style="yellow", highlight=False, markup=False, soft_wrap=True)

@@ -1,0 +1,141 @@
+"""`report --together` (issue 54): every system of several runs in one table, rows run x system, on real run
+folders made by the real CLI on the demo pair (a native run of plain, n-gram and DSpark; a vLLM offline run of
+plain and n-gram on vLLM's CPU build, its environment the tests' Triton interpreter):
+
+- one table naming each row's run and engine, each speedup against its own run's plain decoding (a run
+  without plain decoding says so in the cell);
+- one acceptance definition for every engine, tokens delivered per verify round: n-gram on our engine and on
+  vLLM read alike although vLLM lists only the steps that drafted, and the drafts an engine counts past the
+  output's end (vLLM's 35 counted for 31 decoded) are not counted;
+- a run timed under Triton's interpreter is recorded and titled so (manifest, table, summary.md, HTML
+  headline) and gets no speedup verdict.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_runner import run_cli
+from run_folders import native, no_plain, write
+from test_vllm import COMMON, _cli, needs_demo, needs_vllm
+
+from harness.analysis.frames import load_runs
+from harness.analysis.records import read_requests
+from harness.analysis.report_text import Headline, verdict
+from harness.analysis.summary import INTERPRETED, summarize, summarize_folder
+
+PROMPTS = 3  # each run's coding prompts (vLLM's engines start in about 20 s each here)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The native run (its environment without Triton's interpreter) and the vLLM run (with it, as
+    tests/test_vllm.py runs vLLM), on the same prompts."""
+    root = tmp_path_factory.mktemp("together")
+    out = {}
+    for name, systems, backend in (("native", "plain,ngram,dspark", "native"), ("vllm", "plain,ngram", "vllm")):
+        done = _cli(["run", *COMMON, "--num-prompts", PROMPTS, "--systems", systems, "--backend", backend,
+                     "--out", root / name, "--json"], root, vllm=backend == "vllm")
+        assert done.returncode == 0, done.stderr[-3000:]
+        out[name] = root / name
+    return out
+
+
+def _together(monkeypatch, capfd, *runs) -> dict:
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--together", "--json", *runs)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _overall(summary: dict, system: str) -> dict:
+    return next(r for r in summary["rows"] if r["category"] == "overall" and r["system"] == system)
+
+
+@needs_vllm
+@needs_demo
+def test_one_table_holds_every_system_of_both_engines_each_against_its_own_plain(runs, monkeypatch, capfd):
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--together", runs["native"], runs["vllm"])
+    assert code == 0, err
+    said = " ".join(out.split())  # (the legend wrapped at the table's width)
+    assert said.count("2 runs together (overall)") == 1 and said.count("AL: tokens delivered per verify round") == 1
+    table = [line for line in out.splitlines() if line.startswith("│")]
+    assert [line.split("│")[1].strip() for line in table] == ["A"] * 3 + ["B"] * 2  # one row per run x system
+    assert all("native on cpu" in line for line in table[:3])
+    assert all("vllm 0.32.0 on cpu (Triton interpreter)" in line for line in table[3:])
+    result = _together(monkeypatch, capfd, runs["native"], runs["vllm"])
+    assert [(r["run"], r["system"]) for r in result["rows"]] == [
+        ("A", "plain"), ("A", "ngram"), ("A", "dspark"), ("B", "plain"), ("B", "ngram")]
+    for r in result["rows"]:  # each run's own summary, its speedups against its own plain decoding
+        own = _overall(summarize_folder(runs["native" if r["run"] == "A" else "vllm"]), r["system"])
+        assert (r["speedup"], r["mean_tpot_ms"]) == (own["speedup"], own["mean_tpot_ms"])
+
+
+@needs_vllm
+@needs_demo
+def test_ngram_on_both_engines_reads_alike_by_tokens_delivered_per_round(runs, monkeypatch, capfd):
+    """vLLM lists only the steps that drafted, our engine every verify: their own n-gram ALs differ on the
+    same outputs; the table's AL counts every decode step of both, by hand from the records."""
+    ours, theirs = ([r for r in read_requests(runs[name]) if r["system"] == "ngram"] for name in ("native", "vllm"))
+    assert {r["question_id"]: r["output_ids"] for r in ours} == {r["question_id"]: r["output_ids"] for r in theirs}
+    tokens = sum(r["output_tokens"] - 1 for r in ours)  # (the first token comes from the prefill)
+    assert sum(r["num_rounds"] for r in ours) == tokens - sum(sum(r["accepted_counts"]) for r in ours)  # every step
+    listed = sum(r["num_rounds"] for r in theirs)
+    unlisted = tokens - sum(sum(r["acceptance_lengths"]) for r in theirs)  # one token a step vLLM does not list
+    assert listed and unlisted > 0
+    own = [_overall(summarize_folder(runs[name]), "ngram") for name in ("native", "vllm")]
+    assert own[0]["spec_decode_acceptance_length"] < own[1]["spec_decode_acceptance_length"]  # each engine's count
+    rows = {r["run"]: r for r in _together(monkeypatch, capfd, runs["native"], runs["vllm"])["rows"]
+            if r["system"] == "ngram"}
+    assert rows["B"]["delivered_rounds"] == listed + unlisted and rows["B"]["unlisted_steps"] == unlisted
+    accepted = sum(sum(r["accepted_counts"]) for r in ours)
+    for r in rows.values():
+        assert r["delivered_tokens"] == tokens and r["delivered_acceptance_length"] == pytest.approx(
+            tokens / (tokens - accepted))
+    assert rows["A"]["delivered_acceptance_rate"] == rows["B"]["delivered_acceptance_rate"]
+
+
+def test_drafts_counted_past_the_output_are_not_delivered():
+    """vLLM's record of the target drafting for itself (issue 54): 7 steps accepting 4 drafts each, 35 tokens
+    counted for 31 decoded after the first; AL 31 / 7 = 4.43, not vLLM's 5.00. The same from totals alone."""
+    steps = {"acceptance_lengths": [5] * 7, "accepted_counts": [4] * 7, "proposal_lengths": [4] * 7}
+    record = native("draft", "q1", 4.0, method="draft_model", output_tokens=32, acceptance_source="vllm per-step",
+                    **steps)
+    totals = record | {k: [] for k in steps} | {"acceptance_source": "vllm totals", "acceptance_totals": {
+        "num_spec_steps": 7, "num_draft_tokens": 28, "num_accepted_draft_tokens": 28}}
+    for r in (record, totals):
+        row = _overall(summarize([r]), "draft")
+        assert row["spec_decode_acceptance_length"] == pytest.approx(5.0)  # vLLM's own count
+        assert row["delivered_acceptance_length"] == pytest.approx(31 / 7)
+        # the last step delivered 1 of its 5 tokens: 1 of its 4 accepted drafts, no bonus
+        assert (row["counted_past_output"], row["delivered_accepted"], row["delivered_rounds"]) == (4, 6 * 4 + 1, 7)
+
+
+@needs_vllm
+@needs_demo
+def test_a_run_under_tritons_interpreter_is_titled_so_and_gets_no_verdict(runs):
+    native_manifest, manifest = (json.loads((runs[n] / "manifest.json").read_text()) for n in ("native", "vllm"))
+    assert manifest["provenance"]["triton_interpreter"] is True and INTERPRETED in manifest["label"]
+    assert native_manifest["provenance"]["triton_interpreter"] is False and "label" not in native_manifest
+    assert f"[{INTERPRETED}]" in (runs["vllm"] / "summary.md").read_text().splitlines()[0]
+    assert INTERPRETED not in (runs["native"] / "summary.md").read_text()
+    both = load_runs([runs["native"], runs["vllm"]])
+    said = verdict(both)
+    assert f"vllm: no speedup verdict, {INTERPRETED}" in said and "ngram" not in said.split("vllm: ")[1]
+    assert "native/ngram: too few prompts (3)" in said  # (the other run's verdict as before)
+    page = Headline(both)._repr_html_()
+    assert f"vllm: {INTERPRETED}" in page and "times and speedups are the interpreter" in page
+    assert any(INTERPRETED in w for w in summarize_folder(runs["vllm"])["warnings"])
+
+
+def test_a_run_without_plain_says_so_in_its_speedup_cells_and_html_is_refused(tmp_path, monkeypatch, capfd):
+    alone = no_plain(tmp_path)
+    with_plain = write(tmp_path / "with-plain", [native(s, q, t) for q in ("q1", "q2") for s, t in
+                                                 (("plain", 5.0), ("dspark", 4.0))], systems=["plain", "dspark"])
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--together", with_plain, alone)
+    assert code == 0, err
+    (row,) = [line for line in out.splitlines() if line.startswith("│ B")]
+    assert "none: no plain in B" in row
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--together", with_plain, alone, "--html", tmp_path / "r.html")
+    assert code == 2 and "--together" in err and "--html" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
