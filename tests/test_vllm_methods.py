@@ -130,8 +130,8 @@ def test_a_key_the_harness_sets_is_refused_in_the_table_naming_the_system_key(ke
 @pytest.mark.parametrize("dry", [True, False])
 def test_native_refuses_a_vllm_method_naming_the_backends_that_run_it(tmp_path, monkeypatch, capfd, no_models, dry):
     exp, out_dir = _experiment(tmp_path, "native"), tmp_path / "r"
-    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--systems", "plain,suffix",
-                             "--device", "cpu", *(["--dry-run"] if dry else ["--out", out_dir]))
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--systems", "plain,suffix",
+                           "--device", "cpu", *(["--dry-run"] if dry else ["--out", out_dir]))
     _one_line(code, err, "system suffix: method 'suffix' is not one of our engine's (plain, dspark, dflash, eagle3, "
                          "ngram); run it with --backend vllm or vllm-server")
     assert not out_dir.exists()
@@ -143,19 +143,32 @@ def test_native_refuses_a_vllm_method_naming_the_backends_that_run_it(tmp_path, 
     _one_line(code, err, "system ng: speculative_config (prompt_lookup_max) holds vLLM's options, which our engine")
 
 
+@needs_demo
+@pytest.mark.parametrize("dry", [True, False])
+def test_openai_refuses_a_speculative_config_table(tmp_path, monkeypatch, capfd, no_models, dry):
+    """The server at --base-url was started with its own speculative config: the table would be ignored."""
+    out_dir = tmp_path / "r"
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", _experiment(tmp_path, "openai"), "--systems",
+                           "suffix", "--base-url", "http://127.0.0.1:9", "--device", "cpu",
+                           *(["--dry-run"] if dry else ["--out", out_dir]))
+    _one_line(code, err, "system suffix: speculative_config (suffix_decoding_max_tree_depth) sets vLLM options of an "
+                         "engine the run starts; the openai backend measures a server started with its own")
+    assert not out_dir.exists()
+
+
 @needs_vllm
 @needs_demo
 @pytest.mark.parametrize("system, says", [
     ("typo", "system typo: vLLM 0.32.0 has no speculative method 'sufix'; did you mean 'suffix'?"),
-    ("badopt", "system badopt: speculative_config.suffix_max_depth: not a key of vLLM 0.32.0's speculative config; "
-               "did you mean 'suffix_decoding_max_tree_depth'?"),
+    ("badopt", ("system badopt: speculative_config.suffix_max_depth: not a key of vLLM 0.32.0's speculative config; "
+                "did you mean 'suffix_decoding_max_tree_depth'?")),
 ])
 @pytest.mark.parametrize("dry", [True, False])
 def test_a_method_or_option_the_installed_vllm_lacks_is_refused_before_any_model_loads(tmp_path, monkeypatch, capfd,
                                                                                       system, says, dry):
     out_dir = tmp_path / "r"
-    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", _experiment(tmp_path), "--systems",
-                             f"plain,{system}", "--device", "cpu", *(["--dry-run"] if dry else ["--out", out_dir]))
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", _experiment(tmp_path), "--systems",
+                           f"plain,{system}", "--device", "cpu", *(["--dry-run"] if dry else ["--out", out_dir]))
     _one_line(code, err, says)
     assert not out_dir.exists()
 
@@ -256,17 +269,17 @@ SUFFIX = importlib.util.find_spec("arctic_inference") is not None  # (the vllm-c
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("methods")
-    exp = _experiment(root)
     script = Path(sys.executable).with_name("dspark-bench")
     if not script.is_file():
         pytest.skip("the dspark-bench console script is not installed next to this Python")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
-    common = ["run", "--experiment", exp, "--category", "coding", "--device", "cpu"]
+    common = ["run", "--experiment", "vllm-methods", "--category", "coding", "--device", "cpu", "--num-prompts", "2",
+              "--output-len", "16", "--temperature", "0", "--disable-shuffle"]  # (the shipped experiment)
     vllm = [*common, "--systems", "draft-model,suffix" if SUFFIX else "draft-model", "--out", root / "vllm"]
     native = [*common, "--backend", "native", "--systems", "plain", "--out", root / "native"]
     out = {}
     for name, args in (("vllm", vllm), ("native", native)):
-        proc = subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=900,
+        proc = subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=900, check=False,
                               env=env | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0"})
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         out[name] = root / name

@@ -7,8 +7,9 @@ run refused, and the user was told to resume a profile that could never finish.
 - The systems (`systems`): each resolved against the target's config, reading no weights
   (`systems.resolve_system`); on the vLLM backends, what the installed vLLM refuses (`backends/vllm/checks.py`: vLLM
   missing or too old, an engine argument or value, a draft its CPU build cannot run).
-- On the native backend, a system our engine cannot run (`native_problem`: one of vLLM's methods, or vLLM's
-  own options in its `speculative_config` table), naming the backends that run it.
+- On the native backend, a system our engine cannot run (`engine_problem`: one of vLLM's methods, or vLLM's
+  own options in its `speculative_config` table), naming the backends that run it; on the openai backend, a
+  `speculative_config` table (the server there was started with its own).
 - `refuse`: a system that would not run, in one line naming each (exit 2).
 """
 
@@ -23,6 +24,7 @@ from harness.runs.plan import RunOptions, load_dataset, select_prompts, user_tur
 from harness.specs.experiments import METHODS, Experiment, System
 
 VLLM_BACKENDS = ("vllm", "vllm-server")
+OTHERS = ("native", "openai")  # the backends that take no speculative config from us
 
 
 @dataclass
@@ -60,9 +62,9 @@ def systems(exp: Experiment, settings: dict, device: str) -> tuple[Path, object,
     target_path = resolve_path(exp.target)
     target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
     rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
-    if settings["backend"] == "native":
-        rows = [row | ({"fits_target": False, "problem": problem} if (problem := native_problem(exp.system(
-            row["system"]))) else {}) for row in rows]
+    if settings["backend"] in OTHERS:
+        rows = [row | ({"fits_target": False, "problem": problem} if (problem := engine_problem(exp.system(
+            row["system"]), settings["backend"])) else {}) for row in rows]
     if settings["backend"] in VLLM_BACKENDS:
         from harness.backends.vllm.checks import dry_run_rows
         from harness.runs.synthetic import with_synthetic
@@ -72,16 +74,21 @@ def systems(exp: Experiment, settings: dict, device: str) -> tuple[Path, object,
     return target_path, target_cfg, rows
 
 
-def native_problem(system: System) -> str | None:
-    """Why our engine cannot run `system`: a speculative method only vLLM has, or vLLM's own options (its
-    `speculative_config` table), which our engine would silently ignore."""
+def engine_problem(system: System, backend: str) -> str | None:
+    """Why `backend` (native or openai) cannot run `system` as the experiment says: on ours, a speculative
+    method only vLLM has, or vLLM's own options (its `speculative_config` table), which our engine would
+    silently ignore; on openai, that table (the server measured there was started with its own)."""
     runs_it = f"run it with --backend {' or '.join(VLLM_BACKENDS)}, which run vLLM"
-    if system.method not in METHODS:
+    if backend == "native" and system.method not in METHODS:
         return (f"method '{system.method}' is not one of our engine's ({', '.join(METHODS)}); {runs_it}, or leave "
                 "it out with --systems")
     if system.speculative_config:
-        return (f"speculative_config ({', '.join(sorted(system.speculative_config))}) holds vLLM's options, which our "
-                f"engine does not take; {runs_it}, or drop the table")
+        keys = ", ".join(sorted(system.speculative_config))
+        if backend == "openai":
+            return (f"speculative_config ({keys}) sets vLLM options of an engine the run starts; the openai backend "
+                    "measures a server started with its own (its --speculative-config): drop the table, or use "
+                    "--backend vllm-server")
+        return f"speculative_config ({keys}) holds vLLM's options, which our engine does not take; {runs_it}, or drop the table"
     return None
 
 
@@ -101,9 +108,9 @@ def check(opts: RunOptions, exp: Experiment, settings: dict) -> Prompts:
     arguments (the native backend checks its drafts as it loads them, but a `markov_topk` system's here: that
     mistake is in the options). Returns the prompts."""
     found = prompts(opts, exp, settings)
-    if settings["backend"] == "native":
-        refuse([{"system": n, "fits_target": not (problem := native_problem(exp.system(n))), "problem": problem}
-                for n in settings["systems"]])
+    if settings["backend"] in OTHERS:
+        refuse([{"system": n, "fits_target": not (problem := engine_problem(exp.system(n), settings["backend"])),
+                 "problem": problem} for n in settings["systems"]])
     topk = [n for n in settings["systems"] if exp.system(n).markov_topk is not None]
     if settings["backend"] == "native" and topk:  # (its draft's Markov head and vocabulary, from configs alone)
         refuse(systems(exp, settings | {"systems": topk}, opts.device)[2])

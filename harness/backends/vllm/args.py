@@ -28,10 +28,10 @@ OWNED = {
     "model": (("vllm", "vllm-server"), TARGET),
     "model_tag": (("vllm-server",), TARGET),
     "speculative_config": (("vllm", "vllm-server"), SYSTEM + "; set one key with speculative_config.KEY"),
-    SPEC + "method": (("vllm", "vllm-server"), SYSTEM + "; given here it would run every system as that method under "
-                                                        "its own name: set a system's method in the experiment"),
-    SPEC + "model": (("vllm", "vllm-server"), SYSTEM + "; given here it would swap every system's draft under its "
-                                                       "own name: set a system's draft in the experiment"),
+    SPEC + "method": (("vllm", "vllm-server"), SYSTEM + ("; given here it would run every system as that method "
+                                                         "under its own name: set a system's method in the experiment")),
+    SPEC + "model": (("vllm", "vllm-server"), SYSTEM + ("; given here it would swap every system's draft under its "
+                                                        "own name: set a system's draft in the experiment")),
     SPEC + "dspark_draft_topk": (("vllm", "vllm-server"), "a DSpark system's markov_topk = k in the experiment file "
                                                           "sets it, for that system alone"),
     "per_request_spec_decode_metrics": (("vllm", "vllm-server"), "the harness asks for \"detailed\": each request's "
