@@ -6,7 +6,8 @@ logits, vLLM's `dspark_draft_topk` (vllm #49969), our engine's `BlockDrafter(mar
 - held against the draft before any model loads (the vanilla Markov head only, k within the draft's
   vocabulary), shown in the dry run's method column;
 - passed to vLLM as the system's `speculative_config.dspark_draft_topk`; a global
-  `--vllm-arg speculative_config.dspark_draft_topk` and the openai backend refused in one line;
+  `--vllm-arg speculative_config.dspark_draft_topk` and the openai backend refused in one line, and on
+  vLLM a system without it whose draft's config.json sets its own (vLLM would run that k);
 - `parity` refuses two runs whose same-named system ran with different k;
 - on vLLM's CPU build, the demo pair at k = 2 on two coding prompts: the option changes the proposals
   (our rounds at k = 2 differ from the full head's), and vLLM's rounds equal ours round by round, with
@@ -128,6 +129,36 @@ def test_vllm_gets_the_systems_dspark_draft_topk_and_no_global_one(no_models, tm
     code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", toml, "--backend", "openai", "--base-url",
                            "http://127.0.0.1:9", "--model", "m", "--systems", "dspark-top", "--num-prompts", "1")
     assert code == 2 and "system 'dspark-top': markov_topk = 2" in err and "dspark_draft_topk" in err, err
+
+
+@needs_demo
+def test_a_draft_whose_config_sets_dspark_draft_topk_needs_the_systems_own_k_on_vllm(no_models, tmp_path,
+                                                                                   monkeypatch, capfd):
+    """vLLM runs a draft's own `dspark_draft_topk` wherever the system sets none, our engine the system's
+    alone: on the vLLM backends such a system must say its k (refused in the run and the dry run alike)."""
+    import shutil
+
+    from dspark.checkpoint import load_draft_config
+    from harness.backends.vllm.checks import vllm_problem
+    from harness.specs.experiments import System
+
+    draft = tmp_path / "topk-draft"
+    shutil.copytree(DEMO_DIR / "dspark", draft)
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps(config | {"dspark_draft_topk": 4}))
+    cfg = load_draft_config(draft)[1]
+    said = vllm_problem(System("d", "dspark", str(draft)), cfg, "0.32.0", on_cpu=True, random=False)
+    assert "config.json sets dspark_draft_topk = 4" in said and "give the system markov_topk = 4" in said, said
+    assert vllm_problem(System("d", "dspark", str(draft), markov_topk=4), cfg, "0.32.0", True, False) is None
+    assert vllm_problem(System("d", "dspark", "demo-dspark"), load_draft_config("demo-dspark")[1], "0.32.0", True,
+                        False) is None  # (the demo draft's config sets none)
+    if importlib.util.find_spec("vllm") is None:
+        return
+    path = tmp_path / "topk.toml"
+    path.write_text(_experiment(method="dspark", draft=str(draft)))
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", path, "--backend", "vllm", "--systems",
+                           "dspark-top", "--dry-run")
+    assert code == 2 and "system dspark-top:" in err and "dspark_draft_topk = 4" in err, err
 
 
 def test_parity_refuses_a_system_that_ran_with_another_markov_topk(tmp_path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from importlib import import_module
 from pathlib import Path
 
-from dspark.checkpoint import load_draft_config, random_weights
+from dspark.checkpoint import load_draft_config, random_weights, read_config, resolve_path
 from dspark.errors import DSparkError
 from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.drafts import version_tuple
@@ -81,7 +81,21 @@ def vllm_problem(system: System, cfg, version: str, on_cpu: bool, random: bool) 
     return ((None if system.method in METHODS else method_problem(system.method, version))
             or options_problem(system.speculative_config, version, "speculative_config.")
             or version_problem(version, system_features(system, None if cfg is None else cfg.vllm_method))
-            or cpu_problem(system.draft, cfg, on_cpu, random))
+            or cpu_problem(system.draft, cfg, on_cpu, random) or draft_topk_problem(system, cfg))
+
+
+def draft_topk_problem(system: System, cfg) -> str | None:
+    """Why vLLM would run a DSpark system at another Markov top-k than the system's: a draft whose own
+    config.json sets `dspark_draft_topk` runs at it in vLLM wherever the system sets no `markov_topk` (vLLM
+    falls back to the draft's config), where our engine reads the system's alone."""
+    if cfg is None or cfg.method != "dspark" or system.markov_topk is not None:
+        return None
+    own = read_config(resolve_path(system.draft)).get("dspark_draft_topk")
+    if own is None:
+        return None
+    return (f"{system.draft}'s config.json sets dspark_draft_topk = {own}, which vLLM runs wherever the system sets "
+            f"no markov_topk (our engine reads the system's alone): give the system markov_topk = {own} to run it as "
+            "vLLM would, or another k")
 
 
 
