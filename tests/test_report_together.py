@@ -13,6 +13,7 @@ plain and n-gram on vLLM's CPU build, its environment the tests' Triton interpre
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -124,7 +125,7 @@ def test_a_run_under_tritons_interpreter_is_titled_so_and_gets_no_verdict(runs):
     assert f"vllm: no speedup verdict, {INTERPRETED}" in said and "ngram" not in said.split("vllm: ")[1]
     assert "native/ngram: too few prompts (3)" in said  # (the other run's verdict as before)
     page = Headline(both)._repr_html_()
-    assert f"vllm: {INTERPRETED}" in page and "times and speedups are the interpreter" in page
+    assert f"vllm: {html.escape(INTERPRETED)}" in page and "times and speedups are the interpreter" in page
     assert any(INTERPRETED in w for w in summarize_folder(runs["vllm"])["warnings"])
 
 

@@ -9,7 +9,7 @@ A run timed under Triton's interpreter keeps its figures, marked. Imports neithe
 
 from __future__ import annotations
 
-from harness.analysis.metrics import side_text
+from harness.analysis.metrics import MIN_PAIRS, side_text
 from harness.analysis.table_text import COLUMNS, SWEPT, cells, marks
 
 # the single-run table's columns, its acceptance ones replaced by the one definition every engine shares
@@ -19,6 +19,9 @@ ACCEPTANCE = {"spec_decode_acceptance_length": ("AL", "delivered_acceptance_leng
 TOGETHER_COLUMNS = [("run", "run"), ("engine", "engine")] + [ACCEPTANCE.get(key, (h, key)) for h, key in COLUMNS]
 TOGETHER_LEGEND = (
     "run: the run folder (A, B, ... in the order given); engine: the backend that ran it, its version and device; "
+    "T: temperature; requests: requests summarised (failed ones counted, left out of the figures); tokens: their "
+    "output tokens; time s: the time any of them was in flight; TPOT ms: mean time per output token after the "
+    f"first; 95% CI: the speedup's Student t interval over prompts (none from fewer than {MIN_PAIRS} pairs); "
     "speedup: against the plain decoding of the same run (same engine, device and settings; a run without plain "
     "decoding has none), geometric mean over prompts of TPOT ratios, * when its 95% interval spans 1 or it has "
     "none; AL: tokens delivered per verify round, the same for every engine: the output's tokens after the first "
@@ -53,7 +56,9 @@ def together(runs: list[tuple[str, dict, dict]], category: str = "overall") -> d
                     "no_plain": summary.get("baseline") is None, "interpreted": summary.get("interpreted")})
     swept = any(r.get("max_concurrency", 1) != 1 for r in rows)
     cols = TOGETHER_COLUMNS[:4] + [SWEPT] + TOGETHER_COLUMNS[4:] if swept else list(TOGETHER_COLUMNS)
-    return {"rows": rows, "columns": cols, "marks": said_of, "legend": TOGETHER_LEGEND}
+    return {"rows": rows, "columns": cols, "marks": said_of,
+            "legend": TOGETHER_LEGEND + ("; c: requests in flight at most (speedups against plain decoding at the same "
+                                         "c of the same run)" if swept else "")}
 
 
 def together_cells(row: dict, cols: list[tuple[str, str]]) -> list[str]:
