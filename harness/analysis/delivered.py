@@ -42,11 +42,11 @@ def from_rounds(records: list[dict]) -> dict | None:
     """The figures of records that list their rounds (None if one does not: its rounds are not known)."""
     rounds = delivered = accepted = proposed = past = unlisted = 0
     for r in records:
-        if r.get("acceptance_source") not in LISTS_ROUNDS:
+        if r.get("acceptance_source", "rounds") not in LISTS_ROUNDS:  # (absent: a record from before the field)
             return None
-        left = tokens_after_first(r)
-        for d, a, n in zip(r.get("proposal_lengths") or [], r.get("accepted_counts") or [],
-                           r.get("acceptance_lengths") or []):
+        left, lengths = tokens_after_first(r), r.get("acceptance_lengths") or []
+        for d, a, n in zip(r.get("proposal_lengths") or [], r.get("accepted_counts") or [n - 1 for n in lengths],
+                           lengths):
             got = min(n, left)
             past += n - got
             left -= got
