@@ -18,7 +18,7 @@ import json
 
 import pytest
 from cli_runner import run_cli
-from run_folders import native, no_plain, write
+from run_folders import native, no_plain, sweep, write
 from test_vllm import COMMON, _cli, needs_demo, needs_vllm
 
 from harness.analysis.frames import load_runs
@@ -144,3 +144,20 @@ def test_a_run_without_plain_says_so_in_its_speedup_cells_and_html_is_refused(tm
     code, out, err = run_cli(monkeypatch, capfd, "report", "--together", with_plain, alone, "--html", tmp_path / "r.html")
     assert code == 2 and "--together" in err and "--html" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r.html").exists()
+
+
+def test_a_served_runs_wave_counters_read_by_the_same_definition(tmp_path, monkeypatch, capfd):
+    """A served sweep's acceptance is its waves' server counters (30 steps, 24 accepted drafts, 120 proposed per
+    wave of 6 requests of 40 tokens): in the one table, beside a native run, its rounds are the 30 drafting
+    steps plus the 6 x 39 - 54 tokens they did not deliver, one a step."""
+    served = sweep(tmp_path)
+    result = _together(monkeypatch, capfd, no_plain(tmp_path), served)
+    assert {r["engine"] for r in result["rows"]} == {"native on cpu", "vllm-server on cuda"}
+    row = next(r for r in result["rows"] if (r["run"], r["system"], r["max_concurrency"]) == ("B", "ngram", 1))
+    tokens = 6 * 39
+    assert (row["delivered_tokens"], row["delivered_rounds"], row["unlisted_steps"]) == (tokens, 30 + tokens - 54,
+                                                                                         tokens - 54)
+    assert row["delivered_acceptance_length"] == pytest.approx(tokens / (30 + tokens - 54))
+    assert row["delivered_acceptance_rate"] == pytest.approx(24 / 120)
+    assert ("c", "max_concurrency") in [tuple(c) for c in result["columns"]] and "c: requests in flight" in \
+        result["legend"]
