@@ -37,8 +37,8 @@ def report(
     report notebooks' figures for them."""
     _each_once(run_dirs)
     if together and html is not None:
-        raise DSparkError("--together is the terminal's (and --json's) one table; the HTML report already puts "
-                          "every run's systems in one table: drop --together or --html")
+        raise DSparkError("--together is the terminal's (and --json's) one table; the HTML report keeps its own "
+                          "(each engine's AL as it counts it): drop --together or --html")
     if (profile or engine_bench) and html is None:
         raise DSparkError("--profile and --engine-bench go into the HTML report; add --html OUT")
     if html is not None:
