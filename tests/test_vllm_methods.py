@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,9 @@ def test_each_system_reaches_vllm_with_its_own_speculative_config(tmp_path):
     assert sc["sfx"] == {"method": "suffix", "suffix_decoding_max_tree_depth": 16, "enforce_eager": False}
     assert "suffix_decoding_max_tree_depth" not in sc["ng"] and sc["ng"]["method"] == "ngram"
     assert (Path(staged) / "model.safetensors").resolve() == (DEMO_DIR / "target" / "model.safetensors").resolve()
+    synthetic = backend.prepare(replace(exp.system("medusa"), synthetic_rates=(0.5, 0.25)))  # (--acceptance)
+    assert synthetic.handle["speculative_config"] == sc["medusa"] | {"rejection_sample_method": "synthetic",
+                                                                     "synthetic_acceptance_rates": [0.5, 0.25]}
 
 
 def test_a_draft_whose_path_names_a_method_is_given_to_vllm_at_a_neutral_path(tmp_path):

@@ -78,10 +78,12 @@ def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | 
     options (`prepare` adds them); one of vLLM's own methods (not in `METHODS`): its method, draft and k."""
     if system.method == "plain":
         return None
+    synthetic = ({"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": list(system.synthetic_rates)}
+                 if system.synthetic_rates else {})  # (the same per-slot unconditional rates our engine accepts at)
     if system.method not in METHODS:
         return ({"method": system.method} | ({} if path is None else {"model": str(path)})
                 | ({} if system.num_speculative_tokens is None else
-                   {"num_speculative_tokens": system.num_speculative_tokens}))
+                   {"num_speculative_tokens": system.num_speculative_tokens}) | synthetic)
     if system.method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": system.num_speculative_tokens or NGRAM_TOKENS,
                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -96,9 +98,7 @@ def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | 
         sc["enable_adaptive_verification"] = True
     if system.markov_topk is not None:  # the Markov head on each slot's top-k base logits, as BlockDrafter's
         sc["dspark_draft_topk"] = system.markov_topk
-    if system.synthetic_rates:  # the same per-slot unconditional rates our engine accepts at
-        sc |= {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": list(system.synthetic_rates)}
-    return sc
+    return sc | synthetic
 
 
 def split_engine_args(engine_args: dict) -> tuple[dict, dict]:
