@@ -1,6 +1,7 @@
 """`report --together` (issue 54): every system of several runs in one table, rows run x system, on real run
 folders made by the real CLI on the demo pair (a native run of plain, n-gram and DSpark; a vLLM offline run of
-plain and n-gram on vLLM's CPU build, its environment the tests' Triton interpreter):
+plain, n-gram and vLLM's `draft_model` (the target drafting for itself) on vLLM's CPU build, its environment the
+tests' Triton interpreter):
 
 - one table naming each row's run and engine, each speedup against its own run's plain decoding (a run
   without plain decoding says so in the cell);
@@ -27,6 +28,26 @@ from harness.analysis.report_text import Headline, verdict
 from harness.analysis.summary import INTERPRETED, summarize, summarize_folder
 
 PROMPTS = 3  # each run's coding prompts (vLLM's engines start in about 20 s each here)
+# the vLLM run's experiment: the demo's plain and n-gram, and vLLM's draft_model with the target drafting for itself
+VLLM_EXPERIMENT = """name = "vllm-together"
+target = "demo"
+dataset = "demo"
+
+[[systems]]
+name = "plain"
+method = "plain"
+
+[[systems]]
+name = "ngram"
+method = "ngram"
+num_speculative_tokens = 7
+
+[[systems]]
+name = "self-draft"
+method = "draft_model"
+draft = "demo"
+num_speculative_tokens = 3
+"""
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +55,12 @@ def runs(tmp_path_factory):
     """The native run (its environment without Triton's interpreter) and the vLLM run (with it, as
     tests/test_vllm.py runs vLLM), on the same prompts."""
     root = tmp_path_factory.mktemp("together")
+    (root / "vllm.toml").write_text(VLLM_EXPERIMENT)
     out = {}
-    for name, systems, backend in (("native", "plain,ngram,dspark", "native"), ("vllm", "plain,ngram", "vllm")):
-        done = _cli(["run", *COMMON, "--num-prompts", PROMPTS, "--systems", systems, "--backend", backend,
-                     "--out", root / name, "--json"], root, vllm=backend == "vllm")
+    for name, experiment, backend in (("native", "demo", "native"), ("vllm", root / "vllm.toml", "vllm")):
+        systems = "plain,ngram,dspark" if backend == "native" else "plain,ngram,self-draft"
+        done = _cli(["run", *COMMON, "--experiment", experiment, "--num-prompts", PROMPTS, "--systems", systems,
+                     "--backend", backend, "--out", root / name, "--json"], root, vllm=backend == "vllm")
         assert done.returncode == 0, done.stderr[-3000:]
         out[name] = root / name
     return out
@@ -61,12 +84,13 @@ def test_one_table_holds_every_system_of_both_engines_each_against_its_own_plain
     said = " ".join(out.split())  # (the legend wrapped at the table's width)
     assert said.count("2 runs together (overall)") == 1 and said.count("AL: tokens delivered per verify round") == 1
     table = [line for line in out.splitlines() if line.startswith("│")]
-    assert [line.split("│")[1].strip() for line in table] == ["A"] * 3 + ["B"] * 2  # one row per run x system
+    assert [line.split("│")[1].strip() for line in table] == ["A"] * 3 + ["B"] * 3  # one row per run x system
     assert all("native on cpu" in line for line in table[:3])
     assert all("vllm 0.32.0 on cpu (Triton interpreter)" in line for line in table[3:])
+    assert "self-draft (draft_model)" in table[-1]  # (a system named otherwise than its method: both)
     result = _together(monkeypatch, capfd, runs["native"], runs["vllm"])
     assert [(r["run"], r["system"]) for r in result["rows"]] == [
-        ("A", "plain"), ("A", "ngram"), ("A", "dspark"), ("B", "plain"), ("B", "ngram")]
+        ("A", "plain"), ("A", "ngram"), ("A", "dspark"), ("B", "plain"), ("B", "ngram"), ("B", "self-draft")]
     for r in result["rows"]:  # each run's own summary, its speedups against its own plain decoding
         own = _overall(summarize_folder(runs["native" if r["run"] == "A" else "vllm"]), r["system"])
         assert (r["speedup"], r["mean_tpot_ms"]) == (own["speedup"], own["mean_tpot_ms"])
@@ -94,6 +118,24 @@ def test_ngram_on_both_engines_reads_alike_by_tokens_delivered_per_round(runs, m
         assert r["delivered_tokens"] == tokens and r["delivered_acceptance_length"] == pytest.approx(
             tokens / (tokens - accepted))
     assert rows["A"]["delivered_acceptance_rate"] == rows["B"]["delivered_acceptance_rate"]
+
+
+@needs_vllm
+@needs_demo
+def test_vllm_counts_a_last_steps_tokens_past_the_output_and_the_table_does_not(runs, monkeypatch, capfd):
+    """The target drafting for itself on vLLM accepts every draft: each request's last step counts tokens past
+    the output's end (vLLM's AL 4.00 for k = 3); the table's AL is the output's tokens after the first over the
+    steps, by hand from the records."""
+    records = [r for r in read_requests(runs["vllm"]) if r["system"] == "self-draft"]
+    assert all(r["matches_baseline"] is True and r["acceptance_source"] == "vllm per-step" for r in records)
+    tokens = sum(r["output_tokens"] - 1 for r in records)
+    counted, steps = sum(sum(r["acceptance_lengths"]) for r in records), sum(r["num_rounds"] for r in records)
+    assert counted > tokens and steps  # vLLM's count runs past the outputs
+    assert _overall(summarize_folder(runs["vllm"]), "self-draft")["spec_decode_acceptance_length"] == \
+        pytest.approx(counted / steps)
+    (row,) = [r for r in _together(monkeypatch, capfd, runs["vllm"])["rows"] if r["system"] == "self-draft"]
+    assert (row["delivered_rounds"], row["counted_past_output"], row["unlisted_steps"]) == (steps, counted - tokens, 0)
+    assert row["delivered_acceptance_length"] == pytest.approx(tokens / steps)
 
 
 def test_drafts_counted_past_the_output_are_not_delivered():
