@@ -187,9 +187,10 @@ def test_the_method_list_is_vllms_own():
         vllm_methods())
     assert "qwen3_next_mtp" in mtp_methods() and not changed_method("qwen3_next_mtp", "mtp")  # vLLM's alias
     assert changed_method("draft_model", "dspark") and not changed_method("suffix", "suffix")
-    line = ran_problem("dm", "draft_model", "dspark", "0.32.0", "/x/dspark/data/demo/target")
+    line = ran_problem("dm", "draft_model", "dspark", "0.32.0", "demo-dspark")  # (a DSpark draft's architecture)
     assert "system 'dm': vLLM 0.32.0 ran speculative method 'dspark' where the experiment asks for 'draft_model'" \
-        in line and "infers a method from the draft's path and architecture" in line
+        in line and "infers a method from the draft's path and architecture: draft demo-dspark" in line
+    assert ran_problem("s", "suffix", "suffix", "0.32.0", None) is None
     log = ("INFO core.py:134] Initializing a V1 LLM engine (v0.32.0) with config: model='/m', "
            "speculative_config=SpeculativeConfig(method='suffix', model=None, num_spec_tokens=4), seed=0")
     assert logged_method(log) == "suffix" and logged_method("no config line") is None

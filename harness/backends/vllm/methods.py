@@ -102,7 +102,7 @@ def ran_problem(system: str, asked: str, ran: str | None, version: str, draft: s
         return None
     return (f"system '{system}': vLLM {version} ran speculative method '{ran}' where the experiment asks for "
             f"'{asked}' (vLLM infers a method from the draft's path and architecture"
-            + (f": {draft}" if draft else "") + f"); the run stops rather than label {ran}'s figures {asked}: give "
+            + (f": draft {draft}" if draft else "") + f"); the run stops rather than label {ran}'s figures {asked}: give "
             f"the system method = \"{ran}\", or a draft vLLM reads as {asked}")
 
 

@@ -267,7 +267,7 @@ class VllmBackend(VllmTarget):
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
             raise self._not_started(prepared, exc) from None
         problem = None if sc is None else ran_problem(prepared.system.name, sc["method"], record["method"],
-                                                      self.version, sc.get("model"))
+                                                      self.version, prepared.system.draft)
         if problem:  # (never measured as the method asked for)
             llm.llm_engine.engine_core.shutdown()
             raise DSparkError(problem)

@@ -95,7 +95,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         if sc is not None:  # the method the server's engine ran, from its config line (vLLM may change it)
             ran = logged_method(server.log.read_text(errors="replace"))
             self.servers[name]["method"] = ran
-            problem = ran_problem(name, sc["method"], ran, self.version, sc.get("model"))
+            problem = ran_problem(name, sc["method"], ran, self.version, prepared.system.draft)
             if problem:
                 vllm_process.stop(server)
                 raise DSparkError(problem)
