@@ -9,7 +9,10 @@ tests' Triton interpreter):
   vLLM read alike although vLLM lists only the steps that drafted, and the drafts an engine counts past the
   output's end (vLLM's 35 counted for 31 decoded) are not counted;
 - a run timed under Triton's interpreter is recorded and titled so (manifest, table, summary.md, HTML
-  headline) and gets no speedup verdict.
+  headline) and gets no speedup verdict;
+- from run folders built in Python: a pooled wave's accepted drafts are each request's and marked as upper
+  bounds, the overall row's AL pools its categories, each run's rows keep its own table's columns, and a
+  wave whose acceptance check failed is a warning under the run's table.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import json
 
 import pytest
 from cli_runner import run_cli
-from run_folders import native, no_plain, sweep, write
+from run_folders import native, no_plain, served, sweep, write
 from test_vllm import COMMON, _cli, needs_demo, needs_vllm
 
 from harness.analysis.frames import load_runs
@@ -203,3 +206,123 @@ def test_a_served_runs_wave_counters_read_by_the_same_definition(tmp_path, monke
     assert row["delivered_acceptance_rate"] == pytest.approx(24 / 120)
     assert ("c", "max_concurrency") in [tuple(c) for c in result["columns"]] and "c: requests in flight" in \
         result["legend"]
+
+
+def _served_draft(qid: str, concurrency: int, start: float, **acceptance) -> dict:
+    """A served draft_model request of 32 tokens (31 after the first) whose last step ran past its end."""
+    return served("draft", qid, concurrency, 6.0, start) | {"method": "draft_model", "output_tokens": 32,
+                                                            "output_ids": list(range(32))} | acceptance
+
+
+def test_a_pooled_waves_accepted_drafts_are_each_requests_and_marked_as_a_bound(tmp_path, monkeypatch, capfd):
+    """Two requests of 7 steps accepting 4 drafts each, 31 tokens after the first: each request's last step
+    counts 4 tokens past its end, its bonus first, so each delivered 25 accepted drafts. Alone (vLLM's own
+    per-request totals, c = 1) and pooled in one wave's counters (c = 2) the table says 50, not 49 (the pooled
+    count past the end holds two bonuses); the pooled figures are marked as the upper bound they are."""
+    own = {"num_spec_steps": 7, "num_draft_tokens": 28, "num_accepted_draft_tokens": 28}
+    records = [served("plain", q, c, 10.0, 100.0 + i) for c in (1, 2) for i, q in enumerate(("q1", "q2"))]
+    records += [_served_draft(q, 1, 200.0 + i, acceptance_source="vllm totals", acceptance_totals=own)
+                for i, q in enumerate(("q1", "q2"))]
+    records += [_served_draft(q, 2, 300.0, acceptance_source="server counters (wave)") for q in ("q1", "q2")]
+    waves = [{"wave": "draft2", "system": "draft", "max_concurrency": 2, "temperature": 0.0, "turn": 0, "requests": 2,
+              "spec_counters": {k: 2 * v for k, v in own.items()} | {"accepted_per_pos": [14, 14, 14, 14]}}]
+    run = write(tmp_path / "pooled", records, waves=waves, systems=["plain", "draft"], backend="vllm-server",
+                concurrency=(1, 2))
+    result = _together(monkeypatch, capfd, run)
+    rows = {r["max_concurrency"]: r for r in result["rows"] if r["system"] == "draft"}
+    for row in rows.values():
+        assert (row["delivered_accepted"], row["delivered_rounds"], row["counted_past_output"]) == (50, 14, 8)
+        assert row["delivered_acceptance_rate"] == pytest.approx(50 / 56)
+    assert (rows[1]["delivered_upper_bound"], rows[2]["delivered_upper_bound"]) == (False, True)
+    assert "<=: an upper bound, from a served wave's counters pooled over its requests" in result["legend"]
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--together", run)
+    assert code == 0, err
+    table = {line.split("│")[5].strip(): line for line in out.splitlines() if "draft_model" in line}
+    assert "<=4.43" in table["2"] and "<=89%" in table["2"] and "<=" not in table["1"]  # (62 / 14; 50 / 56)
+
+
+def test_the_overall_rows_al_pools_every_category_as_its_legend_says(tmp_path, monkeypatch, capfd):
+    """Categories of unequal rounds: the overall row's AL is its tokens over its rounds (as its own rounds and
+    tokens columns read), not the mean of the categories' ALs."""
+    records = [native("plain", q, 5.0, category=c) for q, c in (("q1", "coding"), ("q2", "math"))]
+    records += [native("dspark", "q1", 4.0, category="coding", acceptance_lengths=[2] * 19 + [1],
+                       accepted_counts=[1] * 19 + [0], proposal_lengths=[7] * 20),
+                native("dspark", "q2", 4.0, category="math", rounds=8, acceptance_lengths=[5] * 7 + [4],
+                       accepted_counts=[4] * 7 + [3], proposal_lengths=[7] * 8)]
+    run = write(tmp_path / "two-categories", records, systems=["plain", "dspark"], categories=("coding", "math"),
+                prompts=1)
+    result = _together(monkeypatch, capfd, run)
+    (row,) = [r for r in result["rows"] if r["system"] == "dspark"]
+    assert (row["delivered_tokens"], row["delivered_rounds"]) == (78, 28)  # (39 tokens in 20 rounds, 39 in 8)
+    assert row["delivered_acceptance_length"] == pytest.approx(78 / 28)  # (the categories' mean: (1.95 + 4.875) / 2)
+    assert row["delivered_acceptance_rate"] == pytest.approx((19 + 31) / (28 * 7))
+    assert "overall: pooled over categories" in result["legend"]
+
+
+def _synthetic(root) -> object:
+    """A run whose DSpark system's acceptance was synthetic (its manifest's profile): the single-run table
+    shows its profile AL and realised rates in place of accept and = plain."""
+    run = write(root / "synthetic", [native(s, q, t) for q in ("q1", "q2") for s, t in (("plain", 5.0), ("dspark", 4.0))],
+                systems=["plain", "dspark"])
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["settings"]["acceptance"] = {"dspark": {"name": "flat", "source": "given", "rates": [0.5] * 7,
+                                                     "mean_length": 2.0}}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run
+
+
+def test_each_runs_rows_show_the_columns_its_own_table_shows(tmp_path, monkeypatch, capfd):
+    """A synthetic-acceptance run's own table has profile AL and realised rates where accept and = plain
+    stand (they mean nothing there); a run timed on a busy machine has a busy column. In one table each row
+    keeps its own run's columns: the others' are blank."""
+    from harness.analysis.table_text import columns
+
+    synthetic = _synthetic(tmp_path)
+    busy = write(tmp_path / "busy", [native(s, q, t, contended=q == "q1") for q in ("q1", "q2")
+                                     for s, t in (("plain", 5.0), ("ngram", 4.0))], systems=["plain", "ngram"])
+    own = columns(summarize_folder(synthetic))
+    assert ("profile AL", "profile_acceptance_length") in own and ("accept", "spec_decode_acceptance_rate") not in own
+    result = _together(monkeypatch, capfd, synthetic, busy)
+    heads = [h for h, _ in result["columns"]]
+    assert heads[:7] == ["run", "engine", "system", "T", "requests", "busy", "tokens"]
+    assert heads[-6:] == ["AL", "accept", "profile AL", "rounds", "= plain", "realised rates"]
+    assert "busy: requests timed while other processes competed" in result["legend"]
+    assert "profile AL: the synthetic profile's mean acceptance length" in result["legend"]
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--together", synthetic, busy)
+    assert code == 0, err
+    cells = {(line.split("│")[1].strip(), line.split("│")[3].strip()): [c.strip() for c in line.split("│")[1:-1]]
+             for line in out.splitlines() if line.startswith(("│ A", "│ B"))}
+    at = heads.index
+    dspark, ngram = cells[("A", "dspark")], cells[("B", "ngram")]
+    assert dspark[at("accept")] == dspark[at("= plain")] == dspark[at("busy")] == ""
+    assert dspark[at("profile AL")] == "2.00"
+    assert ngram[at("profile AL")] == ngram[at("realised rates")] == "" and ngram[at("busy")] == "1/2"
+    assert ngram[at("= plain")] == "2/2" and ngram[at("accept")].endswith("%")
+
+
+def test_a_wave_whose_requests_do_not_add_up_to_the_counters_is_a_warning_under_the_table(tmp_path, monkeypatch, capfd):
+    """A served wave's `acceptance_check` that failed (the requests' own figures, which the table reads, are
+    not what the server's counters grew by): the report says so under the table, naming the wave and each
+    figure both ways; a wave whose check held says nothing."""
+    own = {"num_spec_steps": 7, "num_draft_tokens": 28, "num_accepted_draft_tokens": 28}
+    records = [served("plain", q, 2, 10.0, 100.0) for q in ("q1", "q2")]
+    records += [_served_draft(q, 2, 300.0, acceptance_source="vllm totals", acceptance_totals=own) for q in ("q1", "q2")]
+    sums = {k: 2 * v for k, v in own.items()}
+    check = {"checked": True, "agrees": False, "per_request_sums": sums | {"accepted_per_pos": [14] * 4},
+             "differs": {"num_spec_steps": [14, 17], "num_draft_tokens": [56, 68]}, "why": "another client?"}
+    wave = {"wave": "draft2", "system": "draft", "max_concurrency": 2, "temperature": 0.0, "turn": 0, "requests": 2,
+            "spec_counters": {"num_spec_steps": 17, "num_draft_tokens": 68, "num_accepted_draft_tokens": 56,
+                              "accepted_per_pos": [14] * 4}, "acceptance_check": check}
+    run = write(tmp_path / "disagrees", records, waves=[wave], systems=["plain", "draft"], backend="vllm-server",
+                concurrency=(2,))
+    code, out, err = run_cli(monkeypatch, capfd, "report", run)
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "warning: acceptance check failed: the requests' own acceptance figures (what the tables read) do not " \
+           "add up to the server's counters" in said
+    assert "draft T=0 c=2 (wave draft2): num_spec_steps 14 by the requests, 17 by the counters; num_draft_tokens " \
+           "56 by the requests, 68 by the counters" in said
+    held = write(tmp_path / "agrees", records, waves=[wave | {"acceptance_check": {
+        "checked": True, "agrees": True, "per_request_sums": check["per_request_sums"]}}], systems=["plain", "draft"],
+        backend="vllm-server", concurrency=(2,))
+    assert not any("acceptance check" in w for w in summarize_folder(held)["warnings"])

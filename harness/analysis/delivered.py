@@ -13,9 +13,15 @@ of a request's last step past the output's end (the length limit or the stop tok
   verified no draft (vLLM does not list them: `unlisted_steps`), each a round of one token.
 
 Where an engine gives only totals (a wave's server counters, an older vLLM), the same two rules apply to
-the totals. One limit: in a vLLM record whose steps did not all draft (n-gram, suffix), a last drafting
+the totals. Two limits. In a vLLM record whose steps did not all draft (n-gram, suffix), a last drafting
 step's tokens past the end can hide behind the steps it does not list (the totals cannot tell them apart);
-they are then counted as such steps' tokens. Imports neither torch nor rich."""
+they are then counted as such steps' tokens. And a wave's server counters pool its requests: each request's
+last step may count tokens past its own end (its bonus first, then its drafts), and one request's count
+past its end cancels another's unlisted steps in the sums. From pooled totals the accepted drafts and the
+rounds are therefore bounds, not counts: at most `requests` bonus tokens come off the count past the end
+(one a request), and the rounds may miss unlisted steps another request's overshoot hid, so AL and accept
+are upper bounds (`delivered_upper_bound`); vLLM's per-request figures (served runs started with
+`--per-request-spec-decode-metrics`) give the counts. Imports neither torch nor rich."""
 
 from __future__ import annotations
 
@@ -27,12 +33,13 @@ def tokens_after_first(record: dict) -> int:
     return max((record.get("output_tokens") or 0) - 1, 0)
 
 
-def _figures(rounds: int, delivered: int, accepted: int, proposed: int, past: int, unlisted: int) -> dict:
+def _figures(rounds: int, delivered: int, accepted: int, proposed: int, past: int, unlisted: int,
+             bound: bool = False) -> dict:
     return {"delivered_rounds": rounds, "delivered_tokens": delivered, "delivered_accepted": accepted,
             "delivered_proposed": proposed,
             "delivered_acceptance_length": delivered / rounds if rounds else None,
             "delivered_acceptance_rate": accepted / proposed if proposed else None,
-            "counted_past_output": past, "unlisted_steps": unlisted}
+            "counted_past_output": past, "unlisted_steps": unlisted, "delivered_upper_bound": bound}
 
 
 UNKNOWN = _figures(0, 0, 0, 0, 0, 0)  # (a group whose acceptance cannot be known: no figures)
@@ -59,20 +66,21 @@ def from_rounds(records: list[dict]) -> dict | None:
     return _figures(rounds, delivered, accepted, proposed, past, unlisted)
 
 
-def from_totals(totals: list[dict], tokens: list[int]) -> dict:
-    """The figures of totals (steps, draft tokens, accepted drafts), each over the requests that made
-    `tokens` (their tokens after the first): the count past the output's end comes off the last step, its
-    bonus token first; what the steps did not deliver came from steps that drafted nothing."""
+def from_totals(totals: list[dict], tokens: list[int], requests: list[int]) -> dict:
+    """The figures of totals (steps, draft tokens, accepted drafts), each over the `requests` requests that
+    made `tokens` (their tokens after the first): the count past the output's end comes off the last steps,
+    each request's bonus token first; what the steps did not deliver came from steps that drafted nothing.
+    An entry pooling several requests (a wave's counters) gives bounds (the module's second limit)."""
     rounds = delivered = accepted = proposed = past = unlisted = 0
-    for t, n in zip(totals, tokens):
+    for t, n, r in zip(totals, tokens, requests):
         steps, drafted, acc = (t.get(k) or 0 for k in ("num_spec_steps", "num_draft_tokens",
                                                        "num_accepted_draft_tokens"))
         over = max(0, steps + acc - n)
         fill = max(0, n - steps - acc)
         rounds += steps + fill
         delivered += n
-        accepted += acc - max(0, over - 1)
+        accepted += acc - max(0, over - r)
         proposed += drafted
         past += over
         unlisted += fill
-    return _figures(rounds, delivered, accepted, proposed, past, unlisted)
+    return _figures(rounds, delivered, accepted, proposed, past, unlisted, any(r > 1 for r in requests))

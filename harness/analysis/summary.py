@@ -98,18 +98,20 @@ def busy_seconds(records: list[dict]) -> float:
 
 
 def counted_acceptance(records: list[dict], waves: dict[str, dict],
-                       group: list[dict]) -> tuple[list[dict], str | None, list[int]] | None:
+                       group: list[dict]) -> tuple[list[dict], str | None, list[int], list[int]] | None:
     """Acceptance totals of requests that have no rounds: vLLM's per-request totals, or the server's
     counters of the waves they came in (a wave's counters only when every request of it, failed ones
     included, is in `group`), each with the tokens after the first its requests output (what the totals'
-    steps made, `delivered.from_totals`). None when some request's acceptance cannot be known from these."""
-    totals, sources, whole, tokens = [], set(), set(), []
+    steps made) and how many finished requests it pools (`delivered.from_totals`). None when some
+    request's acceptance cannot be known from these."""
+    totals, sources, whole, tokens, pooled = [], set(), set(), [], []
     for r in records:
         source = r.get("acceptance_source")
         sources.add(source)
         if r.get("acceptance_totals"):
             totals.append(r["acceptance_totals"])
             tokens.append(tokens_after_first(r))
+            pooled.append(1)
         elif source in ("server counters (request)", "server counters (wave)") and r.get("wave") in waves:
             whole.add(r["wave"])
         else:
@@ -118,8 +120,10 @@ def counted_acceptance(records: list[dict], waves: dict[str, dict],
         if sum(r.get("wave") == wave_id for r in group) != waves[wave_id]["requests"]:
             return None  # part of a wave: its counters pool requests outside this group
         totals.append(waves[wave_id]["spec_counters"])
-        tokens.append(sum(tokens_after_first(r) for r in records if r.get("wave") == wave_id))
-    return totals, ", ".join(sorted(map(str, sources))), tokens
+        mine = [r for r in records if r.get("wave") == wave_id]
+        tokens.append(sum(map(tokens_after_first, mine)))
+        pooled.append(len(mine))
+    return totals, ", ".join(sorted(map(str, sources))), tokens, pooled
 
 
 def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseline: bool,
@@ -144,7 +148,7 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
            "total_token_throughput": (in_tokens + out_tokens) / duration if duration else None,
            **(acceptance_from_totals(counted[0]) if counted else acceptance(lengths, proposals, accepted)),
            "acceptance_from": counted[1] if counted else ("rounds" if lengths else None),
-           **((from_totals(counted[0], counted[2]) if counted else from_rounds(drafted) if drafted and lengths
+           **((from_totals(counted[0], *counted[2:]) if counted else from_rounds(drafted) if drafted and lengths
                else None) or UNKNOWN)}
     for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
         row |= latency_stats(name, [r[name] for r in records])
@@ -188,10 +192,10 @@ def expected_requests(jobs: list[tuple]) -> list[dict]:
             for (s, t, c, k), n in counts.items()]
 
 
-MACRO = ("spec_decode_acceptance_length", "spec_decode_acceptance_rate", "mean_ttft_ms", "mean_tpot_ms",
-         "mean_e2el_ms", "delivered_acceptance_length", "delivered_acceptance_rate")
+# (the delivered_* figures pool every request, as their rounds and tokens do: their AL is tokens / rounds)
+MACRO = ("spec_decode_acceptance_length", "spec_decode_acceptance_rate", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
 # a served run's categories share its waves' counters: where no category has a figure, the overall keeps the pooled one
-POOLED_ONLY = ("spec_decode_acceptance_length", "delivered_acceptance_length", "delivered_acceptance_rate")
+POOLED_ONLY = ("spec_decode_acceptance_length",)
 
 
 def summarize(records: list[dict], expected: list[dict] | None = None, cores: int | None = None,
@@ -270,12 +274,13 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
                "cores": cores, "load_avg_max": max(loads, default=None),
                **{k: v for k, v in contention_figures([r for r in records if not r.get("failed")]).items()
                   if k in ("contention_measured", "contended_requests", "other_cores_mean", "other_cores_max")},
-               **widenings(rows),
+               **widenings(rows), "acceptance_disagreements": acceptance_disagreements(waves or []),
                "notes": "overall = macro average over categories (speedup: geometric mean of the categories' "
                         "speedups, its interval a t interval over prompts stratified by category, none below "
                         f"{MIN_PAIRS} prompt pairs); counts, tokens, time, "
                         "throughputs and percentiles pool every request; pooled_acceptance_length pools every "
-                        "round; speedups are against plain decoding at the same concurrency"}
+                        "round; so do the delivered_* figures (their AL: delivered_tokens / delivered_rounds); "
+                        "speedups are against plain decoding at the same concurrency"}
     return summary | {"warnings": warnings(summary)}
 
 
@@ -297,6 +302,19 @@ def widenings(rows: list[dict]) -> dict:
         widened.append(f"{row_name(r)}: {interval_text([lo, hi])} (wall times alone: {interval_text([lo_t, hi_t])}; "
                        f"{moved})")
     return {"contention_widened": widened, "contention_unwidened": unwidened}
+
+
+def acceptance_disagreements(waves: list[dict]) -> list[str]:
+    """Each served wave whose `acceptance_check` failed (its requests' own figures, which the tables read,
+    do not add up to what the server's counters grew by): which wave, each figure both ways. The check
+    is what says the two sources are one measurement; a reader must see where it did not hold."""
+    out = []
+    for w in waves:
+        check = w.get("acceptance_check") or {}
+        if check.get("checked") and check.get("agrees") is False:
+            differ = "; ".join(f"{k} {a} by the requests, {b} by the counters" for k, (a, b) in check["differs"].items())
+            out.append(f"{row_name(w)} (wave {w['wave']}): {differ}")
+    return out
 
 
 def row_name(row: dict) -> str:
@@ -335,6 +353,11 @@ def warnings(summary: dict) -> list[str]:
         out.append(f"noisy timing: the load average reached {summary['load_avg_max']:.1f} on {summary['cores']} "
                    "cores while requests were timed (other work competed for the CPU); compare speedups with care")
     out += mismatches(summary)
+    if summary.get("acceptance_disagreements"):
+        out.append("acceptance check failed: the requests' own acceptance figures (what the tables read) do not add "
+                   "up to the server's counters over the wave (another client's requests on the same server, or "
+                   "vLLM counting them apart); acceptance_check in waves.jsonl:\n" +
+                   "\n".join(f"- {line}" for line in summary["acceptance_disagreements"]))
     few = [r for r in summary.get("rows", []) if r["category"] == "overall" and r.get("speedup_ci95_reason")]
     if few:
         named = [f"{row_name(r)} ({r['speedup_pairs']} pair{'s' if r['speedup_pairs'] != 1 else ''})" for r in few]
