@@ -128,7 +128,7 @@ def test_vllm_gets_the_systems_dspark_draft_topk_and_no_global_one(no_models, tm
         "markov_topk" in err, err
     code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", toml, "--backend", "openai", "--base-url",
                            "http://127.0.0.1:9", "--model", "m", "--systems", "dspark-top", "--num-prompts", "1")
-    assert code == 2 and "system 'dspark-top': markov_topk = 2" in err and "dspark_draft_topk" in err, err
+    assert code == 2 and "system dspark-top: markov_topk = 2" in err and "dspark_draft_topk" in err, err
 
 
 @needs_demo

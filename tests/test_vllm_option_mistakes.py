@@ -70,7 +70,7 @@ def test_an_experiments_engine_args_are_held_to_the_same_rule(tmp_path, monkeypa
     ("vllm", "max_model_len=abc", "--vllm-arg max_model_len=abc: vLLM"),
     ("vllm", "enforce_eager=3", "takes no value '3' there (a switch takes true or false)"),
     ("vllm", "speculative_config.nosuch=3", "--vllm-arg speculative_config.nosuch: not a key of vLLM"),
-    ("vllm", "speculative_config.num_speculative_tokens=abc", "Input should be a valid integer"),
+    ("vllm", "speculative_config.draft_tensor_parallel_size=abc", "Input should be a valid integer"),
     ("vllm-server", "compilation_config={bad", "--vllm-arg compilation_config={bad: vLLM"),
 ])
 def test_the_dry_run_refuses_the_engine_arguments_the_run_refuses(monkeypatch, capfd, backend, arg, said):

@@ -15,6 +15,9 @@ from dspark.errors import DSparkError
 from dspark.formats.common import require, vllm_ids
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+# keys of a draft's config.json that vLLM reads as its speculative options where the run gives none (kept in the
+# config's `extra`, so that the harness holds them against the system's own without reading the file again)
+VLLM_OWN = ("dspark_draft_topk",)
 
 
 def _malformed(where: str, exc: Exception) -> DSparkError:
@@ -152,7 +155,7 @@ class DraftConfig(_DraftVocabulary):
     draft_vocab_size: int | None = None  # None: the full target vocabulary
     num_target_layers: int | None = None
     architecture: str = ""
-    extra: dict = field(default_factory=dict, compare=False)
+    extra: dict = field(default_factory=dict, compare=False)  # `VLLM_OWN` keys the checkpoint sets
 
     @property
     def num_drafts(self) -> int:
@@ -249,7 +252,7 @@ class Eagle3Config(_DraftVocabulary):
     target_hidden_size: int | None = None  # None: the draft's hidden size
     num_target_layers: int | None = None
     architecture: str = ""
-    extra: dict = field(default_factory=dict, compare=False)
+    extra: dict = field(default_factory=dict, compare=False)  # `VLLM_OWN` keys the checkpoint sets
 
     method = "eagle3"
     vllm_method = "eagle3"
@@ -316,7 +319,8 @@ def draft_config_from_hf(cfg: dict, where: str = "draft") -> AnyDraftConfig:
     """A draft config.json in any format, block (DSpark, DFlash) or EAGLE-3, as its normalised config."""
     try:
         kind, fields = formats.parse_any(cfg, where, BackboneConfig.from_hf)
-        out = (Eagle3Config if kind == "eagle3" else DraftConfig)(**fields)
+        own = {key: cfg[key] for key in VLLM_OWN if key in cfg}
+        out = (Eagle3Config if kind == "eagle3" else DraftConfig)(**fields, extra=own)
         out.validate(where)
     except (TypeError, ValueError, AttributeError) as exc:
         raise _malformed(where, exc) from None

@@ -148,8 +148,7 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
         settings["acceptance"] = acceptance
     if backend != "native":
         for name in systems:
-            problem = vllm_policy_problem(exp.system(name), backend, opts.device) or topk_problem(exp.system(name),
-                                                                                                  backend)
+            problem = vllm_policy_problem(exp.system(name), backend, opts.device)
             if problem:
                 raise DSparkError(f"system '{name}': {problem}")
     return settings
@@ -223,16 +222,6 @@ def vllm_policy_problem(system: System, backend: str, device: str) -> str | None
         return ("vLLM's adaptive verification times its own cost tables and takes no temperatures; drop "
                 "confidence_costs and confidence_sts from the system, or run it on --backend native")
     return None
-
-
-def topk_problem(system: System, backend: str) -> str | None:
-    """Why a system's `markov_topk` cannot apply on `backend`, or None: it sets the drafter of an engine the
-    run starts (ours, or vLLM's `dspark_draft_topk`), and the openai backend measures a server it did not."""
-    if system.markov_topk is None or backend != "openai":
-        return None
-    return (f"markov_topk = {system.markov_topk} sets the drafter of an engine the run starts; the openai backend "
-            "measures a server started with its own settings (start it with --speculative-config '{..., "
-            f"\"dspark_draft_topk\": {system.markov_topk}}}' and drop markov_topk, or use --backend vllm-server)")
 
 
 def served_levels(opts: RunOptions, backend: str) -> list[int]:

@@ -9,7 +9,7 @@ run refused, and the user was told to resume a profile that could never finish.
   missing or too old, an engine argument or value, a draft its CPU build cannot run).
 - On the native backend, a system our engine cannot run (`engine_problem`: one of vLLM's methods, or vLLM's
   own options in its `speculative_config` table), naming the backends that run it; on the openai backend, a
-  `speculative_config` table (the server there was started with its own).
+  `speculative_config` table or a `markov_topk` (the server there was started with its own settings).
 - `refuse`: a system that would not run, in one line naming each (exit 2).
 """
 
@@ -77,18 +77,22 @@ def systems(exp: Experiment, settings: dict, device: str) -> tuple[Path, object,
 def engine_problem(system: System, backend: str) -> str | None:
     """Why `backend` (native or openai) cannot run `system` as the experiment says: on ours, a speculative
     method only vLLM has, or vLLM's own options (its `speculative_config` table), which our engine would
-    silently ignore; on openai, that table (the server measured there was started with its own)."""
+    silently ignore; on openai, that table or a `markov_topk` (each sets the drafter of an engine the run
+    starts: the server measured there was started with its own settings)."""
     runs_it = f"run it with --backend {' or '.join(VLLM_BACKENDS)}, which run vLLM"
+    served = ("sets vLLM options of an engine the run starts; the openai backend measures a server started with its "
+              "own settings (its --speculative-config)")
     if backend == "native" and system.method not in METHODS:
         return (f"method '{system.method}' is not one of our engine's ({', '.join(METHODS)}); {runs_it}, or leave "
                 "it out with --systems")
     if system.speculative_config:
         keys = ", ".join(sorted(system.speculative_config))
         if backend == "openai":
-            return (f"speculative_config ({keys}) sets vLLM options of an engine the run starts; the openai backend "
-                    "measures a server started with its own (its --speculative-config): drop the table, or use "
-                    "--backend vllm-server")
+            return f"speculative_config ({keys}) {served}: drop the table, or use --backend vllm-server"
         return f"speculative_config ({keys}) holds vLLM's options, which our engine does not take; {runs_it}, or drop the table"
+    if system.markov_topk is not None and backend == "openai":
+        return (f"markov_topk = {system.markov_topk} {served}: start it with --speculative-config '{{..., "
+                f"\"dspark_draft_topk\": {system.markov_topk}}}' and drop markov_topk, or use --backend vllm-server")
     return None
 
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from dspark.checkpoint import RANDOM, load_draft_config
 from dspark.errors import DSparkError
 from dspark.synthetic.acceptance import resolve
-from harness.specs.experiments import METHODS, Experiment, System
+from harness.specs.experiments import LOOKUP, METHODS, Experiment, System
 
 
 def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[str]) -> dict:
@@ -30,9 +30,10 @@ def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[st
         spec = acceptance if acceptance is not None and system.method != "plain" else system.acceptance
         if spec is None:
             continue
-        if system.method == "ngram":
-            raise DSparkError(f"--acceptance: system '{name}' is n-gram lookup, which has no draft model to stand in "
-                              "for; leave it out with --systems")
+        if system.method in LOOKUP:
+            raise DSparkError(f"--acceptance: system '{name}' (method {system.method}) drafts by lookup in the text "
+                              "(n-gram lookup, suffix decoding), with no draft model to stand in for; leave it out "
+                              "with --systems")
         if system.confidence != "off":
             raise DSparkError(f"--acceptance: system '{name}' cuts its proposals (confidence = \"{system.confidence}\"), "
                               "which changes what it accepts; leave it out with --systems")

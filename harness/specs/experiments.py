@@ -20,6 +20,9 @@ from dspark.errors import DSparkError
 from dspark.synthetic.acceptance import SPEC_HELP, check_spec
 
 METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram")
+# the methods that look their drafts up in the text so far (ours and vLLM's n-gram, vLLM's GPU n-gram and suffix
+# decoding): no draft model, so nothing for synthetic acceptance to stand in for
+LOOKUP = ("ngram", "ngram_gpu", "suffix")
 BACKENDS = ("native", "vllm", "vllm-server", "openai")
 DATASETS = ("demo", "hub")
 MAX_TEMPERATURE = 2.0  # sampling temperatures run from 0 (greedy) to this, the most OpenAI-compatible APIs take
@@ -36,7 +39,9 @@ SYSTEM_NAME = re.compile(r"[A-Za-z0-9._-]+")
 METHOD_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # keys of vLLM's speculative config the harness sets from the system itself: never in its speculative_config table
 SPECULATIVE_OWNED = {"method": "method", "model": "draft", "num_speculative_tokens": "num_speculative_tokens",
-                     "dspark_draft_topk": "markov_topk"}
+                     "dspark_draft_topk": "markov_topk", "rejection_sample_method": "acceptance",
+                     "synthetic_acceptance_rates": "acceptance", "synthetic_acceptance_length": "acceptance",
+                     "enable_adaptive_verification": 'confidence = "schedule"'}
 
 
 @dataclass(frozen=True)
@@ -252,7 +257,7 @@ def parse(data: dict, where: str, sha256: str = "") -> Experiment:
             if not isinstance(acceptance, (str, int, float)) or isinstance(acceptance, bool):
                 raise DSparkError(f"{where}: system '{sname}': acceptance must be {SPEC_HELP}")
             acceptance = str(acceptance)
-            if method in ("plain", "ngram"):
+            if method == "plain" or method in LOOKUP:
                 raise DSparkError(f"{where}: system '{sname}': acceptance sets what a draft model's rounds accept; "
                                   f"method {method} has no draft model")
             if policy["confidence"] != "off":

@@ -7,7 +7,10 @@ before anything starts, the same way in the run and in `run --dry-run`:
 - the rest must be vLLM's own arguments, of vLLM's own types (`check_engine_args`): judged by the parser of
   the installed vLLM's command line (its `vllm serve` parser for the served backend, whose command the
   harness builds from these very flags; its engine arguments' parser for the offline engine), so that
-  `max_model_len=abc` is refused before any model loads, not by a server that exits after its start.
+  `max_model_len=abc` is refused before any model loads, not by a server that exits after its start;
+- a speculative-config key of one method's alone (`methods.method_options`: prompt_lookup_*, suffix_decoding_*)
+  is refused here, pointing to the system's own table: given here it would land on every system, a
+  draft_model's or suffix's included, where vLLM ignores or resets it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 
 from dspark.errors import DSparkError
-from harness.backends.vllm.methods import check_options
+from harness.backends.vllm.methods import check_options, method_options
 from harness.backends.vllm.process import cli_args
 
 SPEC = "speculative_config."  # an engine argument naming one key of the speculative config
@@ -23,6 +26,9 @@ TARGET = "the target is the experiment's (its `target`; pick another experiment 
 SYSTEM = "each system builds its own from the experiment (its method, draft and num_speculative_tokens)"
 OWN_SERVER = ("the harness starts vllm serve on 127.0.0.1 at a free port and polls it; to measure a server you "
               "start yourself, run --backend openai --base-url http://HOST:PORT")
+SYNTHETIC = ("the harness sets synthetic acceptance from --acceptance or a system's acceptance in the experiment "
+             "file (resolved per system, labelled and checked on every table)")
+SYNTHETIC_KEYS = ("rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length")
 # key -> (the backends on which the harness sets it, what sets it instead)
 OWNED = {
     "model": (("vllm", "vllm-server"), TARGET),
@@ -34,6 +40,13 @@ OWNED = {
                                                         "own name: set a system's draft in the experiment")),
     SPEC + "dspark_draft_topk": (("vllm", "vllm-server"), "a DSpark system's markov_topk = k in the experiment file "
                                                           "sets it, for that system alone"),
+    SPEC + "num_speculative_tokens": (("vllm", "vllm-server"), SYSTEM + ("; given here it would run every system at "
+                                                                         "that k while its records show its own: set "
+                                                                         "a system's num_speculative_tokens")),
+    **{SPEC + key: (("vllm", "vllm-server"), SYNTHETIC) for key in SYNTHETIC_KEYS},
+    SPEC + "enable_adaptive_verification": (("vllm", "vllm-server"), ("a DSpark system's confidence = \"schedule\" "
+                                                                      "in the experiment file sets it, for that "
+                                                                      "system alone")),
     "per_request_spec_decode_metrics": (("vllm", "vllm-server"), "the harness asks for \"detailed\": each request's "
                                                                  "rounds come from it"),
     "profiler_config": (("vllm",), "dspark-bench profile --backend vllm sets it (--torch or --nsys)"),
@@ -88,8 +101,13 @@ def check_engine_args(engine_args: dict, served: bool, version: str) -> None:
     go unparsed); `vllm serve` takes its parser's flags, server options included."""
     from vllm.engine.arg_utils import EngineArgs
 
-    check_options({k[len(SPEC):]: v for k, v in engine_args.items() if k.startswith(SPEC)}, version,
-                  f"--vllm-arg {SPEC}")
+    spec = {k[len(SPEC):]: v for k, v in engine_args.items() if k.startswith(SPEC)}
+    check_options(spec, version, f"--vllm-arg {SPEC}")
+    own = next((k for k in sorted(spec) if k in method_options()), None)
+    if own is not None:
+        raise DSparkError(f"--vllm-arg {SPEC}{own}: an option of method {' and '.join(method_options()[own])} alone, "
+                          "and --vllm-arg sets every system's speculative config: give it in that system's "
+                          f"speculative_config table in the experiment file ({own} = ...)")
     given = {k: v for k, v in engine_args.items() if not k.startswith(SPEC)}
     parser = _parser(served)
     flags = {a.dest for a in parser._actions if a.option_strings}

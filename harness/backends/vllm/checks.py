@@ -7,7 +7,10 @@ in the run.
   refused naming the feature and the release that has it (`version_problem`).
 - The CPU build: drafts and weights it refuses although the draft's config is sound (`cpu_problem`).
 - A method of vLLM's own (not one of ours) it lacks, or an option of a system's `speculative_config` table its
-  `SpeculativeConfig` does not take (`methods.method_problem`, `methods.options_problem`).
+  `SpeculativeConfig` does not take, or that another method's alone (`methods.method_problem`,
+  `methods.options_problem`, `methods.method_option_problem`).
+- Suffix decoding without Arctic Inference, the package it runs on (`suffix_problem`): vLLM would refuse it
+  only as its engine starts.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ from __future__ import annotations
 from importlib import import_module
 from pathlib import Path
 
-from dspark.checkpoint import load_draft_config, random_weights, read_config, resolve_path
+from dspark.checkpoint import load_draft_config, random_weights
 from dspark.errors import DSparkError
 from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.drafts import version_tuple
-from harness.backends.vllm.methods import method_problem, options_problem
+from harness.backends.vllm.methods import method_option_problem, method_problem, options_problem
 from harness.backends.vllm.output import environment, logging_environment
 from harness.specs.experiments import METHODS, System
 
@@ -76,10 +79,32 @@ def cpu_problem(draft: str | None, cfg, on_cpu: bool, random: bool) -> str | Non
     return None
 
 
+def arctic_inference() -> bool:
+    """Whether Arctic Inference, which vLLM's suffix decoding runs on, imports here (as vLLM's own probe
+    tries it: a trial import, native libraries included)."""
+    try:
+        import_module("arctic_inference")
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def suffix_problem(method: str) -> str | None:
+    """Why vLLM cannot run suffix decoding here: Arctic Inference missing, which vLLM finds only as the
+    system's engine starts (after the run's other systems have loaded)."""
+    if method != "suffix" or arctic_inference():
+        return None
+    return ("method suffix (suffix decoding) runs on Arctic Inference, which does not import here: pip install "
+            "arctic-inference (the vllm-cpu extra has it), or leave the system out with --systems")
+
+
 def vllm_problem(system: System, cfg, version: str, on_cpu: bool, random: bool) -> str | None:
     """Why this vLLM refuses `system` (its draft's config `cfg`), or None: what the run and the dry run check."""
+    method = system.method if cfg is None else cfg.vllm_method  # (the method vLLM runs the system as)
     return ((None if system.method in METHODS else method_problem(system.method, version))
             or options_problem(system.speculative_config, version, "speculative_config.")
+            or method_option_problem(system.speculative_config, method, version, "speculative_config.")
+            or suffix_problem(method)
             or version_problem(version, system_features(system, None if cfg is None else cfg.vllm_method))
             or cpu_problem(system.draft, cfg, on_cpu, random) or draft_topk_problem(system, cfg))
 
@@ -90,7 +115,7 @@ def draft_topk_problem(system: System, cfg) -> str | None:
     falls back to the draft's config), where our engine reads the system's alone."""
     if cfg is None or cfg.method != "dspark" or system.markov_topk is not None:
         return None
-    own = read_config(resolve_path(system.draft)).get("dspark_draft_topk")
+    own = cfg.extra.get("dspark_draft_topk")
     if own is None:
         return None
     return (f"{system.draft}'s config.json sets dspark_draft_topk = {own}, which vLLM runs wherever the system sets "

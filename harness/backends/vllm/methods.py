@@ -5,6 +5,9 @@ into our code: each release adds methods, and renames or drops some), in this on
 - `speculative_fields`: the options its `SpeculativeConfig` takes, each with the type vLLM validates;
 - `method_problem` / `option_problem`: a method or an option the installed vLLM lacks, or a value it refuses,
   in one line naming vLLM's version and what it has (a close match first), before any model loads;
+- `method_option_problem`: an option of one method's (`prompt_lookup_*` n-gram's, `suffix_decoding_*`
+  suffix's, `dspark_*` DSpark's: `method_options`, over vLLM's own field names) given to another method, which
+  vLLM ignores or silently resets (a draft_model's prompt_lookup_max becomes 0), refused in one line;
 - `changed_method`: vLLM replaces the method it was given in a few cases (MTP's per-model names become
   "mtp"; a draft_model whose path or architecture names another method becomes that method): whether the
   method an engine ran (read back from its config, or a server's log: `logged_method`) is another than
@@ -21,6 +24,8 @@ from typing import get_args
 from dspark.errors import DSparkError
 
 MTP = "mtp"  # what vLLM runs every per-model MTP method as (qwen3_next_mtp, deepseek_mtp, ...)
+# an option name's prefix -> the vLLM methods whose options these are (the names themselves: vLLM's fields)
+METHOD_PREFIXES = {"prompt_lookup_": ("ngram", "ngram_gpu"), "suffix_decoding_": ("suffix",), "dspark_": ("dspark",)}
 
 
 def vllm_methods() -> tuple[str, ...]:
@@ -75,6 +80,25 @@ def option_problem(key: str, value, version: str, where: str) -> str | None:
         shown = value if isinstance(value, str) else json.dumps(value)
         return f"{where}{key}={shown}: vLLM {version} refuses it ({exc.errors()[0]['msg']})"
     return None
+
+
+def method_options() -> dict[str, tuple[str, ...]]:
+    """The installed vLLM's method-specific speculative options: each field of its `SpeculativeConfig` named
+    by a `METHOD_PREFIXES` prefix -> the methods that take it (every other field applies to any method)."""
+    return {key: methods for key in speculative_fields() for prefix, methods in METHOD_PREFIXES.items()
+            if key.startswith(prefix)}
+
+
+def method_option_problem(options: dict, method: str, version: str, where: str) -> str | None:
+    """Why vLLM `version` running `method` would not take one of `options` (given by `where`): an option of
+    another method's, which vLLM ignores there or silently resets (a draft_model's prompt_lookup_max to 0), so
+    the run would measure something other than what the system says."""
+    takes = method_options()
+    key = next((k for k in sorted(options) if k in takes and method not in takes[k]), None)
+    if key is None:
+        return None
+    return (f"{where}{key}: an option of method {' and '.join(takes[key])} alone; vLLM {version} runs this system as "
+            f"'{method}', which does not take it (vLLM would ignore or reset it): drop it here")
 
 
 def options_problem(options: dict, version: str, where: str) -> str | None:
