@@ -7,8 +7,8 @@
   `SpeculativeConfig` does not take is refused in one line before any model loads (run and dry run alike),
   naming vLLM's version and the nearest it has; on `native` a vLLM method is refused naming the backends that
   run it;
-- each system reaches vLLM with its own speculative config (medusa, mlp_speculator, an MTP method: the
-  weights the demo cannot have are vLLM's to refuse), per-system options on that system alone;
+- each system is given to vLLM with its own speculative config (medusa, mlp_speculator, an MTP method: what
+  vLLM's validation makes of it, tests/test_vllm_method_checks.py), per-system options on that system alone;
 - vLLM infers a method from a draft's path: a draft under a folder naming one (the demo's `dspark/data/`) is
   given to vLLM at a neutral path; the method an engine ran is read back, and one that differs from the one
   asked for is refused in one line; `parity` names a system by the method its engine ran;
@@ -197,7 +197,7 @@ def test_the_method_list_is_vllms_own():
 @needs_demo
 def test_each_system_reaches_vllm_with_its_own_speculative_config(tmp_path):
     """medusa, mlp_speculator and an MTP method need weights the demo cannot have: what vLLM is given is
-    checked here (the refusal is vLLM's, in one line: `VllmBackend._not_started`); a per-system option lands
+    checked here (vLLM's own validation of it: tests/test_vllm_method_checks.py); a per-system option lands
     on that system alone, over the run's --vllm-arg speculative_config.KEY."""
     from harness.backends.vllm.offline import VllmBackend
 

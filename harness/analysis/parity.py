@@ -256,16 +256,19 @@ def _system_definition(manifest: dict, system: str) -> dict:
 
 def check_system(dir_a: Path, dir_b: Path, ma: dict, mb: dict, system: str) -> None:
     """A DSparkError unless a system both runs ran is the same system in both: its method, draft,
-    drafts per round, Markov top-k and proposal-length policy (from each run's experiment; runs from before
-    experiments were recorded pass)."""
+    drafts per round, Markov top-k, its own vLLM options (its `speculative_config` table: a suffix tree's
+    depth or an n-gram window changes every proposal) and proposal-length policy (from each run's
+    experiment; runs from before experiments were recorded pass, and one from before the table reads as
+    an empty one)."""
     policies = [_policy(m, system) for m in (ma, mb)]
     if policies[0] != policies[1]:
         raise DSparkError(f"system '{system}' ran with confidence {policies[0]} in {dir_a} and {policies[1]} in "
                           f"{dir_b}; parity compares runs of the same proposal-length policy")
     a, b = _system_definition(ma, system), _system_definition(mb, system)
-    for key in ("method", "draft", "num_speculative_tokens", "markov_topk"):
-        if a and b and a.get(key) != b.get(key):
-            raise DSparkError(f"system '{system}' ran with {key} {a.get(key)} in {dir_a} and {b.get(key)} in {dir_b}; "
+    for key in ("method", "draft", "num_speculative_tokens", "markov_topk", "speculative_config"):
+        va, vb = (s.get(key, {} if key == "speculative_config" else None) for s in (a, b))
+        if a and b and va != vb:
+            raise DSparkError(f"system '{system}' ran with {key} {va} in {dir_a} and {vb} in {dir_b}; "
                               "parity compares a system with itself: give the two systems different names, or run "
                               "both with one definition")
 

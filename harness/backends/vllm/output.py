@@ -107,14 +107,22 @@ def log_size(log: Path) -> int:
     return log.stat().st_size if log.is_file() else 0
 
 
+def log_text(log: Path, start: int = 0) -> str:
+    """What `log` holds past byte `start`: what one engine or server wrote there (a resumed run appends to the
+    same log, and an earlier session's lines are not this one's); empty where there is no log."""
+    if not log.is_file():
+        return ""
+    with log.open("rb") as f:
+        f.seek(start)
+        return f.read().decode(errors="replace")
+
+
 def failure_cause(log: Path, start: int = 0) -> str | None:
     """vLLM's own cause of a failure: the last exception line of its output in `log` past byte `start` (a
     config's validation error with its first detail line, which says what was wrong)."""
     if not log.is_file():
         return None
-    with log.open("rb") as f:
-        f.seek(start)
-        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()]
+    lines = [line.strip() for line in log_text(log, start).splitlines()]
     lines = [re.sub(PREFIX, "", line) for line in lines]
     found = [i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)]
     causes = [i for i in found if not re.search(POINTER, re.sub(ABOVE, "", lines[i]))]  # (not "see above")

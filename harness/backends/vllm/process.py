@@ -20,7 +20,7 @@ from pathlib import Path
 from dspark.errors import DSparkError
 from harness.backends.process_group import stop_group
 from harness.backends.served.stream import models
-from harness.backends.vllm.output import failure_cause, log_size
+from harness.backends.vllm.output import failure_cause, log_size, log_text
 
 
 def free_port() -> int:
@@ -59,7 +59,7 @@ class Server:
     start: int = 0  # where this server's output begins in its log (a resumed run appends to it)
 
     def tail(self, lines: int = 3) -> str:
-        text = self.log.read_text(errors="replace").strip().splitlines() if self.log.is_file() else []
+        text = log_text(self.log, self.start).strip().splitlines()  # (this server's lines, not a resumed run's earlier)
         return " | ".join(line.strip()[-200:] for line in text[-lines:]) or "no output"
 
     def cause(self) -> str:

@@ -14,6 +14,7 @@ goes into the manifest. A server that dies stops the run; the resume starts a ne
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from dspark.errors import DSparkError
@@ -26,11 +27,36 @@ from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.checks import installed_version
 from harness.backends.vllm.methods import logged_method, ran_problem
 from harness.backends.vllm.offline import VllmTarget, per_request_metrics, v2_runner
+from harness.backends.vllm.output import log_text
 
 READY_S = 900.0  # a server must answer within this (three processes import vLLM; minutes on a small CPU)
 # A sweep sends the same prompts at every level: with vLLM's prefix cache on, every level after the
 # first would find its prompts cached and report prefills it never ran. Off unless --vllm-arg sets it.
 SERVER_DEFAULTS = {"enable_prefix_caching": False}
+
+
+class MethodUnread(UserWarning):
+    """A server whose engine's method could not be read back: measured as the method asked for, said so."""
+
+
+def read_back(system: str, asked: str, server: vllm_process.Server, version: str, draft: str | None) -> dict:
+    """The method a server's engine ran, from its config line in the log since that server started (a resumed
+    run appends to the log: an earlier server's line is not this one's): `{"method": ran}`, or a DSparkError
+    where it ran another than `asked` (`ran_problem`). Where no line says (vLLM's INFO lines off by the
+    user's logging settings) the method is unknown, not another: `{"method": None, "method_unknown": why}`,
+    and a warning; the system is measured under the method asked for, never refused for a line not written."""
+    ran = logged_method(log_text(server.log, server.start))
+    if ran is None:
+        why = (f"system '{system}': the method vLLM ran could not be read back (no speculative_config="
+               f"SpeculativeConfig(method=...) line in {server.log} since its server started: VLLM_LOGGING_LEVEL "
+               "above INFO, VLLM_CONFIGURE_LOGGING=0 or a VLLM_LOGGING_CONFIG_PATH of your own); its figures are "
+               f"labelled '{asked}', the method asked for, unchecked")
+        warnings.warn(MethodUnread(why), stacklevel=2)
+        return {"method": None, "method_unknown": why}
+    problem = ran_problem(system, asked, ran, version, draft)
+    if problem:
+        raise DSparkError(problem)
+    return {"method": ran}
 
 
 class VllmServerBackend(VllmTarget, ServedBackend):
@@ -93,12 +119,11 @@ class VllmServerBackend(VllmTarget, ServedBackend):
                               "acceptance": None if sc is None else PER_REQUEST if per_request else
                               f"{COUNTERS} (vLLM {self.version} has no --per-request-spec-decode-metrics)"}
         if sc is not None:  # the method the server's engine ran, from its config line (vLLM may change it)
-            ran = logged_method(server.log.read_text(errors="replace"))
-            self.servers[name]["method"] = ran
-            problem = ran_problem(name, sc["method"], ran, self.version, prepared.system.draft)
-            if problem:
+            try:
+                self.servers[name] |= read_back(name, sc["method"], server, self.version, prepared.system.draft)
+            except DSparkError:
                 vllm_process.stop(server)
-                raise DSparkError(problem)
+                raise
         return server
 
     def base_url(self, prepared: Prepared) -> str:
