@@ -173,4 +173,27 @@ def test_a_server_without_per_request_metrics_falls_back_to_its_counters_and_say
     assert row["acceptance_from"] == "server counters (wave)"
     assert row["num_rounds"] == wave["spec_counters"]["num_spec_steps"]
     acceptance = json.loads((fallback["dir"] / "manifest.json").read_text())["backend"]["acceptance"]
-    assert acceptance.startswith(COUNTERS) and "--per-request-spec-decode-metrics" in acceptance
+    assert list(acceptance) == ["ngram"]  # per system
+    assert acceptance["ngram"].startswith(COUNTERS) and "--per-request-spec-decode-metrics" in acceptance["ngram"]
+
+
+@needs_server
+@needs_demo
+def test_the_openai_backend_keeps_each_systems_acceptance_source(tmp_path, flagless):
+    """Each warm-up once set one backend-wide `acceptance`: plain decoding's, after n-gram's, said None, and the
+    manifest lost where n-gram's acceptance came from. Per system now; plain decoding has none to say."""
+    from transformers import AutoTokenizer
+
+    from dspark.tokenizer import chat_prompt_ids
+    from harness.backends.base import RequestSpec
+    from harness.backends.served.openai import OpenAIBackend
+    from harness.specs.experiments import load_experiment
+
+    backend = OpenAIBackend("demo", "cpu", "auto", run_dir=tmp_path, server={"base_url": flagless.result().base_url})
+    messages = ({"role": "user", "content": "Write a Python function that adds two numbers."},)
+    prompt = chat_prompt_ids(AutoTokenizer.from_pretrained(backend.tokenizer_path), list(messages))
+    demo = load_experiment("demo")
+    for name in ("ngram", "plain"):
+        backend.warmup(backend.prepare(demo.system(name)), 256, RequestSpec(8, messages=messages), prompt)
+    acceptance = backend.record()["acceptance"]
+    assert list(acceptance) == ["ngram"] and acceptance["ngram"].startswith(COUNTERS), acceptance

@@ -8,7 +8,8 @@ The prompts are made from the experiment's target's chat template, as for every 
 server (its `/v1/models` says `owned_by: vllm`) gets vLLM's request fields and reports its prompt
 ids, which must equal ours. Acceptance comes from the server's per-request metrics where it sends
 them (a vLLM server started with `--per-request-spec-decode-metrics detailed`), else from its speculative
-counters around each wave; the manifest's `acceptance` says which, as the warm-up request found it.
+counters around each wave; the manifest's `acceptance` says which, per system, as its warm-up request found
+it (plain decoding has none to say).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class OpenAIBackend(TargetFiles, ServedBackend):
         self.vllm_extensions = entry.get("owned_by") == "vllm"
         self.version = _version(self.url)
         self.listed = listed
-        self.acceptance: str | None = None  # where acceptance comes from: known from the warm-up's answer
+        self.acceptance: dict[str, str] = {}  # per system, where its acceptance comes from: its warm-up's answer
         self.run_dir = Path(run_dir) if run_dir is not None else Path(".")
         self._save_metrics("start")
 
@@ -72,7 +73,7 @@ class OpenAIBackend(TargetFiles, ServedBackend):
     def record(self) -> dict:
         return {"engine": "OpenAI-compatible server (someone else's; streamed chat completions)",
                 "version": self.version, "base_url": self.url, "model": self.model, "models": self.listed,
-                "vllm_request_fields": self.vllm_extensions, "acceptance": self.acceptance,
+                "vllm_request_fields": self.vllm_extensions, "acceptance": dict(self.acceptance),
                 "metrics": ["server-metrics-start.prom", "server-metrics-end.prom"]}
 
     def prepare(self, system: System) -> Prepared:
@@ -81,13 +82,14 @@ class OpenAIBackend(TargetFiles, ServedBackend):
         return Prepared(dataclasses.replace(system, draft=None), system.method, {})
 
     def warmup(self, prepared: Prepared, max_len: int, spec: RequestSpec, prompt: list[int]) -> None:
-        """One short request, untimed; what it carries says where the run's acceptance comes from (the
-        manifest's `acceptance`)."""
+        """One short request, untimed; what it carries says where the system's acceptance comes from (the
+        manifest's `acceptance.<system>`; plain decoding's warm-up, which has none, says nothing of another's)."""
         result = self.generate(prepared, prompt, RequestSpec(**{**spec.__dict__,
                                                                 "max_new_tokens": min(16, spec.max_new_tokens)}))
-        self.acceptance = None if prepared.method == "plain" else PER_REQUEST if result.acceptance_totals else (
-            f"{COUNTERS} (a vLLM server started without --per-request-spec-decode-metrics detailed, a vLLM without "
-            "it, or another server)")
+        if prepared.method != "plain":
+            self.acceptance[prepared.system.name] = PER_REQUEST if result.acceptance_totals else (
+                f"{COUNTERS} (a vLLM server started without --per-request-spec-decode-metrics detailed, a vLLM "
+                "without it, or another server)")
 
     def base_url(self, prepared: Prepared) -> str:
         return self.url
