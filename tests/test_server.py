@@ -5,7 +5,9 @@ installs), all traffic to 127.0.0.1, on the demo target:
   served tokens equal our engine's; each level's row has its rates and the contention it saw; the
   server of the system being served is killed mid-sweep, the run stops with one line and keeps what
   finished, and the resume (a new server) runs every (system, concurrency, request) left, each
-  exactly once; no server is left listening;
+  exactly once; no server is left listening; the resume runs with `VLLM_LOGGING_LEVEL=WARNING`, so its
+  server logs no config line after the first server's: the method it ran is unknown (recorded, warned),
+  neither refused nor read from the first server's line;
 - `--backend openai` against a server the test starts (n-gram, no per-request metrics): acceptance
   from the server's counters, per request at 1 and per wave at 4, equal to what `vllm bench serve`
   reads from the same counters; the same token counts as `vllm bench serve` on the same workload;
@@ -60,9 +62,9 @@ def _env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")} | ENV
 
 
-def _cli(args: list, root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(_script()), *map(str, args)], capture_output=True, text=True, cwd=root, env=_env(),
-                          timeout=1200)
+def _cli(args: list, root: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(_script()), *map(str, args)], capture_output=True, text=True, cwd=root,
+                          env=_env() | (env or {}), timeout=1200)
 
 
 def _listening(port: int) -> bool:
@@ -88,7 +90,7 @@ def _killed_mid_sweep(root: Path) -> dict:
         time.sleep(0.02)
     _, err = proc.communicate(timeout=300)
     first = {"code": proc.returncode, "stderr": err, "killed": killed, "records": read_requests(folder)}
-    resumed = _cli(["run", "--resume", folder, "--json"], root)
+    resumed = _cli(["run", "--resume", folder, "--json"], root, {"VLLM_LOGGING_LEVEL": "WARNING"})  # (no INFO lines)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return {"first": first, "resumed": json.loads(resumed.stdout), "resume_stderr": resumed.stderr, "dir": folder}
 
@@ -150,6 +152,21 @@ def test_a_sweep_killed_mid_run_resumes_each_request_once_with_our_tokens(sweep)
         assert server["command"][server["command"].index("--host") + 1] == "127.0.0.1"
         assert not _listening(server["port"])  # stopped with the run
     assert not _listening(sweep["first"]["killed"]["port"])
+
+
+@needs_server
+@needs_demo
+def test_a_resumed_server_that_logs_no_config_line_is_measured_as_asked_and_said_so(sweep):
+    """At main the read-back took the whole appended log: the resume passed on the first server's config line,
+    and a server alone in its log with VLLM_LOGGING_LEVEL=WARNING was refused ("ran speculative method
+    'None'")."""
+    log = (sweep["dir"] / "server-ngram.log").read_text(errors="replace")
+    assert log.count("speculative_config=SpeculativeConfig(method='ngram'") == 1  # the first server's alone
+    server = json.loads((sweep["dir"] / "manifest.json").read_text())["backend"]["servers"]["ngram"]
+    assert server["method"] is None and "the method vLLM ran could not be read back" in server["method_unknown"]
+    (line,) = [x for x in sweep["resume_stderr"].splitlines() if x.startswith("warning: system 'ngram'")]
+    assert "VLLM_LOGGING_LEVEL" in line and "labelled 'ngram', the method asked for" in line
+    assert {r["method"] for r in read_requests(sweep["dir"]) if r["system"] == "ngram"} == {"ngram"}
 
 
 @needs_server
