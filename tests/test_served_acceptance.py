@@ -157,6 +157,7 @@ def test_a_served_run_records_vllms_own_acceptance_per_request(served):
     server = json.loads((served["dir"] / "manifest.json").read_text())["backend"]["servers"]["ngram"]
     flag = server["command"].index("--per-request-spec-decode-metrics")
     assert server["command"][flag + 1] == "detailed" and server["acceptance"] == PER_REQUEST
+    assert server["method"] == "ngram" and "method_unknown" not in server  # read back from the server's own log
 
 
 @needs_server
