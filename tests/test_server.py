@@ -166,6 +166,7 @@ def test_a_resumed_server_that_logs_no_config_line_is_measured_as_asked_and_said
     assert server["method"] is None and "the method vLLM ran could not be read back" in server["method_unknown"]
     (line,) = [x for x in sweep["resume_stderr"].splitlines() if x.startswith("warning: system 'ngram'")]
     assert "VLLM_LOGGING_LEVEL" in line and "labelled 'ngram', the method asked for" in line
+    assert server["method_unknown"] in sweep["resumed"]["warnings"]  # (said again under the run's table)
     assert {r["method"] for r in read_requests(sweep["dir"]) if r["system"] == "ngram"} == {"ngram"}
 
 

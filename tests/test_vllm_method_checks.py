@@ -2,7 +2,8 @@
 
 - a server's method is read back from its own output (a resumed run appends to the log: an earlier server's
   config line is not this one's); a log with no config line (vLLM's INFO lines off) leaves the method
-  unknown, recorded and warned, never refused as "ran 'None'"; one that names another method is refused;
+  unknown, recorded and warned (as the run goes, and in its summary's warnings), never refused as "ran
+  'None'"; one that names another method is refused;
 - medusa, mlp_speculator and an MTP method, with the demo's weights (it has none of theirs), reach vLLM's own
   config validation with the speculative config the harness builds, no weights loaded: mlp_speculator and
   the MTP method are refused there, and a run says so in one line; medusa's config passes it;
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -56,6 +58,25 @@ def test_a_servers_method_is_read_from_its_own_output_and_unknown_where_it_says_
         with pytest.raises(DSparkError, match="system 'dm': vLLM 0.32.0 ran speculative method 'dspark' where the "
                                               "experiment asks for 'draft_model'"):
             read_back("dm", "draft_model", _server(log, "", LINE.format("dspark")), "0.32.0", "demo")
+
+
+def test_a_method_no_servers_log_named_is_a_warning_of_the_runs_summary(tmp_path):
+    """The run's one-line warning is gone once it ends: the summary (`report`, summary.md) says it again."""
+    from run_folders import native, write
+
+    from harness.analysis.summary import summarize_folder
+
+    run = write(tmp_path / "r", [native(s, q, 5.0) for s in ("plain", "ngram") for q in ("q1", "q2")],
+                systems=["plain", "ngram"], backend="vllm-server")
+    manifest = json.loads((run / "manifest.json").read_text())
+    note = "system 'ngram': the method vLLM ran could not be read back (...); its figures are labelled 'ngram'"
+    manifest["backend"] = {"servers": {"plain": {"model_runner": "V1"}, "ngram": {"method": None,
+                                                                                 "method_unknown": note}}}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert note in summarize_folder(run)["warnings"]
+    manifest["backend"]["servers"]["ngram"] = {"method": "ngram"}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert not any("could not be read back" in w for w in summarize_folder(run)["warnings"])
 
 
 @pytest.fixture(scope="module")

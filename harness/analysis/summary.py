@@ -324,9 +324,9 @@ def row_name(row: dict) -> str:
 
 
 def warnings(summary: dict) -> list[str]:
-    """What a reader must know before trusting the figures: an unfinished run, a loaded machine, speedups
-    from too few prompts for an interval."""
-    out = list(summary.get("repeated_requests") or [])
+    """What a reader must know before trusting the figures: an unfinished run, a system whose server did not
+    say which method it ran, a loaded machine, speedups from too few prompts for an interval."""
+    out = list(summary.get("repeated_requests") or []) + list(summary.get("methods_unknown") or [])
     if summary.get("interpreted"):
         out.append(f"{summary['interpreted']}: every time, TPOT and speedup here is the interpreter's, not the "
                    "engine's (no speedup verdict); acceptance and greedy equality hold")
@@ -409,6 +409,8 @@ def summarize_folder(run_dir: Path) -> dict:
     summary["requests_missing"] = not (Path(run_dir) / REQUESTS).is_file()
     summary["profiled"] = profiled_by(run_dir, manifest)
     summary["interpreted"] = interpreted(manifest)
+    servers = ((manifest.get("backend") or {}).get("servers") or {}).values()  # (a method no server's log named)
+    summary["methods_unknown"] = [s["method_unknown"] for s in servers if s.get("method_unknown")]
     return summary | {"warnings": warnings(summary)}
 
 
