@@ -9,6 +9,9 @@ drafters); the system's checks refuse a draft of another vocabulary before any m
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from test_lossless import PASS_P, PROMPT, VOCAB, chi_square_p, exact_joint, sampled_joint
@@ -101,3 +104,151 @@ def test_the_engine_with_a_draft_model_samples_the_target_distribution(kind, tem
     assert set(proposed) == {2}
     mean = sum(lengths) / len(lengths)
     assert (mean > 2.0) if kind == "near" else (mean < 1.9), mean
+
+
+# ---- the system in an experiment: refused before any model loads, run natively ----------------------------
+
+HEAD = ('name = "dm"\ntarget = "demo"\ndataset = "demo"\nbackend = "{backend}"\n[sampling]\ntemperatures = [0.0]\n'
+        'output_len = 24\nnum_prompts = 2\nshuffle = false\n[[systems]]\nname = "plain"\nmethod = "plain"\n'
+        '[[systems]]\nname = "dm"\nmethod = "draft_model"\ndraft = "{draft}"\n{k}')
+
+
+def _experiment(tmp_path, draft: str, k: str = "num_speculative_tokens = 3\n", backend: str = "native"):
+    path = tmp_path / f"dm-{backend}.toml"
+    path.write_text(HEAD.format(backend=backend, draft=draft, k=k))
+    return path
+
+
+def _copy_of_demo(tmp_path, name: str, config=None, tokenizer=None):
+    """A draft folder beside the demo target's config and tokenizer (edited by `config` and `tokenizer`)."""
+    import json
+    import shutil
+
+    out = tmp_path / name
+    out.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEMO_DIR / "target" / f, out / f)
+    for f, edit in (("config.json", config), ("tokenizer.json", tokenizer)):
+        if edit is not None:
+            data = json.loads((out / f).read_text())
+            edit(data)
+            (out / f).write_text(json.dumps(data))
+    return out
+
+
+def _swap_two_tokens(tok: dict) -> None:
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+
+
+@needs_demo
+@pytest.mark.parametrize("backend", ["native", "vllm"])
+@pytest.mark.parametrize("mistake", ["vocabulary", "tokenizer", "no k"])
+def test_a_draft_model_that_cannot_draft_for_the_target_is_refused_before_any_model_loads(
+        tmp_path, monkeypatch, capfd, no_models, mistake, backend):
+    from cli_runner import run_cli
+
+    if backend == "vllm":
+        pytest.importorskip("vllm")
+    k = "num_speculative_tokens = 3\n"
+    if mistake == "vocabulary":
+        draft = _copy_of_demo(tmp_path, "small", config=lambda c: c.update(vocab_size=4096))
+        says = "draft model {d} scores 4096 tokens and the target 2049: a draft model must have the target's vocabulary"
+    elif mistake == "tokenizer":
+        draft = _copy_of_demo(tmp_path, "other-tok", tokenizer=_swap_two_tokens)
+        says = "draft model {d} has another tokenizer than the target (tokenizer.json differs)"
+    else:
+        draft, k = _copy_of_demo(tmp_path, "no-k"), ""
+        says = "method draft_model drafts num_speculative_tokens tokens a round; give num_speculative_tokens"
+    exp = _experiment(tmp_path, draft, k, backend)
+    for extra in (["--dry-run"], ["--out", tmp_path / "r"]):
+        code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--device", "cpu", *extra)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert "system dm: " + says.format(d=draft) in err, err
+    assert not (tmp_path / "r").exists()
+
+
+@needs_demo
+def test_a_native_run_of_a_draft_model_system_gives_plain_decodings_output(tmp_path, monkeypatch, capfd):
+    """The demo target drafting for itself through the whole harness: the method recorded, every round whole."""
+    from cli_runner import run_cli
+
+    from harness.analysis.records import read_requests
+
+    exp = _experiment(tmp_path, "demo")
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--device", "cpu", "--out", tmp_path / "r")
+    assert code == 0, err[-2000:]
+    records = read_requests(tmp_path / "r")
+    plain = {r["question_id"]: r["output_ids"] for r in records if r["system"] == "plain"}
+    ran = [r for r in records if r["system"] == "dm"]
+    assert len(ran) == 2 and all(r["method"] == "draft_model" for r in ran)
+    for r in ran:
+        assert r["output_ids"] == plain[r["question_id"]]
+        assert set(r["accepted_counts"][:-1]) == {3} and set(r["proposal_lengths"]) == {3}
+
+
+# ---- round by round against vLLM's draft_model on its CPU build -------------------------------------------
+
+PARITY_PROMPTS = 3
+
+
+@pytest.fixture(scope="module")
+def parity_runs(tmp_path_factory):
+    """A perturbed copy of the demo target (the demo's tokenizer; it accepts some rounds whole and rejects in
+    others) as the draft model of one system, run natively (with plain decoding, margins recorded) and on
+    vLLM's CPU build, on the first coding prompts."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from dspark.checkpoint import save_target
+
+    pytest.importorskip("vllm")
+    if not DEMO:
+        pytest.skip("the demo models are not built (experiments/demo/build.py)")
+    script = Path(sys.executable).with_name("dspark-bench")
+    if not script.is_file():
+        pytest.skip("the dspark-bench console script is not installed next to this Python")
+    root = tmp_path_factory.mktemp("dm-parity")
+    draft = root / "small-draft"
+    save_target(_perturbed(load_target("demo", dtype="float32").model, 0.4, seed=7), draft)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEMO_DIR / "target" / f, draft / f)
+    exp = _experiment(root, draft)
+    common = ["run", "--experiment", exp, "--category", "coding", "--num-prompts", PARITY_PROMPTS, "--device", "cpu",
+              "--output-len", "24", "--temperature", "0", "--disable-shuffle"]
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
+    out = {}
+    for name, args in (("native", ["--backend", "native", "--record-margins"]),
+                       ("vllm", ["--backend", "vllm", "--systems", "dm"])):
+        proc = subprocess.run([str(script), *map(str, common), *args, "--out", root / name], capture_output=True,
+                              text=True, timeout=900, check=False, cwd=root,
+                              env=env | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0"})
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        out[name] = root / name
+    return out
+
+
+@needs_demo
+def test_our_draft_model_equals_vllms_round_by_round(parity_runs):
+    from harness.analysis.parity import parity
+    from harness.analysis.records import read_requests
+
+    def by_prompt(run, system):
+        return {r["question_id"]: r for r in read_requests(parity_runs[run]) if r["system"] == system}
+
+    plain, ours, theirs = by_prompt("native", "plain"), by_prompt("native", "dm"), by_prompt("vllm", "dm")
+    assert len(theirs) == len(ours) == PARITY_PROMPTS
+    for qid, r in theirs.items():
+        assert r["method"] == "draft_model" and r["output_ids"] == ours[qid]["output_ids"] == plain[qid]["output_ids"]
+        assert set(r["proposal_lengths"]) == {3}
+        assert r["accepted_counts"] == ours[qid]["accepted_counts"], qid  # round by round
+    counts = [a for r in ours.values() for a in r["accepted_counts"]]
+    assert 0 in counts and 3 in counts  # rounds rejected and rounds taken whole: every catch-up case
+    (group,) = parity(parity_runs["native"], parity_runs["vllm"])["groups"]
+    assert (group["system"], group["outputs_equal"]) == ("dm", PARITY_PROMPTS)
+    assert group["divergences"] == [] and group["pooled"][0]["rounds"] == group["pooled"][1]["rounds"]
+    engine = json.loads((parity_runs["vllm"] / "manifest.json").read_text())["backend"]["engines"]["dm"]
+    assert engine["method"] == "draft_model" and engine["speculative_config"]["num_speculative_tokens"] == 3

@@ -134,7 +134,7 @@ def test_native_refuses_a_vllm_method_naming_the_backends_that_run_it(tmp_path, 
     code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--systems", "plain,suffix",
                            "--device", "cpu", *(["--dry-run"] if dry else ["--out", out_dir]))
     _one_line(code, err, "system suffix: method 'suffix' is not one of our engine's (plain, dspark, dflash, eagle3, "
-                         "ngram); run it with --backend vllm or vllm-server")
+                         "ngram, draft_model); run it with --backend vllm or vllm-server")
     assert not out_dir.exists()
     table = exp.read_text().replace('name = "typo"\nmethod = "sufix"',
                                     'name = "ng"\nmethod = "ngram"\nspeculative_config = { prompt_lookup_max = 3 }')

@@ -4,11 +4,13 @@ one verify path.
 A drafter starts a request from the prompt's tapped features, then, once per round, writes a
 proposal into the request's `DecodeState` (tokens, the distributions they were drawn from, how
 many count). The block drafter (DSpark, DFlash) and the EAGLE-3 chain drafter work on the device
-only, so their step can be a CUDA graph; the n-gram drafter looks the history up on the host.
+only, so their step can be a CUDA graph; the n-gram drafter looks the history up on the host, and the
+classic draft model (`draft_model`) reads the prompt from it once, its rounds on the device.
 """
 
 from dspark.drafters.base import Drafter
 from dspark.drafters.block import BlockDrafter
+from dspark.drafters.draft_model import DraftModelDrafter
 from dspark.drafters.eagle3 import Eagle3Drafter
 from dspark.drafters.ngram import NgramDrafter
 from dspark.models.block_draft import DraftModel
@@ -24,4 +26,4 @@ def drafter_for(model: DraftModel | Eagle3Draft, num_tokens: int | None = None,
     return BlockDrafter(model, margins, markov_topk)
 
 
-__all__ = ["BlockDrafter", "Drafter", "Eagle3Drafter", "NgramDrafter", "drafter_for"]
+__all__ = ["BlockDrafter", "DraftModelDrafter", "Drafter", "Eagle3Drafter", "NgramDrafter", "drafter_for"]

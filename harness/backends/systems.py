@@ -4,13 +4,19 @@ by the backend and by `generate`)."""
 
 from __future__ import annotations
 
-from dspark.checkpoint import check_draft, load_draft, load_draft_config, resolve_path
-from dspark.drafters import Drafter, NgramDrafter, drafter_for
+import json
+from pathlib import Path
+
+from dspark.checkpoint import check_draft, load_draft, load_draft_config, load_target, read_config, resolve_path
+from dspark.drafters import DraftModelDrafter, Drafter, NgramDrafter, drafter_for
 from dspark.errors import DSparkError
 from dspark.models.config import AnyDraftConfig, TargetConfig
 from harness.specs.experiments import METHODS, System
 
 NGRAM_TOKENS = 7  # an n-gram proposal's length when the experiment does not set one
+# what makes two tokenizers one: tokenizer.json's vocabulary, merges and added tokens (its other fields, the
+# normaliser or decoder, come with them), else the slow tokenizer's vocab.json and merges.txt
+TOKENIZER_PARTS = ("tokenizer.json", "vocab.json", "merges.txt")
 
 
 def check_system(system: System, cfg: AnyDraftConfig) -> str | None:
@@ -30,6 +36,37 @@ def check_system(system: System, cfg: AnyDraftConfig) -> str | None:
     return None
 
 
+def draft_model_problem(system: System, target_path: Path, target_cfg: TargetConfig) -> str | None:
+    """Why the draft folder of a `draft_model` system cannot draft for the target, or None, from config and
+    tokenizer files alone (no weights read): it must be a Qwen3 target-format folder scoring the target's
+    vocabulary with the target's tokenizer, since its token ids are verified as the target's."""
+    if system.num_speculative_tokens is None:  # (a model folder says nothing of a proposal's length; vLLM refuses too)
+        return "method draft_model drafts num_speculative_tokens tokens a round; give num_speculative_tokens (e.g. 3)"
+    path = resolve_path(system.draft)
+    cfg = TargetConfig.from_hf(read_config(path), f"draft {system.draft}")
+    theirs, ours = cfg.backbone.vocab_size, target_cfg.backbone.vocab_size
+    if theirs != ours:
+        return (f"draft model {system.draft} scores {theirs} tokens and the target {ours}: a draft model must have "
+                "the target's vocabulary (a smaller model of its family with its tokenizer, e.g. Qwen3-0.6B for "
+                "Qwen3-8B); give such a draft")
+    for name in TOKENIZER_PARTS:
+        mine, target = path / name, target_path / name
+        if mine.is_file() and target.is_file():
+            if _tokenizer_part(mine) != _tokenizer_part(target):
+                return (f"draft model {system.draft} has another tokenizer than the target ({name} differs): its ids "
+                        "would mean other tokens; give a draft of the target's tokenizer")
+            break
+    return None
+
+
+def _tokenizer_part(path: Path):
+    """What of a tokenizer file decides which id is which token (tokenizer.json: its model and added tokens)."""
+    if path.name != "tokenizer.json":
+        return path.read_bytes()
+    data = json.loads(path.read_text())
+    return data.get("model"), data.get("added_tokens")
+
+
 def make_drafter(method: str, draft: str | None, target, num_speculative_tokens: int | None = None,
                  margins: bool = False, markov_topk: int | None = None
                  ) -> tuple[Drafter | None, str, AnyDraftConfig | None]:
@@ -41,12 +78,16 @@ def make_drafter(method: str, draft: str | None, target, num_speculative_tokens:
         return None, "plain", None
     if method == "ngram":
         return NgramDrafter(num_speculative_tokens or NGRAM_TOKENS), "ngram", None
+    if method == "draft_model":  # a Qwen3 of the target's tokenizer, in the target's dtype, on its device
+        weight = target.lm_head.weight
+        model = load_target(draft, weight.device, weight.dtype).model
+        return DraftModelDrafter(model, num_speculative_tokens, margins), "draft_model", None
     loaded = load_draft(draft, target)
     return (drafter_for(loaded.model, num_speculative_tokens, margins, markov_topk or 0), loaded.config.method,
             loaded.config)
 
 
-def resolve_system(system: System, target_cfg: TargetConfig) -> dict:
+def resolve_system(system: System, target_cfg: TargetConfig, target_path: Path) -> dict:
     """What a system would run, from configs and tensor headers alone (no weights read): the dry run."""
     info = {"system": system.name, "declared_method": system.method, "draft": system.draft,
             "markov_topk": system.markov_topk}
@@ -54,6 +95,15 @@ def resolve_system(system: System, target_cfg: TargetConfig) -> dict:
         k = system.num_speculative_tokens or (NGRAM_TOKENS if system.method == "ngram" else 0)
         return info | {"method": system.method, "format": None, "num_speculative_tokens": k, "fits_target": True,
                        "problem": None}
+    if system.method == "draft_model":
+        try:
+            problem = draft_model_problem(system, target_path, target_cfg)
+            path = str(resolve_path(system.draft))
+        except DSparkError as exc:
+            return info | {"method": None, "format": None, "fits_target": False, "problem": str(exc)}
+        return info | {"method": "draft_model", "format": "qwen3", "path": path, "vllm_method": "draft_model",
+                       "num_speculative_tokens": system.num_speculative_tokens, "fits_target": problem is None,
+                       "problem": problem}
     if system.method not in METHODS:  # one of vLLM's: its draft (if any) is a model vLLM reads, not one of ours
         try:
             path = None if system.draft is None else str(resolve_path(system.draft))

@@ -61,7 +61,7 @@ def systems(exp: Experiment, settings: dict, device: str) -> tuple[Path, object,
 
     target_path = resolve_path(exp.target)
     target_cfg = TargetConfig.from_hf(read_config(target_path), f"target {exp.target}")
-    rows = [resolve_system(exp.system(name), target_cfg) for name in settings["systems"]]
+    rows = [resolve_system(exp.system(name), target_cfg, target_path) for name in settings["systems"]]
     if settings["backend"] in OTHERS:
         rows = [row | ({"fits_target": False, "problem": problem} if (problem := engine_problem(exp.system(
             row["system"]), settings["backend"])) else {}) for row in rows]
@@ -115,9 +115,12 @@ def check(opts: RunOptions, exp: Experiment, settings: dict) -> Prompts:
     if settings["backend"] in OTHERS:
         refuse([{"system": n, "fits_target": not (problem := engine_problem(exp.system(n), settings["backend"])),
                  "problem": problem} for n in settings["systems"]])
-    topk = [n for n in settings["systems"] if exp.system(n).markov_topk is not None]
-    if settings["backend"] == "native" and topk:  # (its draft's Markov head and vocabulary, from configs alone)
-        refuse(systems(exp, settings | {"systems": topk}, opts.device)[2])
+    # a markov_topk system (its draft's Markov head and vocabulary) and a draft model (its vocabulary and tokenizer
+    # against the target's), from configs alone
+    early = [n for n in settings["systems"] if exp.system(n).markov_topk is not None
+             or exp.system(n).method == "draft_model"]
+    if settings["backend"] == "native" and early:
+        refuse(systems(exp, settings | {"systems": early}, opts.device)[2])
     if settings["backend"] in VLLM_BACKENDS:
         refuse(systems(exp, settings, opts.device)[2])
     return found

@@ -14,7 +14,7 @@ from dataclasses import replace
 from dspark.checkpoint import RANDOM, load_draft_config
 from dspark.errors import DSparkError
 from dspark.synthetic.acceptance import resolve
-from harness.specs.experiments import LOOKUP, METHODS, Experiment, System
+from harness.specs.experiments import LOOKUP, METHODS, VLLM_NAMED, Experiment, System
 
 
 def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[str]) -> dict:
@@ -47,7 +47,7 @@ def synthetic_settings(acceptance: str | None, exp: Experiment, systems: list[st
 def proposal_length(system: System) -> int:
     """Drafts a round of `system` proposes: its draft's block, or the EAGLE-3 chain it asks for; for one of
     vLLM's methods (`METHODS` are ours), its num_speculative_tokens."""
-    if system.method not in METHODS:
+    if system.method not in METHODS or system.method in VLLM_NAMED:
         if system.num_speculative_tokens is None:
             raise DSparkError(f"system '{system.name}': synthetic acceptance gives rates per proposal slot; give "
                               f"method {system.method} its num_speculative_tokens")

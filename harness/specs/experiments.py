@@ -19,7 +19,10 @@ from pathlib import Path
 from dspark.errors import DSparkError
 from dspark.synthetic.acceptance import SPEC_HELP, check_spec
 
-METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram")
+METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram", "draft_model")
+# our methods whose draft is a whole model vLLM reads as it is (a Qwen3 of the target's tokenizer), by the same name
+# there: never one of our draft formats
+VLLM_NAMED = ("draft_model",)
 # the methods that look their drafts up in the text so far (ours and vLLM's n-gram, vLLM's GPU n-gram and suffix
 # decoding): no draft model, so nothing for synthetic acceptance to stand in for
 LOOKUP = ("ngram", "ngram_gpu", "suffix")
@@ -47,7 +50,8 @@ SPECULATIVE_OWNED = {"method": "method", "model": "draft", "num_speculative_toke
 @dataclass(frozen=True)
 class System:
     name: str
-    method: str  # what the system is expected to run: plain decoding, a DSpark, DFlash or EAGLE-3 draft, n-gram lookup
+    method: str  # what the system is expected to run: plain decoding, a DSpark, DFlash or EAGLE-3 draft, n-gram lookup,
+    # a draft model (draft_model)
     draft: str | None = None
     num_speculative_tokens: int | None = None
     # how many drafts a round verifies (`confidence` in the TOML): all ("off"), DeepSpec's fixed threshold

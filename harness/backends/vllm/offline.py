@@ -63,7 +63,7 @@ from harness.backends.vllm.drafts import draft_folder, neutral_folder
 from harness.backends.vllm.methods import MTP, mtp_methods, ran_problem
 from harness.backends.vllm.output import USER_ENV, environment, failure_cause, log_size, logging_environment, output_to
 from harness.backends.vllm.parallel import parallel_environment
-from harness.specs.experiments import METHODS, System
+from harness.specs.experiments import METHODS, VLLM_NAMED, System
 
 CPU_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3}
 CPU_KV_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # the CPU engine's KV cache: the user's, else 1 GiB
@@ -80,7 +80,7 @@ def speculative_config(system: System, cfg: AnyDraftConfig | None, path: Path | 
         return None
     synthetic = ({"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": list(system.synthetic_rates)}
                  if system.synthetic_rates else {})  # (the same per-slot unconditional rates our engine accepts at)
-    if system.method not in METHODS:
+    if system.method not in METHODS or system.method in VLLM_NAMED:  # by its name in vLLM, its draft as it is
         return ({"method": system.method} | ({} if path is None else {"model": str(path)})
                 | ({} if system.num_speculative_tokens is None else
                    {"num_speculative_tokens": system.num_speculative_tokens}) | synthetic)
@@ -160,7 +160,8 @@ class VllmTarget(TargetFiles):
         def folder() -> Path:  # where a draft folder as vLLM reads it goes (the run folder's, else a fresh one)
             return Path(self.run_dir or tempfile.mkdtemp(prefix="vllm-")) / VLLM_DRAFTS / system.name
 
-        if system.method not in METHODS and system.draft is not None:  # a model vLLM reads, at a neutral path
+        if (system.method not in METHODS or system.method in VLLM_NAMED) and system.draft is not None:
+            # a model vLLM reads, at a neutral path
             path, note = neutral_folder(resolve_path(system.draft), folder())
         elif system.method in (MTP, *mtp_methods()):  # its draft is the target's own layers, read at its path
             staged, note = neutral_folder(self.path, folder())
