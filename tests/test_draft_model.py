@@ -252,3 +252,24 @@ def test_our_draft_model_equals_vllms_round_by_round(parity_runs):
     assert group["divergences"] == [] and group["pooled"][0]["rounds"] == group["pooled"][1]["rounds"]
     engine = json.loads((parity_runs["vllm"] / "manifest.json").read_text())["backend"]["engines"]["dm"]
     assert engine["method"] == "draft_model" and engine["speculative_config"]["num_speculative_tokens"] == 3
+
+
+def test_qwen3_0_6b_shapes_a_random_draft_model_for_qwen3_8b(tmp_path, monkeypatch, capfd, no_models):
+    """`random:qwen3-0.6b` (Qwen3-0.6B's shape) drafts for `random:qwen3-8b` in the dry run: configs alone,
+    no weights drawn."""
+    from cli_runner import run_cli
+
+    from dspark.synthetic.presets import QWEN3_0_6B, QWEN3_8B
+
+    b = QWEN3_0_6B.backbone
+    assert (b.hidden_size, b.intermediate_size, b.num_layers, b.num_heads, b.num_kv_heads, b.head_dim) == \
+        (1024, 3072, 28, 16, 8, 128) and QWEN3_0_6B.tie_word_embeddings
+    assert b.vocab_size == QWEN3_8B.backbone.vocab_size
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    exp = _experiment(tmp_path, "random:qwen3-0.6b")
+    exp.write_text(exp.read_text().replace('target = "demo"', 'target = "random:qwen3-8b"'))
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--device", "cpu", "--dry-run", "--json")
+    assert code == 0, err
+    rows = {r["system"]: r for r in json.loads(out)["systems"]}
+    assert rows["dm"]["method"] == "draft_model" and rows["dm"]["fits_target"] and \
+        rows["dm"]["num_speculative_tokens"] == 3

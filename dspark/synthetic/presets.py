@@ -23,8 +23,14 @@ QWEN3_4B = TargetConfig(
     backbone=replace(QWEN3_8B.backbone, hidden_size=2560, intermediate_size=9728),
     tie_word_embeddings=True, max_position_embeddings=40960, eos_token_ids=(151645, 151643),
 )
-TARGETS = {"qwen3-8b": QWEN3_8B, "qwen3-4b": QWEN3_4B}
-TOKENIZERS = {"qwen3-8b": "Qwen/Qwen3-8B", "qwen3-4b": "Qwen/Qwen3-4B"}  # read from the hub cache where present
+# Qwen3-0.6B: the classic draft model (`draft_model`) teams deploy for Qwen3-8B, a Qwen3 of its tokenizer
+QWEN3_0_6B = TargetConfig(
+    backbone=replace(QWEN3_8B.backbone, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16),
+    tie_word_embeddings=True, max_position_embeddings=40960, eos_token_ids=(151645, 151643),
+)
+TARGETS = {"qwen3-8b": QWEN3_8B, "qwen3-4b": QWEN3_4B, "qwen3-0.6b": QWEN3_0_6B}
+TOKENIZERS = {"qwen3-8b": "Qwen/Qwen3-8B", "qwen3-4b": "Qwen/Qwen3-4B",
+              "qwen3-0.6b": "Qwen/Qwen3-0.6B"}  # read from the hub cache where present
 
 
 def evenly_spaced_taps(num_target_layers: int, count: int = 5) -> tuple[int, ...]:

@@ -13,8 +13,8 @@ from harness.runs.provenance import provenance
 
 
 def engine_bench(
-    target: Optional[str] = typer.Option(None, help="Target preset (qwen3-8b, qwen3-4b), demo, or a config.json / "
-                                         "folder (default: qwen3-8b on a GPU, demo on a CPU)."),
+    target: Optional[str] = typer.Option(None, help="Target preset (qwen3-8b, qwen3-4b, qwen3-0.6b), demo, or a "
+                                         "config.json / folder (default: qwen3-8b on a GPU, demo on a CPU)."),
     draft: Optional[str] = typer.Option(None, help="Draft preset, demo-dspark, demo-dflash, or a draft config.json / "
                                         "folder (default: dspark-qwen3-8b-block7 on a GPU, demo-dspark on a CPU)."),
     context_len: Optional[int] = typer.Option(None, min=1, help="Tokens of context in the KV cache (default: 1024 "
