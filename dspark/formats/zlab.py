@@ -3,6 +3,12 @@
 A flat Qwen3 config with the DFlash fields nested in `dflash_config` (SpecForge-style DSpark knobs
 also nest there, with `projector_type: "dspark"`); fill-in unless that says otherwise. No embedding
 or head tensors (the target's are used); an optional `mask_embedding.pt` holds a separate mask row.
+
+Read as z-lab's own code (`dflash/model.py`, package 0.1.0) reads it, so that both layouts it ships run
+as it runs them: each DFlash field from `dflash_config` first, then the top level (early checkpoints keep
+`block_size` at the top, releases since June 2026 inside `dflash_config`), with z-lab's defaults; the layer
+kinds from the top-level Qwen3 fields (`layer_types`, `is_causal`, `use_sliding_window`, `sliding_window`,
+`max_window_layers`). A DFlash 2 draft (`DFlash2DraftModel`) is refused: it needs a drafter we lack.
 """
 
 from __future__ import annotations
@@ -32,12 +38,83 @@ READS_BIN = False
 KEYS = KeyTable()
 
 
+# z-lab's DFlash 2 (DFlash2DraftModel): its architecture and the fields only it reads
+DFLASH2_FIELDS = ("selector_rank", "selector_top_k", "conv_kernel_size", "conv_group_size")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+BLOCK_SIZE_DEFAULT = 16  # z-lab's when neither dflash_config nor the top level sets block_size
+
+
 def detect(cfg: dict, where: str) -> bool:
-    if "dflash_config" not in cfg and architecture(cfg) != "DFlashDraftModel":
+    dcfg = cfg.get("dflash_config")
+    marker = next((k for k in DFLASH2_FIELDS if k in cfg or k in (dcfg or {})), None)
+    if architecture(cfg) == "DFlash2DraftModel" or (marker and (dcfg is not None or "DFlash" in architecture(cfg))):
+        named = architecture(cfg) if architecture(cfg) == "DFlash2DraftModel" else f"'{marker}'"
+        raise DSparkError(f"{where}: a z-lab DFlash 2 draft ({named}); DFlash 2 is not implemented yet, use a "
+                          "DFlash (DFlashDraftModel) draft")
+    if dcfg is None and architecture(cfg) != "DFlashDraftModel":
         return False
-    if "dflash_config" not in cfg:
-        raise DSparkError(f"{where}: DFlashDraftModel config lacks 'dflash_config'")
+    if dcfg is None and "mask_token_id" not in cfg:
+        raise DSparkError(f"{where}: DFlashDraftModel config lacks 'dflash_config' (and a top-level mask_token_id)")
     return True
+
+
+def _value(cfg: dict, key: str, default=None):
+    """A DFlash field as z-lab reads it: `dflash_config` first, then the top level, then its default."""
+    return (cfg.get("dflash_config") or {}).get(key, cfg.get(key, default))
+
+
+def _required(cfg: dict, key: str, where: str):
+    value = _value(cfg, key)
+    if value is None:
+        raise DSparkError(f"{where}: config.json sets '{key}' neither in dflash_config nor at the top level")
+    return value
+
+
+def _target_layer_ids(cfg: dict, where: str) -> tuple[int, ...]:
+    """z-lab's taps, or where none are given its default spread over `num_target_layers`."""
+    ids = _value(cfg, "target_layer_ids")
+    if ids is not None:
+        return tuple(int(i) for i in ids)
+    n, layers = cfg.get("num_target_layers"), int(require(cfg, "num_hidden_layers", where))
+    if n is None:
+        raise DSparkError(f"{where}: config.json sets neither 'target_layer_ids' nor 'num_target_layers' (z-lab "
+                          "spreads the taps over the target's layers); add one of them")
+    n = int(n)
+    if layers == 1:
+        return (n // 2,)
+    return tuple(round(1 + i * (n - 4) / (layers - 1)) for i in range(layers))
+
+
+def _layers(cfg: dict, where: str) -> dict:
+    """Per draft layer, whether it is causal and its sliding window, as z-lab's attention sets them: the
+    layer kinds of `layer_types` (else Qwen3's default: sliding from `max_window_layers` on when
+    `use_sliding_window`), sliding layers causal and full ones not unless a top-level `is_causal` says for
+    all; a window only where `use_sliding_window` is on (Qwen3's config drops `sliding_window` otherwise)."""
+    n = int(require(cfg, "num_hidden_layers", where))
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    types = cfg.get("layer_types")
+    if types is None:
+        first = int(cfg.get("max_window_layers", 28))
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n)]
+    bad = [t for t in types if t not in LAYER_TYPES]
+    if len(types) != n or bad:
+        raise DSparkError(f"{where}: layer_types {list(types)} must name each of the {n} draft layers as one of "
+                          f"{', '.join(LAYER_TYPES)}")
+    if window is None and "sliding_attention" in types:
+        raise DSparkError(f"{where}: layer_types has sliding_attention layers but no sliding window (z-lab's code "
+                          "cannot run them without one); set use_sliding_window true and sliding_window")
+    is_causal = cfg.get("is_causal")
+    causal = tuple(t == "sliding_attention" if is_causal is None else bool(is_causal) for t in types)
+    windows = tuple(int(window) if t == "sliding_attention" and window is not None else None for t in types)
+    return {"layer_causal": causal if any(causal) else (), "layer_window": windows if any(windows) else ()}
+
+
+def _scalars(cfg: dict) -> dict:
+    """The logit and embedding scalars z-lab applies (1.0 / none where unset)."""
+    cap = _value(cfg, "final_logit_softcapping")
+    return {"input_embedding_scale": float(_value(cfg, "input_embedding_scale", 1.0)),
+            "output_multiplier": float(_value(cfg, "output_multiplier", 1.0)),
+            "final_logit_softcapping": float(cap) if cap is not None and float(cap) > 0 else None}
 
 
 def parse(cfg: dict, where: str, backbone: Callable) -> dict:
@@ -50,12 +127,14 @@ def parse(cfg: dict, where: str, backbone: Callable) -> dict:
     heads = markov_fields(dcfg, enabled=dspark)
     return {
         "format": NAME,
-        "backbone": backbone(cfg, where),
-        "block_size": int(require(cfg, "block_size", where)),
-        "target_layer_ids": tuple(int(i) for i in require(dcfg, "target_layer_ids", where + " dflash_config")),
+        "backbone": backbone(cfg | {"use_sliding_window": False}, where),  # its windows: `_layers`
+        "block_size": int(_value(cfg, "block_size", BLOCK_SIZE_DEFAULT)),
+        "target_layer_ids": _target_layer_ids(cfg, where),
         "sample_from_anchor": bool(dcfg.get("sample_from_anchor", dspark)),
-        "mask_token_id": int(require(dcfg, "mask_token_id", where + " dflash_config")),
+        "mask_token_id": int(_required(cfg, "mask_token_id", where)),
         **heads,
+        **_layers(cfg, where),
+        **_scalars(cfg),
         "num_target_layers": cfg.get("num_target_layers"),
         "architecture": architecture(cfg),
     }
@@ -79,9 +158,27 @@ def hf_config(cfg, num_target_layers: int | None) -> dict:
     if cfg.sample_from_anchor or cfg.markov_rank or cfg.reduced_vocab:
         raise DSparkError("the z-lab format holds fill-in DFlash drafts over the full vocabulary only")
     b = cfg.backbone
+    scalars = {k: v for k, v in _scalars(vars(cfg)).items() if v != _scalars({})[k]}
     return b.hf_fields() | {
         "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
         "block_size": cfg.block_size, "num_target_layers": num_target_layers, "tie_word_embeddings": True,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
-        "layer_types": full_attention(b.num_layers),
-    }
+        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
+                          **scalars},
+    } | _layer_fields(cfg)
+
+
+def _layer_fields(cfg) -> dict:
+    """`layer_types` (and `is_causal`, the window) that `_layers` reads back as `cfg`'s layers."""
+    n = cfg.backbone.num_layers
+    if not cfg.layer_causal and not cfg.layer_window:
+        return {"layer_types": full_attention(n)}
+    causal = cfg.layer_causal or (False,) * n
+    windows = cfg.layer_window or (None,) * n
+    sliding = [c if len(set(causal)) > 1 else w is not None for c, w in zip(causal, windows)]
+    out = {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding]}
+    if any(c != s for c, s in zip(causal, sliding)):
+        out["is_causal"] = causal[0]
+    sizes = {w for w in windows if w is not None}
+    if sizes:
+        out |= {"use_sliding_window": True, "sliding_window": sizes.pop(), "max_window_layers": 0}
+    return out

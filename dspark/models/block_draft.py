@@ -9,10 +9,13 @@ Parameter names follow the DeepSpec checkpoint (`layers.*`, `fc`, `hidden_norm`,
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
 from dspark import kernels
+from dspark.errors import DSparkError
 from dspark.models.config import DraftConfig
 from dspark.models.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, device_layout, init_weights, lay_out_products
 
@@ -183,14 +186,48 @@ class DraftModel(DraftBase):
         Training runs many blocks at once: each in its own `slots`, with an explicit `mask`.
         """
         x = self.embed_tokens(block_ids)
+        if self.config.input_embedding_scale != 1.0:
+            x = x * self.config.input_embedding_scale
         if self.mask_embedding is not None:
             x = torch.cat((x[:, :1], self.mask_embedding.to(x.dtype).expand(x.shape[0], x.shape[1] - 1, -1)), dim=1)
         last = positions[:, -1:].expand_as(positions)
         step = AttentionStep.build(positions, last, kv_len, self.config.backbone, x.dtype, slots, mask,
                                    tables=cache.rope if slots is None else None)
+        steps = self._layer_steps(step, mask is not None)
         for i, layer in enumerate(self.layers):
-            x = layer(x, step, cache, i)
+            x = layer(x, steps[i], cache, i)
         return self.norm(x)
 
+    def _layer_steps(self, step: AttentionStep, trained: bool) -> list[AttentionStep]:
+        """Each layer's view of the block: `step` for every layer of a draft whose layers are all non-causal
+        (every draft but a z-lab one with causal or sliding-window layers), else per layer its own limits
+        (causal: a query sees the block up to its own slot) and, with a window, an explicit mask."""
+        cfg = self.config
+        n = len(self.layers)
+        if not cfg.layer_causal and not cfg.layer_window:
+            return [step] * n
+        if trained:
+            raise DSparkError("training a draft with causal or sliding-window layers (z-lab's layer_types) is not "
+                              "supported; train one whose layer_types are all full_attention")
+        made: dict[tuple, AttentionStep] = {}
+        kinds = [(bool(cfg.layer_causal and cfg.layer_causal[i]), cfg.layer_window[i] if cfg.layer_window else None)
+                 for i in range(n)]
+        for causal, window in set(kinds):
+            limits = step.positions if causal else step.limits
+            mask = kernels.visibility(limits, step.kv_len) if window is not None or step.mask is not None else None
+            if window is not None:
+                ahead = step.positions[..., None] - torch.arange(step.kv_len, device=limits.device)
+                near = (ahead < window) if causal else (ahead < window) & (-ahead < window)
+                mask = mask & near[:, None]
+            made[causal, window] = replace(step, limits=limits, mask=mask)
+        return [made[kind] for kind in kinds]
+
     def base_logits(self, hidden: Tensor) -> Tensor:
-        return kernels.linear(hidden, self.lm_head.weight).float()
+        """The head's logits (float32), times z-lab's `output_multiplier` and soft-capped where it says."""
+        logits = kernels.linear(hidden, self.lm_head.weight).float()
+        cfg = self.config
+        if cfg.output_multiplier != 1.0:
+            logits = logits * cfg.output_multiplier
+        if cfg.final_logit_softcapping is not None:
+            logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
+        return logits

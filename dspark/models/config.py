@@ -155,6 +155,13 @@ class DraftConfig(_DraftVocabulary):
     draft_vocab_size: int | None = None  # None: the full target vocabulary
     num_target_layers: int | None = None
     architecture: str = ""
+    # z-lab's layer kinds (`dspark.formats.zlab`), per draft layer; () where every layer is the default one
+    layer_causal: tuple[bool, ...] = ()  # True: a block query sees the block up to its own slot only
+    layer_window: tuple[int | None, ...] = ()  # a sliding window: keys fewer than this many positions away
+    # z-lab's scalars: the block's embeddings times the first; the logits times the second, then soft-capped
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
     extra: dict = field(default_factory=dict, compare=False)  # `VLLM_OWN` keys the checkpoint sets
 
     @property

@@ -1,0 +1,250 @@
+"""z-lab's DFlash layouts as they ship, against z-lab's own code (the `dflash` package from PyPI, 0.1.0).
+
+Shared random weights: a transformers Qwen3 target and z-lab's `DFlashDraftModel`, saved by their
+`save_pretrained` and loaded by our loaders; our engine must decode token- and round-exact against z-lab's
+`dflash_generate` at T = 0 for each layout (block_size in dflash_config or at the top level; causal and
+sliding-window layers; the embedding and logit scalars). Fields we do not implement are refused in one line
+before any model loads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from cli_runner import run_cli
+
+from dspark.checkpoint import load_draft, load_draft_config, load_target, save_draft
+from dspark.drafters import BlockDrafter
+from dspark.engine import Engine, GenerationConfig
+from dspark.errors import DSparkError
+
+transformers = pytest.importorskip("transformers")
+zlab = pytest.importorskip("dflash.model")  # z-lab's reference (the test extra `zlab`)
+
+VOCAB, HIDDEN, TARGET_LAYERS, MASK = 12, 64, 5, 11
+PROMPT = [3, 10, 5, 9, 1, 8, 0, 7, 7, 2, 4, 6]
+NEW_TOKENS = 40
+FAVOURITE = 1.5
+
+
+def _qwen3(**extra) -> transformers.Qwen3Config:
+    return transformers.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=256,
+        rms_norm_eps=1e-6, **extra)
+
+
+def _spread(model, seed: int) -> None:
+    """Weights wider than the 0.02 init, so that the argmaxes are not of near-ties."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3 if p.dim() > 1 else torch.rand(p.shape, generator=g) + 0.5)
+
+
+def _lean(model, favourite: float = 0.0) -> None:
+    """A lean shared by target and draft, so that drafts are often accepted and the rounds carry information:
+    hidden dimension 0 holds the embeddings' constant 3 through every layer (no layer writes it) and, in the
+    shared head, `favourite` on token 1 reads it. Random weights alone are almost never accepted."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p[0] = 0
+            elif name.endswith("embed_tokens.weight"):
+                p[:, 0] = 3.0
+            elif name.endswith("lm_head.weight"):
+                p[1, 0] = favourite
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """(transformers' target, ours) with the same weights."""
+    folder = tmp_path_factory.mktemp("zlab-target")
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForCausalLM(_qwen3(num_hidden_layers=TARGET_LAYERS, tie_word_embeddings=False)).eval()
+    _spread(hf, seed=0)
+    _lean(hf, FAVOURITE)
+    hf.save_pretrained(folder)
+    return hf, load_target(folder, dtype="float32").model
+
+
+# Each layout: the draft's config fields beyond the Qwen3 shapes (2 draft layers, taps 0 and 2).
+CURRENT = {"dflash_config": {"block_size": 6, "mask_token_id": MASK, "target_layer_ids": [0, 2]}}
+LAYOUTS = {
+    "current": CURRENT,  # releases since June 2026: block_size inside dflash_config
+    "early": {"block_size": 6, "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 2]}},
+    "all-top-level": {"block_size": 5, "mask_token_id": MASK, "target_layer_ids": [0, 2], "dflash_config": {}},
+    "default-taps": {"dflash_config": {"block_size": 6, "mask_token_id": MASK}, "num_target_layers": TARGET_LAYERS},
+    "causal-sliding": CURRENT | {"layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True,
+                                 "sliding_window": 100, "max_window_layers": 0},  # a window wider than the run
+    "sliding-window": CURRENT | {"layer_types": ["full_attention", "sliding_attention"], "use_sliding_window": True,
+                                 "sliding_window": 9, "max_window_layers": 0},
+    "sliding-non-causal": CURRENT | {"layer_types": ["sliding_attention", "sliding_attention"], "is_causal": False,
+                                     "use_sliding_window": True, "sliding_window": 4},
+    "causal-everywhere": CURRENT | {"is_causal": True},
+    "scalars": {"dflash_config": CURRENT["dflash_config"] | {"input_embedding_scale": 1.7, "output_multiplier": 0.6,
+                                                             "final_logit_softcapping": 3.0}},
+}
+
+
+def _zlab_draft(folder, layout: dict, seed: int):
+    """z-lab's DFlashDraftModel of `layout`, random weights, saved by its own save_pretrained."""
+    cfg = _qwen3(num_hidden_layers=2, **{k: v for k, v in layout.items() if k in ("use_sliding_window",
+                                                                                  "sliding_window",
+                                                                                  "max_window_layers",
+                                                                                  "layer_types")})
+    cfg.num_target_layers = TARGET_LAYERS  # z-lab's model reads it (its default taps) whatever the layout
+    for key, value in layout.items():
+        setattr(cfg, key, value)
+    cfg.architectures = ["DFlashDraftModel"]
+    torch.manual_seed(seed)
+    model = zlab.DFlashDraftModel(cfg).eval()
+    _spread(model, seed)
+    _lean(model)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(autouse=True)
+def cpu_clock(monkeypatch):
+    """z-lab's loop times its rounds with torch.cuda.synchronize (for `return_stats`, which gives the rounds):
+    the same clock without the synchronize on a CPU; nothing else of the loop is touched."""
+    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)
+
+
+def _zlab_run(draft, hf_target) -> tuple[list[int], list[int], list[list[int]]]:
+    """z-lab's tokens, tokens per round and each round's proposal (read off its draft logits, which its loop
+    takes the argmax of at T = 0)."""
+    proposals, logits_of = [], draft.compute_logits
+
+    def recorded(hidden, head):
+        logits = logits_of(hidden, head)
+        proposals.append(logits.argmax(-1)[0].tolist())
+        return logits
+
+    draft.compute_logits = recorded
+    out = zlab.dflash_generate(draft, hf_target, torch.tensor([PROMPT]), NEW_TOKENS, None, temperature=0.0,
+                               return_stats=True)
+    return out.output_ids[0, len(PROMPT):].tolist(), out.acceptance_lengths, proposals
+
+
+def _our_run(target, model) -> tuple[list[int], list[int], list[list[int]]]:
+    drafter, proposals = BlockDrafter(model), []
+    propose = drafter.propose
+
+    def recorded(state, *args, **kwargs):
+        propose(state, *args, **kwargs)
+        proposals.append(state.draft_tokens[0].tolist())
+
+    drafter.propose = recorded
+    result = Engine(target, drafter).generate(
+        PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=0.0))
+    return result.tokens, result.acceptance_lengths, proposals
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_decodes_token_and_round_exact_against_zlab(tmp_path, target, name):
+    hf_target, ours = target
+    draft = _zlab_draft(tmp_path, LAYOUTS[name], seed=1)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == ["DFlashDraftModel"]
+    loaded = load_draft(tmp_path, ours)
+    assert loaded.config.format == "zlab" and loaded.config.block_size == draft.block_size
+    assert loaded.config.target_layer_ids == tuple(draft.target_layer_ids)
+    tokens, rounds, proposals = _zlab_run(draft, hf_target)
+    our_tokens, our_rounds, our_proposals = _our_run(ours, loaded.model)
+    assert our_tokens == tokens and len(tokens) == NEW_TOKENS
+    # Round-exact, and every slot of every proposal alike, over each round z-lab drafts a whole block: near the
+    # end it drafts a shorter one (what is left of max_new_tokens), where ours drafts a whole block and cuts.
+    full = [i for i, p in enumerate(proposals) if len(p) == draft.block_size - 1]
+    assert full == list(range(len(full))) and len(full) >= len(rounds) - (draft.block_size - 1)
+    assert our_rounds[: len(full)] == rounds[: len(full)]
+    assert our_proposals[: len(full)] == proposals[: len(full)]
+    assert max(rounds[: len(full)]) > 1  # drafts accepted: the rounds carry information
+
+
+def test_each_layout_field_changes_zlab_decoding(tmp_path, target):
+    """Control: the layouts' drafts propose differently in z-lab's own loop (each honoured field matters)."""
+    hf_target, _ = target
+    runs = {name: _zlab_run(_zlab_draft(tmp_path / name, LAYOUTS[name], seed=1), hf_target)[2]
+            for name in ("current", "causal-sliding", "sliding-window", "sliding-non-causal", "scalars")}
+    assert len({json.dumps(run) for run in runs.values()}) == len(runs)
+
+
+def test_layer_kinds_read_as_zlab_sets_them(tmp_path):
+    """Each layer's causality and window equal z-lab's attention modules' own."""
+    for name, layout in LAYOUTS.items():
+        draft = _zlab_draft(tmp_path / name, layout, seed=2)
+        cfg = load_draft_config(tmp_path / name)[1]
+        theirs = [(layer.self_attn.is_causal, layer.self_attn.sliding_window) for layer in draft.layers]
+        ours = [(bool(cfg.layer_causal and cfg.layer_causal[i]), cfg.layer_window[i] if cfg.layer_window else None)
+                for i in range(2)]
+        assert ours == theirs, name
+
+
+def _config(tmp_path, **fields) -> str:
+    cfg = _qwen3(num_hidden_layers=2).to_dict() | {"architectures": ["DFlashDraftModel"]} | CURRENT | fields
+    folder = tmp_path / "draft"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"architectures": ["DFlash2DraftModel"], "use_sliding_window": True},
+     "DFlash2DraftModel); DFlash 2 is not implemented yet"),
+    ({"dflash_config": CURRENT["dflash_config"] | {"selector_rank": 64, "selector_top_k": 8}},
+     "'selector_rank'); DFlash 2 is not implemented yet"),
+    ({"conv_kernel_size": 4}, "'conv_kernel_size'); DFlash 2 is not implemented yet"),
+    ({"layer_types": ["linear_attention", "full_attention"]}, "layer_types ['linear_attention', 'full_attention']"),
+    ({"layer_types": ["full_attention"]}, "must name each of the 2 draft layers"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention layers but no sliding window"),
+    ({"dflash_config": {"block_size": 6, "mask_token_id": MASK}},
+     "sets neither 'target_layer_ids' nor 'num_target_layers'"),
+    ({"dflash_config": {"block_size": 6, "target_layer_ids": [0, 2]}},
+     "sets 'mask_token_id' neither in dflash_config nor at the top level"),
+])
+def test_refused_fields_name_themselves_before_any_model_loads(tmp_path, fields, words):
+    folder = _config(tmp_path, **fields)
+    with pytest.raises(DSparkError) as err:
+        load_draft_config(folder)  # the config alone: no tensor file exists
+    line = str(err.value)
+    assert "\n" not in line and words in line, line
+    assert "set use_sliding_window false" not in line
+
+
+def test_inspect_refuses_a_dflash2_draft_in_one_line(tmp_path, monkeypatch, capfd):
+    folder = _config(tmp_path, architectures=["DFlash2DraftModel"], use_sliding_window=True,
+                     dflash_config=CURRENT["dflash_config"] | {"conv_kernel_size": 4, "conv_group_size": 16})
+    code, out, err = run_cli(monkeypatch, capfd, "inspect", folder)
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "DFlash 2 is not implemented yet" in lines[0], out + err
+
+
+def test_block_size_defaults_as_zlab_does(tmp_path):
+    """Neither place sets it: z-lab's default, 16 (its model's `block_size`)."""
+    folder = _config(tmp_path, dflash_config={"mask_token_id": MASK, "target_layer_ids": [0, 2]})
+    assert load_draft_config(folder)[1].block_size == 16
+
+
+def test_a_saved_zlab_draft_keeps_its_layout(tmp_path, target):
+    """Our z-lab saver writes the layer kinds and scalars back, as z-lab reads them."""
+    _, ours = target
+    for name in ("causal-sliding", "sliding-window", "sliding-non-causal", "causal-everywhere", "scalars"):
+        _zlab_draft(tmp_path / name, LAYOUTS[name], seed=3)
+        loaded = load_draft(tmp_path / name, ours)
+        save_draft(loaded.model, tmp_path / f"{name}-again", "zlab", ours.config)
+        assert load_draft_config(tmp_path / f"{name}-again")[1] == loaded.config, name
+
+
+def test_training_a_draft_with_causal_layers_is_refused(tmp_path, target):
+    _, ours = target
+    _zlab_draft(tmp_path, LAYOUTS["causal-sliding"], seed=4)
+    draft = load_draft(tmp_path, ours).model
+    cache = draft.new_cache(16)
+    with pytest.raises(DSparkError, match="causal or sliding-window layers"):
+        draft.block_hidden(torch.zeros(1, 6, dtype=torch.long), torch.arange(6)[None], cache, 6,
+                           slots=torch.arange(6)[None], mask=torch.ones(1, 1, 6, 6, dtype=torch.bool))
