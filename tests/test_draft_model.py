@@ -273,3 +273,31 @@ def test_qwen3_0_6b_shapes_a_random_draft_model_for_qwen3_8b(tmp_path, monkeypat
     rows = {r["system"]: r for r in json.loads(out)["systems"]}
     assert rows["dm"]["method"] == "draft_model" and rows["dm"]["fits_target"] and \
         rows["dm"]["num_speculative_tokens"] == 3
+
+
+def test_engine_bench_times_a_draft_model_beside_the_block_draft(monkeypatch, capfd, tmp_path):
+    """`--draft-model`: random weights at a Qwen3 shape of the target's vocabulary (here the demo target's own),
+    its propose step and round alternated with the block draft's; its floor k of its decode steps; a draft model of
+    another vocabulary is one line before any model is built."""
+    from cli_runner import run_cli
+
+    from harness.engine_bench.native import CPU_DEFAULTS, step_bytes
+
+    if not DEMO:
+        pytest.skip("the demo models are not built (experiments/demo/build.py)")
+    monkeypatch.setitem(CPU_DEFAULTS, "copy_gib", 0.02)
+    code, out, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--json", "--skip-hf",
+                             "--repeats", "5", "--context-len", "32", "--draft-model", "demo",
+                             "--draft-model-tokens", "4")
+    assert code == 0, err
+    result = json.loads(out)
+    d = result["draft_model"]
+    assert (d["name"], d["num_tokens"], d["num_layers"]) == ("demo", 4, 8)
+    assert [who for who, _ in d["passes"]] == ["block", "draft_model", "block", "draft_model"]
+    assert d["round_over_decode"] == d["round_ms"] / result["decode_ms"]
+    assert d["round_over_block_round"] == d["round_ms"] / d["block_round_ms"]
+    assert d["draft_step_bytes"] == 4 * step_bytes(load_target("demo", dtype="float32").model, 32)
+    small = _copy_of_demo(tmp_path, "small", config=lambda c: c.update(vocab_size=4096))
+    code, _, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--draft-model", small)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"--draft-model {small} scores 4096 tokens and the target 2049" in err

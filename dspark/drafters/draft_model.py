@@ -75,7 +75,9 @@ class DraftModelDrafter:
         """The catch-up and anchor rows, then the chain: `block_size` drafts and their distributions (device
         work only)."""
         model, kv_len = self.model, visible_len(self.cache)
-        before = self._chain.index_select(0, (state.pending_count - 1).clamp_min(0))  # the token at position - 1
+        # the token at position - 1 (a round accepts 0..k drafts; the bounds hold for states no round left: the
+        # warm-up's, engine-bench's reset to 4 committed rows)
+        before = self._chain.index_select(0, (state.pending_count - 1).clamp(0, self.block_size))
         ids = torch.cat((before, state.anchor))[None]
         positions = (state.position - 1 + torch.arange(2, device=ids.device))[None]
         hidden, _ = model(ids, positions, self.cache, kv_len)

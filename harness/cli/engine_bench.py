@@ -32,6 +32,11 @@ def engine_bench(
     eagle3: Optional[str] = typer.Option(None, help="An EAGLE-3 draft timed beside the block draft, alternated with "
                                          "it: preset (eagle3-qwen3-8b), demo-eagle3, or a config.json / folder; none "
                                          "to skip (default: eagle3-qwen3-8b on a GPU, none on a CPU)."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="A draft model (draft_model: a smaller Qwen3 "
+                                              "of the target's vocabulary) timed beside the block draft, alternated "
+                                              "with it: preset (qwen3-0.6b, for qwen3-8b), demo, or a Qwen3 folder / "
+                                              "config.json (default: none)."),
+    draft_model_tokens: int = typer.Option(3, min=1, help="With --draft-model: its tokens a round."),
     sweep_context: str = typer.Option("", help="Also these context lengths, comma-separated (e.g. 1024,4096,16384): "
                                       "decode against its limit, verify, draft and round against decode, and the draft "
                                       "step against its floor, at each."),
@@ -56,13 +61,14 @@ def engine_bench(
     round cost (and EAGLE-3's, where timed) draws the speed notebook's predicted-speedup line of each system of
     those methods in a CPU run."""
     args = _checked(target, draft, context_len, dtype, repeats, device, skip_hf, compile, eagle3, sweep_context,
-                    against, concurrency, peer_repeats, acceptance)
+                    against, concurrency, peer_repeats, acceptance, draft_model, draft_model_tokens)
     _print(_measure(args, acceptance), args, as_json)
 
 
 def _checked(target: str | None, draft: str | None, context_len: int | None, dtype: str, repeats: int | None,
              device: str, skip_hf: bool, compile: bool, eagle3: str | None, sweep_context: str, against: str | None,
-             concurrency: str, peer_repeats: int, acceptance: list[str] | None):
+             concurrency: str, peer_repeats: int, acceptance: list[str] | None, draft_model: str | None = None,
+             draft_model_tokens: int = 3):
     """The bench's arguments (`BenchArgs`, the device's defaults where an option is left out), every
     mistake in the options refused in one line before any model is built."""
     from dspark.dtypes import dtype_name
@@ -90,7 +96,8 @@ def _checked(target: str | None, draft: str | None, context_len: int | None, dty
         defaults = {k: v for k, v in defaults.items() if k != "eagle3"}
     args = BenchArgs(**defaults | {k: v for k, v in given.items() if v is not None}, dtype=dtype, skip_hf=skip_hf,
                      sweep_context=contexts, device=device, against=against, concurrency=levels,
-                     peer_repeats=peer_repeats, compile=compile)
+                     peer_repeats=peer_repeats, compile=compile, draft_model=draft_model,
+                     draft_model_tokens=draft_model_tokens)
     if compile and device.startswith("cuda"):
         raise DSparkError("--compile compiles the CPU's steps (CUDA graphs accelerate the GPU's); use --device cpu")
     bench_configs(args, tuple(k for k in ("draft", "eagle3") if given[k] is None))  # (before any model is built)
@@ -133,6 +140,11 @@ def _print(result: dict, args, as_json: bool) -> None:
         e = result["eagle3"]
         show(out, grid(f"EAGLE-3 {e['name']} ({e['num_tokens']} tokens, draft vocabulary {e['draft_vocab_size']:,}), "
                        f"alternated with {args.draft}", [("figure", "value"), *eagle3_rows(result)], ("figure",)))
+    if result.get("draft_model"):
+        d = result["draft_model"]
+        show(out, grid(f"draft model {d['name']} ({d['num_tokens']} tokens a round, {d['num_layers']} layers of "
+                       f"{d['hidden_size']}), alternated with {args.draft}",
+                       [("figure", "value"), *eagle3_rows(result, "draft_model")], ("figure",)))
     for title, rows in peer_tables(result["against_vllm"]) if result.get("against_vllm") else ():
         show(out, grid(title, rows))
     if result.get("derived"):

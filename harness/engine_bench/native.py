@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from dspark.checkpoint import DEMO_DIR, DEMO_MODELS, pick_dtype, read_config
+from dspark.checkpoint import DEMO_DIR, DEMO_MODELS, RANDOM_INIT, pick_dtype, read_config
+from dspark.drafters import DraftModelDrafter
 from dspark.engine import synchronize
 from dspark.errors import DSparkError
 from dspark.models.config import AnyDraftConfig, DraftConfig, TargetConfig, draft_config_from_hf
@@ -41,6 +42,8 @@ class BenchArgs:
     sweep_context: tuple[int, ...] = ()  # more context lengths: decode, verify, draft and round at each
     device: str = "cuda"
     eagle3: str | None = None  # an EAGLE-3 draft timed beside the block draft, on the same target and context
+    draft_model: str | None = None  # a draft model (draft_model) timed beside the block draft, likewise
+    draft_model_tokens: int = 3  # its tokens a round
     against: str | None = None  # "vllm": vLLM beside our engine on the same shapes (vllm_peer)
     concurrency: tuple[int, ...] = ()  # vLLM's batch sizes, with --against vllm
     peer_repeats: int = 3
@@ -119,7 +122,26 @@ def bench_configs(args: BenchArgs, defaulted: tuple[str, ...] = ()) -> tuple[Tar
             instead = f"{option} {fit}" if fit else f"{option} a draft of this target (its folder or config.json)"
             raise DSparkError(f"--target {args.target}: no {option} given, and its default on {where}, {name}, does "
                               f"not fit it ({str(exc).removeprefix(f'draft {name}: ')}); give {instead}") from None
+    if args.draft_model:
+        draft_model_config(args.draft_model, tcfg)
     return tcfg, found[0]
+
+
+def draft_model_config(name: str, target: TargetConfig) -> TargetConfig:
+    """A draft model's shape (`--draft-model`): a target preset (qwen3-0.6b) or a Qwen3 folder or config.json, of
+    the target's vocabulary (its ids are verified as the target's)."""
+    cfg = TARGETS[name] if name in TARGETS else None
+    if cfg is None:
+        path = model_folder(name)
+        if not path.is_dir():
+            raise DSparkError(f"--draft-model {name}: no such preset or folder; give one of {', '.join(TARGETS)}, demo, "
+                              "or a Qwen3 model's folder or config.json")
+        cfg = TargetConfig.from_hf(read_config(path), f"--draft-model {name}")
+    theirs, ours = cfg.backbone.vocab_size, target.backbone.vocab_size
+    if theirs != ours:
+        raise DSparkError(f"--draft-model {name} scores {theirs} tokens and the target {ours}: a draft model must have "
+                          "the target's vocabulary; give a smaller model of its family (qwen3-0.6b for qwen3-8b)")
+    return cfg
 
 
 def _fits(cfg: AnyDraftConfig, target: TargetConfig, option: str) -> bool:
@@ -210,6 +232,8 @@ def run_engine_bench(args: BenchArgs) -> dict:
     out["draft_fraction_of_floor"] = out["draft_floor_ms"] / out["draft_ms"]
     if args.eagle3:
         out["eagle3"] = measure_eagle3(target, draft, args.eagle3, tcfg, prompt, reps, out, args.compile)
+    if args.draft_model:
+        out["draft_model"] = measure_draft_model(target, draft, args, prompt, out)
     if args.sweep_context:
         out["sweep"] = [measure_context(target, draft, dcfg, n, reps, out["copy_tbps"], high, args.compile)
                         for n in args.sweep_context]
@@ -234,17 +258,38 @@ def measure_eagle3(target, block_draft, name: str, tcfg: TargetConfig, prompt: l
     block draft's (block, EAGLE-3, block, EAGLE-3, half the repeats each), against the plain decode
     step; its propose step against its floor (`eagle3_step_bytes`)."""
     cfg = _draft_config(name, tcfg, "--eagle3")
-    timers = {"block": SpeculativeTimer(target, block_draft, prompt, compile),
-              "eagle3": SpeculativeTimer(target, random_draft_for(target, cfg), prompt, compile)}
-    passes = [(who, timer.measure(max(3, reps // 2))) for _ in range(2) for who, timer in timers.items()]
-    figures = {who: {k: statistics.median(p[k] for w, p in passes if w == who) for k in ("draft_ms", "round_ms")}
-               for who in timers}
-    floor_bytes = eagle3_step_bytes(timers["eagle3"].engine.drafter.model, cfg.num_drafts)
-    e, b = figures["eagle3"], figures["block"]
+    timer = SpeculativeTimer(target, random_draft_for(target, cfg), prompt, compile)
+    floor_bytes = eagle3_step_bytes(timer.engine.drafter.model, cfg.num_drafts)
     return {"name": name, "num_tokens": cfg.num_drafts, "draft_vocab_size": cfg.vocab_size,
-            "target_layer_ids": list(cfg.target_layer_ids), "qk_norm": cfg.qk_norm, **e,
-            "block_draft_ms": b["draft_ms"], "block_round_ms": b["round_ms"], "passes": passes,
-            "order": "block, eagle3, block, eagle3",
+            "target_layer_ids": list(cfg.target_layer_ids), "qk_norm": cfg.qk_norm,
+            **beside_block("eagle3", timer, target, block_draft, prompt, reps, out, floor_bytes, compile)}
+
+
+def measure_draft_model(target, block_draft, args: BenchArgs, prompt: list[int], out: dict) -> dict:
+    """A draft model (`--draft-model`, random weights at its shape, e.g. Qwen3-0.6B's at Qwen3-8B's) as EAGLE-3 is
+    timed: its propose step (the catch-up and anchor rows, then one row a forward) and a whole round, alternated
+    with the block draft's; its floor is k of its own decode steps at the context (`step_bytes`)."""
+    cfg = draft_model_config(args.draft_model, target.config)
+    weight, k = target.lm_head.weight, args.draft_model_tokens
+    model = build_random(cfg, None, str(weight.device), weight.dtype, seed=RANDOM_INIT["draft_seed"])[0]
+    timer = SpeculativeTimer(target, None, prompt, args.compile, drafter=DraftModelDrafter(model, k))
+    b = cfg.backbone
+    return {"name": args.draft_model, "num_tokens": k, "hidden_size": b.hidden_size, "num_layers": b.num_layers,
+            **beside_block("draft_model", timer, target, block_draft, prompt, args.repeats, out,
+                           k * step_bytes(model, len(prompt)), args.compile)}
+
+
+def beside_block(who: str, timer: SpeculativeTimer, target, block_draft, prompt: list[int], reps: int, out: dict,
+                 floor_bytes: int, compile: bool = False) -> dict:
+    """Another drafter's propose step and round timed alternately with the block draft's (block, it, block, it,
+    half the repeats each), against the plain decode step, and its propose step against its floor."""
+    timers = {"block": SpeculativeTimer(target, block_draft, prompt, compile), who: timer}
+    passes = [(name, t.measure(max(3, reps // 2))) for _ in range(2) for name, t in timers.items()]
+    figures = {name: {k: statistics.median(p[k] for w, p in passes if w == name) for k in ("draft_ms", "round_ms")}
+               for name in timers}
+    e, b = figures[who], figures["block"]
+    return {**e, "block_draft_ms": b["draft_ms"], "block_round_ms": b["round_ms"], "passes": passes,
+            "order": f"block, {who}, block, {who}",
             "draft_over_decode": e["draft_ms"] / out["decode_ms"], "round_over_decode": e["round_ms"] / out["decode_ms"],
             "round_over_block_round": e["round_ms"] / b["round_ms"], "draft_step_bytes": floor_bytes,
             "draft_fraction_of_floor": floor_bytes / (out["copy_tbps"] * 1e12) * 1e3 / e["draft_ms"]}
@@ -339,9 +384,10 @@ EAGLE3_ROWS = [("draft step", "draft_ms", "{:.3f} ms"), ("draft step / decode", 
                ("draft step of its floor", "draft_fraction_of_floor", "{:.1%}")]
 
 
-def eagle3_rows(out: dict) -> list[tuple[str, str]]:
-    """The EAGLE-3 draft's figures (`measure_eagle3`), for the table; none when it was not timed."""
-    e = out.get("eagle3")
+def eagle3_rows(out: dict, key: str = "eagle3") -> list[tuple[str, str]]:
+    """The EAGLE-3 draft's figures (`measure_eagle3`), or under `key` = "draft_model" the draft model's
+    (`measure_draft_model`: the same figures), for the table; none when it was not timed."""
+    e = out.get(key)
     return [(label, fmt.format(e[key])) for label, key, fmt in EAGLE3_ROWS] if e else []
 
 

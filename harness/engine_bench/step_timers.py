@@ -81,9 +81,10 @@ class SpeculativeTimer:
     """A speculative engine after `prompt` (its graphs captured, or its steps compiled), whose propose step
     and whole round can be timed again and again: each run restarts from 4 newly committed context rows."""
 
-    def __init__(self, target, draft, prompt: list[int], compile: bool = False, markov_topk: int = 0):
+    def __init__(self, target, draft, prompt: list[int], compile: bool = False, markov_topk: int = 0, drafter=None):
+        """`draft`: a draft model run by its drafter (`drafter_for`), or None with `drafter` given (a draft model's)."""
         self.ctx, self.cfg = len(prompt), GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=1.0)
-        self.engine = Engine(target, drafter_for(draft, markov_topk=markov_topk), compile=compile)
+        self.engine = Engine(target, drafter or drafter_for(draft, markov_topk=markov_topk), compile=compile)
         self.engine.generate(prompt, self.cfg)
         self.device = device_of(target)
 
