@@ -262,20 +262,9 @@ def test_vllm_refuses_a_draft_with_scalars_its_dflash_does_not_apply(tiny_dir, t
     cfg["dflash_config"] |= {"output_multiplier": 0.5, "final_logit_softcapping": 30.0}
     (draft / "config.json").write_text(json.dumps(cfg))
     experiment = tmp_path / "scaled.toml"
-    experiment.write_text(f"""name = "scaled"
-target = "{tiny_dir / 'target'}"
-backend = "vllm"
-dataset = "demo"
-[sampling]
-temperatures = [0.0]
-output_len = 8
-num_prompts = 1
-turns = "first"
-[[systems]]
-name = "scaled"
-draft = "{draft}"
-method = "dflash"
-""")
+    experiment.write_text(f'name = "scaled"\ntarget = "{tiny_dir / "target"}"\nbackend = "vllm"\ndataset = "demo"\n'
+                          'sampling = {temperatures = [0.0], output_len = 8, num_prompts = 1, turns = "first"}\n'
+                          f'systems = [{{name = "scaled", draft = "{draft}", method = "dflash"}}]\n')
     code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", experiment, "--device", "cpu", "--dry-run")
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("error: the run would refuse system scaled: "), err
