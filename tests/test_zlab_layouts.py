@@ -24,7 +24,7 @@ from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
 
 transformers = pytest.importorskip("transformers")
-zlab = pytest.importorskip("dflash.model")  # z-lab's reference (the test extra `zlab`)
+zlab = pytest.importorskip("dflash.model")  # z-lab's reference: `pip install --no-deps dflash==0.1.0` (.ci/run)
 
 VOCAB, HIDDEN, TARGET_LAYERS, MASK = 12, 64, 5, 11
 PROMPT = [3, 10, 5, 9, 1, 8, 0, 7, 7, 2, 4, 6]
