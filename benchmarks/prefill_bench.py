@@ -133,7 +133,7 @@ def main() -> None:
         if "dspark" in engines:
             drafter, state = engines["dspark"].drafter, engines["dspark"].state
             feats = target(ids, None, cache, n, drafter.taps)[1]
-            row["draft_start_ms"] = summary(host_times_ms(lambda: drafter.start(state, feats), args.reps, device=device))
+            row["draft_start_ms"] = summary(host_times_ms(lambda: drafter.start(state, feats, ids), args.reps, device=device))
         for engine in engines.values():
             engine.release()
         rows.append(row)

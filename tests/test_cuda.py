@@ -173,3 +173,41 @@ def test_engines_sharing_a_target_keep_their_graphs_valid():
     assert layers.rope_table(1, *key)[0].untyped_storage().data_ptr() not in blocks  # the table grew
     junk = [torch.full((nbytes // 4,), float("nan"), device="cuda") for nbytes in blocks.values() for _ in range(16)]
     assert plain.generate(prompt, short).tokens == first and junk
+
+
+@pytest.mark.parametrize("kind", ["near", "far"])
+def test_a_draft_model_graph_path_equals_its_eager_path(kind):
+    """The classic draft model's round (catch-up and anchor rows, then one row a draft) captured as one graph:
+    the same tokens, rounds and margins as eagerly; a perturbed draft (rounds whole and rejected, every
+    catch-up row exercised) and an independent one."""
+    from test_draft_model import _tiny_pair
+
+    from dspark.drafters.draft_model import DraftModelDrafter
+
+    target, draft = (m.to(torch.bfloat16).cuda() for m in _tiny_pair(kind))
+    prompt = torch.randint(0, 4, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    cfg = GenerationConfig(max_new_tokens=80, temperature=0.0)
+    runs = []
+    for graphs in (False, True):
+        engine = Engine(target, DraftModelDrafter(draft, 3, margins=True), use_graphs=graphs)
+        runs.append(engine.generate(prompt, cfg))
+        assert bool(engine.runner.graphs) is graphs
+    eager, graphed = runs
+    assert graphed.tokens == eager.tokens == Engine(target, use_graphs=False).generate(prompt, cfg).tokens
+    assert graphed.acceptance_lengths == eager.acceptance_lengths and graphed.draft_margins == eager.draft_margins
+    if kind == "near":
+        assert len(set(eager.acceptance_lengths)) >= 2, eager.acceptance_lengths
+
+
+def test_a_draft_model_graph_path_is_lossless():
+    from test_draft_model import _tiny_pair
+    from test_lossless import PROMPT, chi_square_p, exact_joint, sampled_joint
+
+    from dspark.drafters.draft_model import DraftModelDrafter
+
+    target, draft = _tiny_pair("near")
+    expected = exact_joint(target, PROMPT, 1.0)
+    engine = Engine(target.float().cuda(), DraftModelDrafter(draft.float().cuda(), 2), use_graphs=True)
+    counts, _, _ = sampled_joint(engine, 1.0, 0.0, 600)
+    assert engine.runner.graphs
+    assert chi_square_p(counts, expected) > 1e-3

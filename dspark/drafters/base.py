@@ -21,7 +21,9 @@ class Drafter(Protocol):
 
     def allocate(self, max_len: int) -> None: ...
 
-    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None: ...
+    def start(self, state: DecodeState, prompt_feats: Tensor | None, prompt_ids: Tensor) -> None:
+        """A new request, after the target's prefill: its tapped features (`taps`; None without) and its ids
+        [1, n] on the device (a drafter with its own model, `draft_model`, prefills its cache from them)."""
 
     def propose(self, state: DecodeState, temperature: float, cut: ProposalCut, generator: torch.Generator,
                 history: list[int]) -> None:

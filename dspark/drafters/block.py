@@ -38,7 +38,7 @@ class BlockDrafter:
         if self.cache is None or self.cache.max_len != max_len:
             self.cache = self.model.new_cache(max_len)
 
-    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None:
+    def start(self, state: DecodeState, prompt_feats: Tensor | None, prompt_ids: Tensor) -> None:
         n = prompt_feats.shape[1]
         self.model.add_context(prompt_feats, torch.arange(n, device=prompt_feats.device)[None], self.cache)
         state.pending_count.zero_()

@@ -11,10 +11,9 @@ token at p. A round's propose step:
 2. k - 1 further forwards of one row each, the draft just drawn at the next position.
 
 Which token sits at position - 1 is known on the device: the last round's chain (its anchor, then its
-drafts) at index accepted = `pending_count - 1`. No step takes a host value that changes per round, so
-the round is graph-ready; only the prompt reaches the drafter on the host, in `history` at its first
-propose (the engine's `Drafter.start` gives a drafter the prompt's tapped features, never its ids), so the
-drafter is not `graphable` and its step runs eagerly, on the CPU and the GPU alike.
+drafts) at index accepted = `pending_count - 1`. No step takes a host value that changes per round, so the
+round is `graphable` (a CUDA graph on the GPU, the same code eagerly on the CPU); the prompt enters the
+draft's cache in `start`, from the ids the engine gives every drafter after its prefill.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from dspark.schedule import ProposalCut
 class DraftModelDrafter:
     method = "draft_model"
     taps: tuple[int, ...] = ()  # it reads the committed tokens, never the target's states
-    graphable = False  # the prompt's ids arrive only in `history` (see the module's docstring)
+    graphable = True  # device work only: the prompt enters in `start` (see the module's docstring)
     has_confidence = False
 
     def __init__(self, model: Qwen3Target, num_tokens: int, margins: bool = False):
@@ -44,42 +43,34 @@ class DraftModelDrafter:
         # the last round's anchor and drafts: index a is the token the round that accepted a drafts left at
         # the new anchor's position - 1
         self._chain = torch.zeros(num_tokens + 1, dtype=torch.long, device=device)
-        self._fresh = False
 
     def allocate(self, max_len: int) -> None:
         if self.cache is None or self.cache.max_len != max_len:
             self.cache = self.model.new_cache(max_len)
 
-    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None:
-        """A new request: its prompt enters the cache at the first propose (from `history`)."""
-        self._fresh = True
-        state.pending_count.fill_(1)  # the round re-feeds `_chain[0]`, the prompt's last token
+    def start(self, state: DecodeState, prompt_feats: Tensor | None, prompt_ids: Tensor) -> None:
+        """A new request: the prompt but its last token into the cache, from position 0; the last is the first
+        round's catch-up row (`pending_count` 1 reads `_chain[0]`)."""
+        n = prompt_ids.shape[1]
+        if n > 1:
+            self.model(prompt_ids[:, :-1], None, self.cache, n - 1)
+        self._chain[0].copy_(prompt_ids[0, -1])
+        state.pending_count.fill_(1)
 
     def propose(self, state: DecodeState, temperature: float, cut: ProposalCut, generator: torch.Generator,
                 history: list[int]) -> None:
-        if self._fresh:
-            self._prefill(history[:-1])  # (history: the prompt, then the anchor)
-            self._fresh = False
         self.round(state, temperature, generator)
-
-    def _prefill(self, prompt: list[int]) -> None:
-        """The prompt but its last token into the cache, from position 0; the last is the first round's
-        catch-up row."""
-        device = self._chain.device
-        if len(prompt) > 1:
-            ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=device)
-            self.model(ids, None, self.cache, len(prompt) - 1)
-        self._chain[0] = prompt[-1]
 
     def round(self, state: DecodeState, temperature: float, generator: torch.Generator) -> None:
         """The catch-up and anchor rows, then the chain: `block_size` drafts and their distributions (device
         work only)."""
         model, kv_len = self.model, visible_len(self.cache)
         # the token at position - 1 (a round accepts 0..k drafts; the bounds hold for states no round left: the
-        # warm-up's, engine-bench's reset to 4 committed rows)
+        # warm-up's, engine-bench's reset to 4 committed rows). The warm-up's anchor sits at position 0: its two
+        # rows go to positions 0 and 1 (never -1, outside the cache); a request's anchor is never at 0.
         before = self._chain.index_select(0, (state.pending_count - 1).clamp(0, self.block_size))
         ids = torch.cat((before, state.anchor))[None]
-        positions = (state.position - 1 + torch.arange(2, device=ids.device))[None]
+        positions = ((state.position - 1).clamp_min(0) + torch.arange(2, device=ids.device))[None]
         hidden, _ = model(ids, positions, self.cache, kv_len)
         hidden = hidden[:, -1]
         ids_out, qs, logits_all = [], [], []

@@ -48,7 +48,7 @@ class Eagle3Drafter:
         if self.cache is None or self.cache.max_len != max_len:
             self.cache = self.model.new_cache(max_len)
 
-    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None:
+    def start(self, state: DecodeState, prompt_feats: Tensor | None, prompt_ids: Tensor) -> None:
         """The prompt's rows but its last into the cache; the last waits, as a committed row does, for the
         first propose step (it reads the anchor, the prefill's token)."""
         n, w = prompt_feats.shape[1], self._width

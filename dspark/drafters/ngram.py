@@ -30,7 +30,7 @@ class NgramDrafter:
     def allocate(self, max_len: int) -> None:
         pass
 
-    def start(self, state: DecodeState, prompt_feats: Tensor | None) -> None:
+    def start(self, state: DecodeState, prompt_feats: Tensor | None, prompt_ids: Tensor) -> None:
         pass
 
     def lookup(self, history: list[int]) -> list[int]:

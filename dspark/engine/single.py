@@ -300,7 +300,7 @@ class Engine:
             state.position.fill_(n)
             state.round_index.zero_()
             if self.drafter:
-                self.drafter.start(state, feats)
+                self.drafter.start(state, feats, ids)
             result.tokens.append(int(state.anchor))
         t1 = time.perf_counter()
         result.prefill_s = t1 - t0
