@@ -38,7 +38,8 @@ TARGET_KEYS = KeyTable()  # Hugging Face Qwen3ForCausalLM names are the model's
 
 
 # Short names of the demo models that ship inside the package (built by experiments/demo/build.py).
-DEMO_MODELS = {"demo": "target", "demo-dspark": "dspark", "demo-dflash": "dflash", "demo-eagle3": "eagle3"}
+DEMO_MODELS = {"demo": "target", "demo-dspark": "dspark", "demo-dflash": "dflash", "demo-eagle3": "eagle3",
+               "demo-draft-model": "draft_model"}
 DEMO_DIR = Path(__file__).resolve().parent / "data" / "demo"
 
 
@@ -322,6 +323,7 @@ def check_draft(path: Path, cfg: AnyDraftConfig, where: str, target: TargetConfi
                           f"{cfg.architecture or cfg.format} ({cfg.method}); run it as method eagle3")
     if target is not None:
         cfg.check_target(target, where)
+    found = {fmt.KEYS.canonical(k): shape for k, shape in found.items()}
     if "d2t" in found and not cfg.reduced_vocab:
         raise DSparkError(f"{where}: has a d2t vocabulary map but draft_vocab_size equals the target vocabulary")
     expected = {fmt.KEYS.stored(k): shape for k, shape in shapes(_meta_model(cfg)).items()}
@@ -431,6 +433,8 @@ def save_draft(model: DraftModel | Eagle3Draft, out: Path, fmt: str, target_conf
     if module.KIND != kind:
         raise DSparkError(f"the {fmt} format holds {module.KIND} drafts, not {kind} ones; use one of "
                           f"{', '.join(formats.names(kind))}")
+    if getattr(cfg, "selector_rank", 0) and fmt != "zlab":
+        raise DSparkError(f"a DFlash 2 draft is saved in z-lab's format (zlab) only (the {fmt} format has no DFlash 2 fields)")
     out.mkdir(parents=True, exist_ok=True)
     num_target_layers = cfg.num_target_layers or (target_config.backbone.num_layers if target_config else None)
     module.save(model, out, num_target_layers, verifier, with_embeddings)

@@ -3,8 +3,8 @@
 Shared random weights: a transformers Qwen3 target and z-lab's `DFlashDraftModel`, saved by their
 `save_pretrained` and loaded by our loaders; our engine must decode token- and round-exact against z-lab's
 `dflash_generate` at T = 0 for each layout (block_size in dflash_config or at the top level; causal and
-sliding-window layers; the embedding and logit scalars). Fields we do not implement are refused in one line
-before any model loads; so is, on the vLLM backends, a draft whose scalars vLLM's dflash does not apply.
+sliding-window layers; the embedding and logit scalars; DFlash 2's: tests/test_dflash2.py). Fields we do not
+implement are refused in one line before any model loads; so is, on the vLLM backends, a draft whose scalars vLLM's dflash does not apply.
 """
 
 from __future__ import annotations
@@ -12,65 +12,35 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import time
 
 import pytest
 import torch
 from cli_runner import run_cli
 
 from dspark.checkpoint import load_draft, load_draft_config, load_target, save_draft
-from dspark.drafters import BlockDrafter
-from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
 
 transformers = pytest.importorskip("transformers")
 zlab = pytest.importorskip("dflash.model")  # z-lab's reference: `pip install --no-deps dflash==0.1.0` (.ci/run)
-
-VOCAB, HIDDEN, TARGET_LAYERS, MASK = 12, 64, 5, 11
-PROMPT = [3, 10, 5, 9, 1, 8, 0, 7, 7, 2, 4, 6]
-NEW_TOKENS = 40
-FAVOURITE = 1.5
-
-
-def _qwen3(**extra) -> transformers.Qwen3Config:
-    return transformers.Qwen3Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=256,
-        rms_norm_eps=1e-6, **extra)
-
-
-def _spread(model, seed: int) -> None:
-    """Weights wider than the 0.02 init, so that the argmaxes are not of near-ties."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3 if p.dim() > 1 else torch.rand(p.shape, generator=g) + 0.5)
-
-
-def _lean(model, favourite: float = 0.0) -> None:
-    """A lean shared by target and draft, so that drafts are often accepted and the rounds carry information:
-    hidden dimension 0 holds the embeddings' constant 3 through every layer (no layer writes it) and, in the
-    shared head, `favourite` on token 1 reads it. Random weights alone are almost never accepted."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                p[0] = 0
-            elif name.endswith("embed_tokens.weight"):
-                p[:, 0] = 3.0
-            elif name.endswith("lm_head.weight"):
-                p[1, 0] = favourite
+from zlab_models import (
+    MASK,
+    NEW_TOKENS,
+    TARGET_LAYERS,
+    build_target,
+    lean,
+    our_run,
+    qwen3,
+    spread,
+    zlab_run,
+)
+from zlab_models import cpu_clock as zlab_cpu_clock
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     """(transformers' target, ours) with the same weights."""
     folder = tmp_path_factory.mktemp("zlab-target")
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(_qwen3(num_hidden_layers=TARGET_LAYERS, tie_word_embeddings=False)).eval()
-    _spread(hf, seed=0)
-    _lean(hf, FAVOURITE)
-    hf.save_pretrained(folder)
-    return hf, load_target(folder, dtype="float32").model
+    return build_target(folder), load_target(folder, dtype="float32").model
 
 
 # Each layout: the draft's config fields beyond the Qwen3 shapes (2 draft layers, taps 0 and 2).
@@ -94,7 +64,7 @@ LAYOUTS = {
 
 def _zlab_draft(folder, layout: dict, seed: int):
     """z-lab's DFlashDraftModel of `layout`, random weights, saved by its own save_pretrained."""
-    cfg = _qwen3(num_hidden_layers=2, **{k: v for k, v in layout.items() if k in ("use_sliding_window",
+    cfg = qwen3(num_hidden_layers=2, **{k: v for k, v in layout.items() if k in ("use_sliding_window",
                                                                                   "sliding_window",
                                                                                   "max_window_layers",
                                                                                   "layer_types")})
@@ -104,47 +74,16 @@ def _zlab_draft(folder, layout: dict, seed: int):
     cfg.architectures = ["DFlashDraftModel"]
     torch.manual_seed(seed)
     model = zlab.DFlashDraftModel(cfg).eval()
-    _spread(model, seed)
-    _lean(model)
+    spread(model, seed)
+    lean(model)
     model.save_pretrained(folder)
     return model
 
 
 @pytest.fixture(autouse=True)
 def cpu_clock(monkeypatch):
-    """z-lab's loop times its rounds with torch.cuda.synchronize (for `return_stats`, which gives the rounds):
-    the same clock without the synchronize on a CPU; nothing else of the loop is touched."""
-    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)
-
-
-def _zlab_run(draft, hf_target) -> tuple[list[int], list[int], list[list[int]]]:
-    """z-lab's tokens, tokens per round and each round's proposal (read off its draft logits, which its loop
-    takes the argmax of at T = 0)."""
-    proposals, logits_of = [], draft.compute_logits
-
-    def recorded(hidden, head):
-        logits = logits_of(hidden, head)
-        proposals.append(logits.argmax(-1)[0].tolist())
-        return logits
-
-    draft.compute_logits = recorded
-    out = zlab.dflash_generate(draft, hf_target, torch.tensor([PROMPT]), NEW_TOKENS, None, temperature=0.0,
-                               return_stats=True)
-    return out.output_ids[0, len(PROMPT):].tolist(), out.acceptance_lengths, proposals
-
-
-def _our_run(target, model) -> tuple[list[int], list[int], list[list[int]]]:
-    drafter, proposals = BlockDrafter(model), []
-    propose = drafter.propose
-
-    def recorded(state, *args, **kwargs):
-        propose(state, *args, **kwargs)
-        proposals.append(state.draft_tokens[0].tolist())
-
-    drafter.propose = recorded
-    result = Engine(target, drafter).generate(
-        PROMPT, GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=0.0))
-    return result.tokens, result.acceptance_lengths, proposals
+    """z-lab's loop on a CPU clock (`zlab_models.cpu_clock`)."""
+    zlab_cpu_clock(monkeypatch)
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -156,8 +95,8 @@ def test_decodes_token_and_round_exact_against_zlab(tmp_path, target, name):
     loaded = load_draft(tmp_path, ours)
     assert loaded.config.format == "zlab" and loaded.config.block_size == draft.block_size
     assert loaded.config.target_layer_ids == tuple(draft.target_layer_ids)
-    tokens, rounds, proposals = _zlab_run(draft, hf_target)
-    our_tokens, our_rounds, our_proposals = _our_run(ours, loaded.model)
+    tokens, rounds, proposals = zlab_run(draft, hf_target)
+    our_tokens, our_rounds, our_proposals = our_run(ours, loaded.model)
     assert our_tokens == tokens and len(tokens) == NEW_TOKENS
     # Round-exact, and every slot of every proposal alike, over each round z-lab drafts a whole block: near the
     # end it drafts a shorter one (what is left of max_new_tokens), where ours drafts a whole block and cuts.
@@ -171,7 +110,7 @@ def test_decodes_token_and_round_exact_against_zlab(tmp_path, target, name):
 def test_each_layout_field_changes_zlab_decoding(tmp_path, target):
     """Control: the layouts' drafts propose differently in z-lab's own loop (each honoured field matters)."""
     hf_target, _ = target
-    runs = {name: _zlab_run(_zlab_draft(tmp_path / name, LAYOUTS[name], seed=1), hf_target)[2]
+    runs = {name: zlab_run(_zlab_draft(tmp_path / name, LAYOUTS[name], seed=1), hf_target)[2]
             for name in ("current", "causal-sliding", "sliding-window", "sliding-non-causal", "scalars")}
     assert len({json.dumps(run) for run in runs.values()}) == len(runs)
 
@@ -188,7 +127,7 @@ def test_layer_kinds_read_as_zlab_sets_them(tmp_path):
 
 
 def _config(tmp_path, **fields) -> str:
-    cfg = _qwen3(num_hidden_layers=2).to_dict() | {"architectures": ["DFlashDraftModel"]} | CURRENT | fields
+    cfg = qwen3(num_hidden_layers=2).to_dict() | {"architectures": ["DFlashDraftModel"]} | CURRENT | fields
     folder = tmp_path / "draft"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -196,11 +135,9 @@ def _config(tmp_path, **fields) -> str:
 
 
 @pytest.mark.parametrize("fields,words", [
-    ({"architectures": ["DFlash2DraftModel"], "use_sliding_window": True},
-     "DFlash2DraftModel); DFlash 2 is not implemented yet"),
     ({"dflash_config": CURRENT["dflash_config"] | {"selector_rank": 64, "selector_top_k": 8}},
-     "'selector_rank'); DFlash 2 is not implemented yet"),
-    ({"conv_kernel_size": 4}, "'conv_kernel_size'); DFlash 2 is not implemented yet"),
+     "sets DFlash 2's 'selector_rank' under architecture DFlashDraftModel"),
+    ({"conv_kernel_size": 4}, "sets DFlash 2's 'conv_kernel_size' under architecture DFlashDraftModel"),
     ({"layer_types": ["linear_attention", "full_attention"]}, "layer_types ['linear_attention', 'full_attention']"),
     ({"layer_types": ["full_attention"]}, "must name each of the 2 draft layers"),
     ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention layers but no sliding window"),
@@ -216,14 +153,6 @@ def test_refused_fields_name_themselves_before_any_model_loads(tmp_path, fields,
     line = str(err.value)
     assert "\n" not in line and words in line, line
     assert "set use_sliding_window false" not in line
-
-
-def test_inspect_refuses_a_dflash2_draft_in_one_line(tmp_path, monkeypatch, capfd):
-    folder = _config(tmp_path, architectures=["DFlash2DraftModel"], use_sliding_window=True,
-                     dflash_config=CURRENT["dflash_config"] | {"conv_kernel_size": 4, "conv_group_size": 16})
-    code, out, err = run_cli(monkeypatch, capfd, "inspect", folder)
-    lines = [line for line in (out + err).splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and "DFlash 2 is not implemented yet" in lines[0], out + err
 
 
 def test_block_size_defaults_as_zlab_does(tmp_path):

@@ -47,13 +47,7 @@ class BlockDrafter:
                 history: list[int]) -> None:
         """The whole draft step: pending context rows in, block forward, slot sampling, proposal out."""
         model, cfg = self.model, self.model.config
-        rows = state.verify_feats.shape[1]
-        model.add_context(state.verify_feats, scratch_positions(state.pending_start, state.pending_count, rows,
-                                                                self.cache), self.cache)
-        block = torch.cat((state.anchor, self._masks))[None]
-        positions = (state.position + torch.arange(cfg.block_size, device=block.device))[None]
-        hidden = model.block_hidden(block, positions, self.cache, visible_len(self.cache))[0]
-        hidden = hidden[cfg.block_size - cfg.num_drafts :]  # fill-in layout: slot 0 predicts nothing
+        hidden = self.slot_hidden(state)
         logits = model.base_logits(hidden)  # [n, Vd]
         if model.markov_head is None:
             draft_ids, q = draw(logits, temperature, generator, with_probs=True)
@@ -74,6 +68,18 @@ class BlockDrafter:
             return
         state.confidence[0].copy_(torch.sigmoid(conf))
         state.num_proposed.copy_(cut.length(conf))
+
+    def slot_hidden(self, state: DecodeState) -> Tensor:
+        """The pending context rows into the draft's cache, then the block forward: the hidden state [n, H] of each
+        proposal slot."""
+        model, cfg = self.model, self.model.config
+        rows = state.verify_feats.shape[1]
+        model.add_context(state.verify_feats, scratch_positions(state.pending_start, state.pending_count, rows,
+                                                                self.cache), self.cache)
+        block = torch.cat((state.anchor, self._masks))[None]
+        positions = (state.position + torch.arange(cfg.block_size, device=block.device))[None]
+        hidden = model.block_hidden(block, positions, self.cache, visible_len(self.cache))[0]
+        return hidden[cfg.block_size - cfg.num_drafts :]  # fill-in layout: slot 0 predicts nothing
 
     def _markov_sample(self, hidden: Tensor, logits: Tensor, anchor: Tensor, temperature: float,
                        generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:

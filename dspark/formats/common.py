@@ -49,23 +49,31 @@ SKIPPED = HF_BUFFERS + ("t2d", "verifier_lm_head", "verifier_norm")
 
 @dataclass(frozen=True)
 class KeyTable:
-    """Which stored tensors a format skips on load (by name suffix), and the name prefixes it stores
+    """Which stored tensors a format skips on load (by name suffix), the name prefixes it stores
     otherwise than the model calls them ((stored, ours) pairs, e.g. speculators' `layers.0.` for the
-    EAGLE-3 draft's `midlayer.`); every other name is the model's own."""
+    EAGLE-3 draft's `midlayer.`), and the weights it stores without their `.weight` suffix (`bare`: z-lab's
+    DFlash 2 codebooks; read with it too); every other name is the model's own."""
 
     ignored: tuple[str, ...] = SKIPPED
     renames: tuple[tuple[str, str], ...] = ()
+    bare: tuple[str, ...] = ()
 
     def is_ignored(self, key: str) -> bool:
         return any(key.endswith(s) for s in self.ignored)
 
     def ours(self, key: str) -> str:
         """The model's name of stored tensor `key`."""
-        return _swap_prefix(key, self.renames)
+        return key + ".weight" if key in self.bare else _swap_prefix(key, self.renames)
 
     def stored(self, key: str) -> str:
         """The format's name of the model's tensor `key`."""
+        if key.removesuffix(".weight") in self.bare:
+            return key.removesuffix(".weight")
         return _swap_prefix(key, tuple((own, stored) for stored, own in self.renames))
+
+    def canonical(self, key: str) -> str:
+        """A stored name as the format writes it (a bare weight stored with its `.weight` is read as without)."""
+        return key.removesuffix(".weight") if key.removesuffix(".weight") in self.bare else key
 
 
 def _swap_prefix(key: str, pairs: tuple[tuple[str, str], ...]) -> str:

@@ -8,7 +8,9 @@ Read as z-lab's own code (`dflash/model.py`, package 0.1.0) reads it, so that bo
 as it runs them: each DFlash field from `dflash_config` first, then the top level (early checkpoints keep
 `block_size` at the top, releases since June 2026 inside `dflash_config`), with z-lab's defaults; the layer
 kinds from the top-level Qwen3 fields (`layer_types`, `is_causal`, `use_sliding_window`, `sliding_window`,
-`max_window_layers`). A DFlash 2 draft (`DFlash2DraftModel`) is refused: it needs a drafter we lack.
+`max_window_layers`). A DFlash 2 draft (`DFlash2DraftModel`, `dspark.models.dflash2`) adds its convolution and
+selector fields, read the same way, and its two codebooks, which z-lab's releases store without `.weight` (its
+`from_pretrained` maps them; both names load here, and ours are saved as the releases store them).
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from dspark.formats.common import (
 NAME = "zlab"
 KIND = "block"
 READS_BIN = False
-KEYS = KeyTable()
+CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")  # stored bare
+KEYS = KeyTable(bare=CODEBOOKS)
 
 
 # z-lab's DFlash 2 (DFlash2DraftModel): its architecture and the fields only it reads
+DFLASH2 = "DFlash2DraftModel"
 DFLASH2_FIELDS = ("selector_rank", "selector_top_k", "conv_kernel_size", "conv_group_size")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 BLOCK_SIZE_DEFAULT = 16  # z-lab's when neither dflash_config nor the top level sets block_size
@@ -47,11 +51,12 @@ BLOCK_SIZE_DEFAULT = 16  # z-lab's when neither dflash_config nor the top level 
 def detect(cfg: dict, where: str) -> bool:
     dcfg = cfg.get("dflash_config")
     marker = next((k for k in DFLASH2_FIELDS if k in cfg or k in (dcfg or {})), None)
-    if architecture(cfg) == "DFlash2DraftModel" or (marker and (dcfg is not None or "DFlash" in architecture(cfg))):
-        named = architecture(cfg) if architecture(cfg) == "DFlash2DraftModel" else f"'{marker}'"
-        raise DSparkError(f"{where}: a z-lab DFlash 2 draft ({named}); DFlash 2 is not implemented yet, use a "
-                          "DFlash (DFlashDraftModel) draft")
-    if dcfg is None and architecture(cfg) != "DFlashDraftModel":
+    arch = architecture(cfg)
+    if marker and arch != DFLASH2 and (dcfg is not None or "DFlash" in arch):
+        raise DSparkError(f"{where}: config.json sets DFlash 2's '{marker}' under architecture {arch or '(none)'}; "
+                          f"z-lab runs DFlash 2 as {DFLASH2} only: set architectures to [\"{DFLASH2}\"], or drop "
+                          "the DFlash 2 fields for a DFlash draft")
+    if dcfg is None and arch not in ("DFlashDraftModel", DFLASH2):
         return False
     if dcfg is None and "mask_token_id" not in cfg:
         raise DSparkError(f"{where}: DFlashDraftModel config lacks 'dflash_config' (and a top-level mask_token_id)")
@@ -109,6 +114,24 @@ def _layers(cfg: dict, where: str) -> dict:
     return {"layer_causal": causal if any(causal) else (), "layer_window": windows if any(windows) else ()}
 
 
+def _dflash2(cfg: dict, where: str) -> dict:
+    """DFlash 2's convolution and selector fields (none for a DFlash draft), each required as z-lab's code
+    requires it, and refused where z-lab's modules could not be built of them."""
+    if architecture(cfg) != DFLASH2:
+        return {}
+    out = {key: int(_required(cfg, key, where)) for key in DFLASH2_FIELDS}
+    small = next((key for key, value in out.items() if value < 1), None)
+    if small:
+        raise DSparkError(f"{where}: {small} {out[small]} must be at least 1")
+    hidden, vocab = int(require(cfg, "hidden_size", where)), int(require(cfg, "vocab_size", where))
+    if hidden % out["conv_group_size"]:
+        raise DSparkError(f"{where}: conv_group_size {out['conv_group_size']} does not divide hidden_size {hidden} "
+                          "(the convolution's channel groups); the config does not fit its draft")
+    if out["selector_top_k"] > vocab:
+        raise DSparkError(f"{where}: selector_top_k {out['selector_top_k']} is more than the vocabulary ({vocab})")
+    return out
+
+
 def _scalars(cfg: dict) -> dict:
     """The logit and embedding scalars z-lab applies (1.0 / none where unset)."""
     cap = _value(cfg, "final_logit_softcapping")
@@ -135,6 +158,7 @@ def parse(cfg: dict, where: str, backbone: Callable) -> dict:
         **heads,
         **_layers(cfg, where),
         **_scalars(cfg),
+        **_dflash2(cfg, where),
         "num_target_layers": cfg.get("num_target_layers"),
         "architecture": architecture(cfg),
     }
@@ -145,8 +169,8 @@ def load_extras(path: Path, model: nn.Module) -> None:
 
 
 def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: str, with_embeddings: bool) -> None:
-    """Always without the embedding and head copies, as z-lab's checkpoints are."""
-    state = draft_state(model, with_embeddings=False)
+    """Always without the embedding and head copies, as z-lab's checkpoints are (DFlash 2's codebooks bare)."""
+    state = {KEYS.stored(k): v for k, v in draft_state(model, with_embeddings=False).items()}
     hf = hf_config(model.config, num_target_layers)
     if model.mask_embedding is not None:
         torch.save(model.mask_embedding.detach().cpu().clone(), out / MASK_FILE)
@@ -159,11 +183,13 @@ def hf_config(cfg, num_target_layers: int | None) -> dict:
         raise DSparkError("the z-lab format holds fill-in DFlash drafts over the full vocabulary only")
     b = cfg.backbone
     scalars = {k: v for k, v in _scalars(vars(cfg)).items() if v != _scalars({})[k]}
+    arch = DFLASH2 if cfg.selector_rank else "DFlashDraftModel"
+    dflash2 = {key: getattr(cfg, key) for key in DFLASH2_FIELDS} if cfg.selector_rank else {}
     return b.hf_fields() | {
-        "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "architectures": [arch], "auto_map": {"AutoModel": f"dflash.{arch}"},
         "block_size": cfg.block_size, "num_target_layers": num_target_layers, "tie_word_embeddings": True,
         "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
-                          **scalars},
+                          **scalars, **dflash2},
     } | _layer_fields(cfg)
 
 

@@ -1,4 +1,5 @@
-"""The DSpark / DFlash draft: KV-injected context, one non-causal block forward, Markov and confidence heads.
+"""The DSpark / DFlash draft: KV-injected context, one non-causal block forward, Markov and confidence heads
+(and z-lab's DFlash 2: convolutions in each layer and a candidate selector, `dspark.models.dflash2`).
 
 Per draft layer the context is never run through attention or the MLP: the tapped target features
 go through `fc` + `hidden_norm` once, and each layer projects them to keys (k_norm, RoPE at their
@@ -17,7 +18,8 @@ from torch import Tensor, nn
 from dspark import kernels
 from dspark.errors import DSparkError
 from dspark.models.config import DraftConfig
-from dspark.models.layers import AttentionStep, DecoderLayer, KVCache, RMSNorm, device_layout, init_weights, lay_out_products
+from dspark.models.dflash2 import CandidateSelector, dflash2_layers, init_convolutions
+from dspark.models.layers import AttentionStep, KVCache, RMSNorm, device_layout, init_weights, lay_out_products
 
 
 class MarkovHead(nn.Module):
@@ -83,7 +85,7 @@ class DraftModel(DraftBase):
         super().__init__()
         self.config = cfg
         b = cfg.backbone
-        self.layers = nn.ModuleList(DecoderLayer(b) for _ in range(b.num_layers))
+        self.layers = nn.ModuleList(dflash2_layers(cfg, b.num_layers))  # (z-lab's DFlash 2: convolutions in each)
         self.norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
         self.fc = nn.Linear(len(cfg.target_layer_ids) * b.hidden_size, b.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
@@ -98,6 +100,10 @@ class DraftModel(DraftBase):
             ConfidenceHead(b.hidden_size + (cfg.markov_rank if cfg.confidence_head_with_markov else 0))
             if cfg.confidence_head else None
         )
+        self.candidate_selector = (  # z-lab's DFlash 2: re-scores the head's top-k candidates left to right
+            CandidateSelector(b.vocab_size, b.hidden_size, cfg.selector_rank, cfg.selector_top_k)
+            if cfg.selector_rank else None
+        )
         self.mask_embedding: nn.Parameter | None = None  # z-lab's optional separate mask row
         # Reduced vocabulary: target id = draft id + d2t[draft id].
         self.register_buffer("d2t", torch.zeros(cfg.vocab_size, dtype=torch.long) if cfg.reduced_vocab else None)
@@ -106,6 +112,7 @@ class DraftModel(DraftBase):
 
     def init_random(self, std: float = 0.02) -> None:
         init_weights(self, std)
+        init_convolutions(self, std)
 
     def fuse(self) -> "DraftModel":
         """Fuse every layer's projections (q/k/v, gate/up) and stack all layers' [k; v] weights for
@@ -204,6 +211,8 @@ class DraftModel(DraftBase):
         (causal: a query sees the block up to its own slot) and, with a window, an explicit mask."""
         cfg = self.config
         n = len(self.layers)
+        if trained and cfg.conv_kernel_size:
+            raise DSparkError("training a DFlash 2 draft is not supported (its convolutions run over one block's rows)")
         if not cfg.layer_causal and not cfg.layer_window:
             return [step] * n
         if trained:

@@ -162,6 +162,12 @@ class DraftConfig(_DraftVocabulary):
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    # z-lab's DFlash 2 (`dspark.models.dflash2`): each layer's grouped dynamic causal convolutions (taps, channels
+    # per group) and the candidate selector (codebook rank, candidates per slot); 0 for every other draft
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
     extra: dict = field(default_factory=dict, compare=False)  # `VLLM_OWN` keys the checkpoint sets
 
     @property
@@ -171,8 +177,9 @@ class DraftConfig(_DraftVocabulary):
 
     @property
     def method(self) -> str:
-        """dspark when a Markov head corrects the block, dflash for a plain parallel block."""
-        return "dspark" if self.markov_rank > 0 else "dflash"
+        """dspark when a Markov head corrects the block, dflash2 when z-lab's candidate selector does, dflash
+        for a plain parallel block."""
+        return "dspark" if self.markov_rank > 0 else "dflash2" if self.selector_rank > 0 else "dflash"
 
     @property
     def vllm_method(self) -> str:

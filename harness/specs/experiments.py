@@ -19,7 +19,7 @@ from pathlib import Path
 from dspark.errors import DSparkError
 from dspark.synthetic.acceptance import SPEC_HELP, check_spec
 
-METHODS = ("plain", "dspark", "dflash", "eagle3", "ngram", "draft_model")
+METHODS = ("plain", "dspark", "dflash", "dflash2", "eagle3", "ngram", "draft_model")
 # our methods whose draft is a whole model vLLM reads as it is (a Qwen3 of the target's tokenizer), by the same name
 # there: never one of our draft formats
 VLLM_NAMED = ("draft_model",)
