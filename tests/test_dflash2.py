@@ -211,3 +211,21 @@ def test_a_draft_saved_by_us_loads_in_zlab_and_decodes_the_same(tmp_path, target
     again = zlab.DFlash2DraftModel.from_pretrained(tmp_path / "ours", dtype=torch.float32).eval()
     assert load_draft_config(tmp_path / "ours")[1] == loaded.config
     assert zlab_run(again, hf_target)[0] == our_run(ours, loaded.model)[0]
+
+
+def test_the_qwen3_8b_preset_drafts_for_qwen3_8b(tmp_path, monkeypatch, capfd, no_models):
+    """`random:zlab-dflash2-qwen3-8b-b16` in the dry run (configs alone, no weights drawn): a dflash2 draft that fits
+    `random:qwen3-8b`, with the DFlash 2 fields its docstring gives."""
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    cfg = load_draft_config("random:zlab-dflash2-qwen3-8b-b16")[1]
+    assert (cfg.conv_kernel_size, cfg.conv_group_size, cfg.selector_rank, cfg.selector_top_k) == (2, 16, 256, 16)
+    assert (cfg.block_size, cfg.backbone.num_layers, cfg.backbone.hidden_size) == (16, 5, 4096)
+    experiment = tmp_path / "preset.toml"
+    experiment.write_text('name = "preset"\ntarget = "random:qwen3-8b"\ndataset = "demo"\nbackend = "native"\n'
+                          'sampling = {temperatures = [0.0], output_len = 8, num_prompts = 1, turns = "first"}\n'
+                          'systems = [{name = "d2", draft = "random:zlab-dflash2-qwen3-8b-b16", method = "dflash2"}]\n')
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", experiment, "--device", "cpu", "--dry-run",
+                             "--json")
+    assert code == 0, err
+    row = next(r for r in json.loads(out)["systems"] if r["system"] == "d2")
+    assert row["method"] == "dflash2" and row["fits_target"] and row["num_speculative_tokens"] == 15

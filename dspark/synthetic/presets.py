@@ -56,6 +56,21 @@ def dspark_draft_config(target: TargetConfig, block_size: int = 7, layers: int =
     )
 
 
+def dflash2_draft_config(target: TargetConfig, block_size: int = 16, layers: int = 5) -> DraftConfig:
+    """A z-lab DFlash 2 draft for `target`. z-lab publishes no DFlash 2 configuration for Qwen3-8B that we can read
+    (its card is out of reach here), and its package sets no default for the DFlash 2 fields (its code requires
+    them); so the shape is the z-lab DFlash preset's (`zlab-dflash-qwen3-8b-b16`: 5 full-attention, non-causal
+    layers of the target's width, z-lab's default block of 16, the taps spread as z-lab spreads them), with the
+    convolution and selector of z-lab's own DFlash 2 release for Qwen3.8-27B (z-lab/Qwen3.8-27B-DFlash2, as a
+    public test quotes its config.json: conv_kernel_size 2, conv_group_size 16, selector_rank 256, selector_top_k
+    16; vllm-project/speculators trains DFlash 2 with the same four by default). That release drafts blocks of 8
+    through sliding-window layers; the block and layers here stay the DFlash preset's, so the two presets differ in
+    DFlash 2's parts alone."""
+    return replace(dspark_draft_config(target, block_size=block_size, layers=layers, markov_rank=0, confidence=False,
+                                       sample_from_anchor=False),
+                   conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16)
+
+
 def vllm_default_eagle3_taps(num_target_layers: int) -> tuple[int, ...]:
     """vLLM's default EAGLE-3 taps as ours ((1, 17, 32) for 36 layers), sorted and without repeats as vLLM
     reads them, for targets too shallow to hold three."""
@@ -79,6 +94,7 @@ DRAFTS = {
     "dflash-qwen3-8b-block7": lambda: dspark_draft_config(QWEN3_8B, markov_rank=0, confidence=False),
     "zlab-dflash-qwen3-8b-b16": lambda: dspark_draft_config(QWEN3_8B, block_size=16, markov_rank=0, confidence=False,
                                                             sample_from_anchor=False),
+    "zlab-dflash2-qwen3-8b-b16": lambda: dflash2_draft_config(QWEN3_8B),
     "eagle3-qwen3-8b": lambda: eagle3_draft_config(QWEN3_8B),
 }
 
