@@ -35,6 +35,7 @@ from zlab_models import (
     TARGET_LAYERS,
     build_target,
     cpu_clock,
+    dry_run,
     lean,
     our_run,
     qwen3,
@@ -191,13 +192,8 @@ def test_a_draft_of_another_method_is_refused_before_any_model_loads(tiny_dir, t
                        selector_rank=4, selector_top_k=3)
         save_draft(random_draft(dcfg, tiny), tmp_path / "dflash2", "zlab", tiny.config)
     folder = tmp_path / "dflash2" if draft == "dflash2" else tiny_dir / "dflash-zlab"
-    experiment = tmp_path / "mismatch.toml"
-    experiment.write_text(f'name = "mismatch"\ntarget = "{tiny_dir / "target"}"\ndataset = "demo"\nbackend = "native"\n'
-                          'sampling = {temperatures = [0.0], output_len = 8, num_prompts = 1, turns = "first"}\n'
-                          f'systems = [{{name = "sys", draft = "{folder}", method = "{method}"}}]\n')
-    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", experiment, "--device", "cpu", "--dry-run")
-    last = err.strip().splitlines()[-1]
-    assert code == 2 and f"is a {draft} draft, but the experiment says {method}; fix its method" in last, err
+    code, last = dry_run(monkeypatch, capfd, tmp_path, tiny_dir / "target", folder, method)
+    assert code == 2 and f"is a {draft} draft, but the experiment says {method}; fix its method" in last, last
 
 
 def test_a_draft_saved_by_us_loads_in_zlab_and_decodes_the_same(tmp_path, target):

@@ -15,7 +15,6 @@ import shutil
 
 import pytest
 import torch
-from cli_runner import run_cli
 
 from dspark.checkpoint import load_draft, load_draft_config, load_target, save_draft
 from dspark.errors import DSparkError
@@ -27,6 +26,7 @@ from zlab_models import (
     NEW_TOKENS,
     TARGET_LAYERS,
     build_target,
+    dry_run,
     lean,
     our_run,
     qwen3,
@@ -190,11 +190,6 @@ def test_vllm_refuses_a_draft_with_scalars_its_dflash_does_not_apply(tiny_dir, t
     cfg = json.loads((draft / "config.json").read_text())
     cfg["dflash_config"] |= {"output_multiplier": 0.5, "final_logit_softcapping": 30.0}
     (draft / "config.json").write_text(json.dumps(cfg))
-    experiment = tmp_path / "scaled.toml"
-    experiment.write_text(f'name = "scaled"\ntarget = "{tiny_dir / "target"}"\nbackend = "vllm"\ndataset = "demo"\n'
-                          'sampling = {temperatures = [0.0], output_len = 8, num_prompts = 1, turns = "first"}\n'
-                          f'systems = [{{name = "scaled", draft = "{draft}", method = "dflash"}}]\n')
-    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", experiment, "--device", "cpu", "--dry-run")
-    last = err.strip().splitlines()[-1]
-    assert code == 2 and last.startswith("error: the run would refuse system scaled: "), err
+    code, last = dry_run(monkeypatch, capfd, tmp_path, tiny_dir / "target", draft, "dflash", "vllm", "scaled")
+    assert code == 2 and last.startswith("error: the run would refuse system scaled: "), last
     assert "sets output_multiplier, final_logit_softcapping, which vLLM" in last and "--backend native" in last

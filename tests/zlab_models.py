@@ -8,6 +8,7 @@ import time
 
 import torch
 import transformers
+from cli_runner import run_cli
 from dflash import model as zlab
 
 from dspark.drafters import drafter_for
@@ -56,6 +57,18 @@ def build_target(folder) -> transformers.Qwen3ForCausalLM:
     lean(hf, FAVOURITE)
     hf.save_pretrained(folder)
     return hf
+
+
+def dry_run(monkeypatch, capfd, tmp_path, target, draft, method: str, backend: str = "native", name: str = "sys"
+            ) -> tuple[int, str]:
+    """`run --dry-run` of an experiment of one system (`draft` under `method` for `target`, on `backend`): its exit
+    code and the last line it wrote to stderr."""
+    experiment = tmp_path / f"{name}.toml"
+    experiment.write_text(f'name = "{name}"\ntarget = "{target}"\nbackend = "{backend}"\ndataset = "demo"\n'
+                          'sampling = {temperatures = [0.0], output_len = 8, num_prompts = 1, turns = "first"}\n'
+                          f'systems = [{{name = "{name}", draft = "{draft}", method = "{method}"}}]\n')
+    code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", experiment, "--device", "cpu", "--dry-run")
+    return code, err.strip().splitlines()[-1]
 
 
 def cpu_clock(monkeypatch) -> None:
