@@ -25,7 +25,7 @@ from test_lossless import PASS_P, PROMPT, chi_square_p, exact_joint, sampled_joi
 
 from dspark.checkpoint import load_draft, load_draft_config, load_target, save_draft
 from dspark.drafters import DFlash2Drafter
-from dspark.engine import Engine
+from dspark.engine import Engine, GenerationConfig
 from dspark.errors import DSparkError
 from dspark.synthetic.tiny import random_draft
 
@@ -181,19 +181,38 @@ def test_refused_fields_name_themselves_before_any_model_loads(tmp_path, fields,
     assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
 
 
+def _tiny_dflash2(tiny_dir, folder):
+    """A random DFlash 2 draft of make-tiny's z-lab draft's shape for its target, saved by our z-lab saver in `folder`;
+    returns the target."""
+    tiny = load_target(tiny_dir / "target").model
+    dcfg = replace(load_draft_config(tiny_dir / "dflash-zlab")[1], conv_kernel_size=3, conv_group_size=8,
+                   selector_rank=8, selector_top_k=5)
+    save_draft(random_draft(dcfg, tiny, std=0.3), folder, "zlab", tiny.config)
+    return tiny
+
+
 @pytest.mark.parametrize("method,draft", [("dflash", "dflash2"), ("dflash2", "dflash")])
 def test_a_draft_of_another_method_is_refused_before_any_model_loads(tiny_dir, tmp_path, monkeypatch, capfd, method,
                                                                       draft):
     """The dry run (configs and tensor headers only) names the draft's own method; make-tiny's target and z-lab
     DFlash draft, and a DFlash 2 draft of that shape saved by our z-lab saver."""
     if draft == "dflash2":
-        tiny = load_target(tiny_dir / "target").model
-        dcfg = replace(load_draft_config(tiny_dir / "dflash-zlab")[1], conv_kernel_size=2, conv_group_size=16,
-                       selector_rank=4, selector_top_k=3)
-        save_draft(random_draft(dcfg, tiny), tmp_path / "dflash2", "zlab", tiny.config)
+        _tiny_dflash2(tiny_dir, tmp_path / "dflash2")
     folder = tmp_path / "dflash2" if draft == "dflash2" else tiny_dir / "dflash-zlab"
     code, last = dry_run(monkeypatch, capfd, tmp_path, tiny_dir / "target", folder, method)
     assert code == 2 and f"is a {draft} draft, but the experiment says {method}; fix its method" in last, last
+
+
+def test_the_harness_builds_the_dflash2_drafter_and_its_greedy_output_is_plain_decodings(tiny_dir, tmp_path):
+    """`make_drafter` (the native backend's and `generate`'s) runs a DFlash 2 draft as method dflash2, and at T = 0
+    its output is the target's own (make-tiny's target, a random DFlash 2 draft saved by our z-lab saver)."""
+    from harness.backends.systems import make_drafter
+
+    tiny = _tiny_dflash2(tiny_dir, tmp_path / "dflash2")
+    drafter, method, cfg = make_drafter("dflash2", str(tmp_path / "dflash2"), tiny)
+    assert isinstance(drafter, DFlash2Drafter) and method == cfg.method == "dflash2"
+    prompt, greedy = list(range(40, 70)), GenerationConfig(max_new_tokens=48, temperature=0.0)
+    assert Engine(tiny, drafter).generate(prompt, greedy).tokens == Engine(tiny).generate(prompt, greedy).tokens
 
 
 def test_a_draft_saved_by_us_loads_in_zlab_and_decodes_the_same(tmp_path, target):
@@ -225,3 +244,34 @@ def test_the_qwen3_8b_preset_drafts_for_qwen3_8b(tmp_path, monkeypatch, capfd, n
     assert code == 0, err
     row = next(r for r in json.loads(out)["systems"] if r["system"] == "d2")
     assert row["method"] == "dflash2" and row["fits_target"] and row["num_speculative_tokens"] == 15
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_graph_path_equals_the_eager_path_on_a_gpu(temperature):
+    """The DFlash 2 propose step (convolutions, selector loop, q scattered) captured as one CUDA graph: the same
+    tokens, rounds and margins as eagerly, greedy and sampled (one seed, the same streams)."""
+    target, drafter = _lossless_pair()
+    target, draft = target.to(torch.bfloat16).cuda(), drafter.model.to(torch.bfloat16).cuda()
+    prompt = torch.randint(0, 4, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    cfg = GenerationConfig(max_new_tokens=80, temperature=temperature, seed=5)
+    runs = []
+    for graphs in (False, True):
+        engine = Engine(target, DFlash2Drafter(draft, margins=True), use_graphs=graphs)
+        runs.append(engine.generate(prompt, cfg))
+        assert bool(engine.runner.graphs) is graphs
+    eager, graphed = runs
+    assert graphed.tokens == eager.tokens and graphed.acceptance_lengths == eager.acceptance_lengths
+    assert graphed.draft_margins == eager.draft_margins
+    if temperature == 0.0:
+        assert eager.tokens == Engine(target, use_graphs=False).generate(prompt, cfg).tokens
+    assert max(eager.acceptance_lengths) > 1
+
+
+@pytest.mark.cuda
+def test_the_graph_path_is_lossless_on_a_gpu():
+    target, drafter = _lossless_pair()
+    expected = exact_joint(target, PROMPT, 1.0)
+    engine = Engine(target.float().cuda(), DFlash2Drafter(drafter.model.float().cuda()), use_graphs=True)
+    counts, _, _ = sampled_joint(engine, 1.0, 0.0, 600)
+    assert engine.runner.graphs and chi_square_p(counts, expected) > PASS_P
