@@ -174,6 +174,7 @@ def test_fields_read_from_dflash_config_first(tmp_path):
     ({"dflash_config": DFLASH2 | {"selector_top_k": 13}}, "selector_top_k 13 is more than the vocabulary (12)"),
     ({"dflash_config": DFLASH2 | {"conv_kernel_size": 0}}, "conv_kernel_size 0 must be at least 1"),
     ({"architectures": ["DFlashDraftModel"]}, "sets DFlash 2's 'selector_rank' under architecture DFlashDraftModel"),
+    ({"dflash_config": DFLASH2 | {"projector_type": "dspark"}}, "projector_type dspark (a Markov head)"),
 ])
 def test_refused_fields_name_themselves_before_any_model_loads(tmp_path, fields, words):
     with pytest.raises(DSparkError) as err:

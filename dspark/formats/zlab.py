@@ -119,6 +119,9 @@ def _dflash2(cfg: dict, where: str) -> dict:
     requires it, and refused where z-lab's modules could not be built of them."""
     if architecture(cfg) != DFLASH2:
         return {}
+    if (cfg.get("dflash_config") or {}).get("projector_type") == "dspark":
+        raise DSparkError(f"{where}: a {DFLASH2} with projector_type dspark (a Markov head); z-lab's DFlash 2 has "
+                          "none: drop projector_type")
     out = {key: int(_required(cfg, key, where)) for key in DFLASH2_FIELDS}
     small = next((key for key, value in out.items() if value < 1), None)
     if small:
