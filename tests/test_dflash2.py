@@ -216,6 +216,15 @@ def test_the_harness_builds_the_dflash2_drafter_and_its_greedy_output_is_plain_d
     assert Engine(tiny, drafter).generate(prompt, greedy).tokens == Engine(tiny).generate(prompt, greedy).tokens
 
 
+def test_inspect_shows_a_dflash2_draft_and_its_selector(tiny_dir, tmp_path, monkeypatch, capfd):
+    _tiny_dflash2(tiny_dir, tmp_path / "dflash2")
+    code, out, err = run_cli(monkeypatch, capfd, "inspect", tmp_path / "dflash2", "--json")
+    info = json.loads(out)
+    assert code == 0 and info["method"] == "dflash2" and info["architecture"] == "DFlash2DraftModel", err
+    hidden, vocab = info["backbone"]["hidden_size"], info["backbone"]["vocab_size"]
+    assert info["parameters"]["candidate_selector"] == 2 * vocab * 8 + 8 * hidden  # two codebooks, the projection
+
+
 def test_a_draft_saved_by_us_loads_in_zlab_and_decodes_the_same(tmp_path, target):
     hf_target, ours = target
     _zlab_draft(tmp_path / "theirs", seed=3)

@@ -108,6 +108,8 @@ def _param_counts(found: dict[str, tuple], method: str) -> dict[str, int]:
     groups = {"embed_tokens": 0, "lm_head": 0, "layers": 0, "fc+norms": 0}
     if method != "eagle3":
         groups |= {"markov_head": 0, "confidence_head": 0}
+    if method == "dflash2":  # (its convolutions count with the layers)
+        groups["candidate_selector"] = 0
     for key, shape in found.items():
         n = 1
         for s in shape:
