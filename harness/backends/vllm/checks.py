@@ -18,7 +18,7 @@ from __future__ import annotations
 from importlib import import_module
 from pathlib import Path
 
-from dspark.checkpoint import load_draft_config, random_weights
+from dspark.checkpoint import load_draft_config, random_weights, read_config, resolve_path
 from dspark.errors import DSparkError
 from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.drafts import version_tuple
@@ -107,14 +107,33 @@ def vllm_problem(system: System, cfg, version: str, on_cpu: bool, random: bool) 
             or suffix_problem(method)
             or version_problem(version, system_features(system, None if cfg is None else cfg.vllm_method))
             or cpu_problem(system.draft, cfg, on_cpu, random) or draft_topk_problem(system, cfg)
-            or zlab_scalars_problem(system, cfg, version))
+            or zlab_scalars_problem(system, cfg, version) or vllm_only_problem(system, cfg, version))
+
+
+# dflash_config keys vLLM's DFlash models (0.32) read and z-lab's code does not: each would change the draft there alone
+VLLM_ONLY = ("swa_window_size", "attention_value_scale", "add_swa_attention_sink_bias", "use_aux_hidden_state")
+
+
+def vllm_only_problem(system: System, cfg, version: str) -> str | None:
+    """Why vLLM would run a z-lab draft otherwise than z-lab's code: its `dflash_config` sets a key vLLM's DFlash
+    and DFlash 2 models apply (`VLLM_ONLY`: another window, a value scale, attention sinks, no context
+    projection) that z-lab's `dflash_generate` and our engine never read."""
+    if cfg is None or cfg.format != "zlab":
+        return None
+    nested = read_config(resolve_path(system.draft)).get("dflash_config") or {}
+    own = [key for key in VLLM_ONLY if key in nested]
+    if not own:
+        return None
+    return (f"{system.draft}'s dflash_config sets {', '.join(own)}, which vLLM {version}'s dflash applies and z-lab's code "
+            "(and our engine) does not: drop it, or run the draft with --backend native")
 
 
 def zlab_scalars_problem(system: System, cfg, version: str) -> str | None:
     """Why vLLM would run a z-lab DFlash draft otherwise than its authors' code: z-lab's `dflash_generate` (and
     our engine) scale the block's embeddings and the draft's logits by these fields, vLLM's dflash model (0.32)
-    reads none of them, so it would draft from other logits with no error."""
-    if cfg is None or cfg.format != "zlab":
+    reads none of them, so it would draft from other logits with no error. Its DFlash 2 model applies all three
+    (from `dflash_config`, where the copy given to vLLM holds them: `drafts.nested_dflash2`)."""
+    if cfg is None or cfg.format != "zlab" or cfg.method == "dflash2":
         return None
     unread = [name for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
                                          ("final_logit_softcapping", None)) if getattr(cfg, name) != default]

@@ -17,6 +17,15 @@ vLLM also infers a method from a draft's path: asked for any method but eagle, e
 "dflash", "dspark" anywhere in it), so the demo target under the package's `dspark/data/` folder, given as
 a draft_model's draft, ran as DSpark. Such a draft is given to vLLM as a folder of links at a path that
 names no method (`neutral_folder`); the engine's record says so, and the method vLLM ran is read back.
+
+z-lab's DFlash 2 drafts (`DFlash2DraftModel`) run on vLLM's `dflash` method, its DFlash 2 speculator chosen by
+that architecture. vLLM 0.32's model reads its convolution and selector fields and the embedding and logit
+scalars from `dflash_config` alone (a field at the top level, which z-lab's code reads next, is a KeyError or,
+for a scalar, silently ignored), and its codebooks as bare parameters (`candidate_selector.predecessor_codebook`,
+as z-lab's releases store them): z-lab's own `save_pretrained` writes them with `.weight`, which vLLM refuses
+to load ("Attempted to load nested weight"). Such a draft is given as a copy: those fields moved into
+`dflash_config` (the values z-lab reads) and the weight files that hold a `.weight` codebook rewritten with it
+bare (every other tensor as it was, every other file linked).
 """
 
 from __future__ import annotations
@@ -27,11 +36,15 @@ import tempfile
 from pathlib import Path
 
 from dspark.errors import DSparkError
+from dspark.formats.common import architecture
 from dspark.formats.eagle3 import deepspec as eagle3_deepspec
+from dspark.formats.zlab import CODEBOOKS, DFLASH2, DFLASH2_FIELDS
 
 # what vLLM 0.32's `SpeculativeConfig.__post_init__` looks for in a draft's path (lower-cased) to pick a method
 PATH_METHODS = ("eagle-", "eagle3", "dflash", "dspark")
 TOP_LEVEL_TAPS = (0, 32)  # the first vLLM seen reading `target_layer_ids` at the config's top level (0.26: not)
+# what vLLM's DFlash 2 model reads from `dflash_config` alone, where z-lab's code falls back to the top level
+DFLASH2_NESTED = (*DFLASH2_FIELDS, "input_embedding_scale", "output_multiplier", "final_logit_softcapping")
 
 
 def version_tuple(version: str) -> tuple[int, int]:
@@ -55,6 +68,46 @@ def nested_taps(cfg: dict, version: str) -> dict | None:
     return nested
 
 
+def nested_dflash2(cfg: dict) -> dict:
+    """The DFlash 2 fields `cfg` sets at its top level only (`DFLASH2_NESTED`), which vLLM reads in
+    `dflash_config` alone: moved there, z-lab reads the same values (`dflash_config` first)."""
+    if architecture(cfg) != DFLASH2:
+        return {}
+    nested = cfg.get("dflash_config") or {}
+    return {key: cfg[key] for key in DFLASH2_NESTED if key in cfg and key not in nested}
+
+
+def dotted_codebooks(path: Path) -> list[Path]:
+    """The weight files of the draft at `path` that store a DFlash 2 codebook with `.weight` (z-lab's
+    `save_pretrained` does), which vLLM refuses: its codebooks are bare parameters."""
+    from safetensors import safe_open
+
+    dotted = {f"{name}.weight" for name in CODEBOOKS}
+    found = []
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            if dotted & set(f.keys()):
+                found.append(file)
+    return found
+
+
+def _bare_codebooks(files: list[Path], out: Path) -> None:
+    """`out`'s links to `files` replaced by copies whose codebooks are stored bare (a shard index renamed alike)."""
+    from safetensors.torch import load_file, save_file
+
+    bare = {f"{name}.weight": name for name in CODEBOOKS}
+    for file in files:
+        (out / file.name).unlink()
+        save_file({bare.get(k, k): v for k, v in load_file(str(file)).items()}, str(out / file.name),
+                  metadata={"format": "pt"})
+    index = out / "model.safetensors.index.json"
+    if index.exists():
+        held = json.loads(index.read_text())
+        held["weight_map"] = {bare.get(k, k): v for k, v in held.get("weight_map", {}).items()}
+        index.unlink()
+        index.write_text(json.dumps(held, indent=2))
+
+
 def as_vllm_reads(cfg: dict, version: str) -> tuple[dict, str | None]:
     """(`cfg` as this vLLM reads it, a line saying what was added, or None when nothing was)."""
     if eagle3_deepspec.detect(cfg, "draft"):  # an architecture vLLM does not register, taps it does not read
@@ -62,6 +115,12 @@ def as_vllm_reads(cfg: dict, version: str) -> tuple[dict, str | None]:
         return rewritten, (f"architectures {rewritten['architectures']} and eagle_aux_hidden_state_layer_ids "
                            f"{rewritten['eagle_aux_hidden_state_layer_ids']} (its target_layer_ids + 1) in a copy of "
                            f"the config: vLLM {version} loads DeepSpec's EAGLE-3 layer as that class, with those taps")
+    moved = nested_dflash2(cfg)
+    if moved:
+        rewritten = {k: v for k, v in cfg.items() if k not in moved}
+        return rewritten | {"dflash_config": (cfg.get("dflash_config") or {}) | moved}, (
+            f"{', '.join(moved)} moved into dflash_config in a copy of the config: vLLM {version}'s DFlash 2 reads them "
+            "only there (z-lab's code there first, then at the top level)")
     nested = nested_taps(cfg, version)
     if nested is None:
         return cfg, None
@@ -72,14 +131,22 @@ def as_vllm_reads(cfg: dict, version: str) -> tuple[dict, str | None]:
 
 def draft_folder(path: Path, version: str, out: Path) -> tuple[Path, str | None]:
     """The folder to give vLLM for the draft at `path`: `path` itself, or `out` holding a rewritten
-    config and links to every other file (`as_vllm_reads`); with the note saying what changed."""
+    config (`as_vllm_reads`), DFlash 2 codebooks stored bare (`dotted_codebooks`) and links to every other file;
+    with the note saying what changed."""
     cfg = json.loads((path / "config.json").read_text())
     rewritten, note = as_vllm_reads(cfg, version)
-    if note is None:
+    dotted = dotted_codebooks(path) if architecture(cfg) == DFLASH2 else []
+    if note is None and not dotted:
         return path, None
     _linked(path, out)
-    (out / "config.json").unlink()
-    (out / "config.json").write_text(json.dumps(rewritten, indent=2))
+    if note is not None:
+        (out / "config.json").unlink()
+        (out / "config.json").write_text(json.dumps(rewritten, indent=2))
+    if dotted:
+        _bare_codebooks(dotted, out)
+        bare = (f"the codebooks stored bare in a copy of {', '.join(f.name for f in dotted)}: vLLM {version} loads no "
+                "candidate_selector.*_codebook.weight")
+        note = bare if note is None else f"{note}; {bare}"
     return out, note
 
 

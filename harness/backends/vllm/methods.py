@@ -11,7 +11,11 @@ into our code: each release adds methods, and renames or drops some), in this on
 - `changed_method`: vLLM replaces the method it was given in a few cases (MTP's per-model names become
   "mtp"; a draft_model whose path or architecture names another method becomes that method): whether the
   method an engine ran (read back from its config, or a server's log: `logged_method`) is another than
-  the one asked for, refused in one line (`ran_problem`).
+  the one asked for, refused in one line (`ran_problem`);
+- `ran_as`: a method vLLM tells apart by the draft's architecture alone, named as ours: its `dflash` runs a
+  `DFlash2DraftModel` draft with its DFlash 2 speculator (V2 runner only), which ran as `dflash2`; the
+  architecture is read back with the method (the engine's draft config, or a server's log:
+  `logged_architecture`), so a DFlash 2 system whose engine ran plain DFlash is refused like any other.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from dspark.errors import DSparkError
 MTP = "mtp"  # what vLLM runs every per-model MTP method as (qwen3_next_mtp, deepseek_mtp, ...)
 # an option name's prefix -> the vLLM methods whose options these are (the names themselves: vLLM's fields)
 METHOD_PREFIXES = {"prompt_lookup_": ("ngram", "ngram_gpu"), "suffix_decoding_": ("suffix",), "dspark_": ("dspark",)}
+# our method -> (vLLM's method, the draft architecture by which it picks that method's speculator; `init_speculator`)
+BY_ARCHITECTURE = {"dflash2": ("dflash", "DFlash2DraftModel")}
 
 
 def vllm_methods() -> tuple[str, ...]:
@@ -128,6 +134,26 @@ def ran_problem(system: str, asked: str, ran: str | None, version: str, draft: s
             f"'{asked}' (vLLM infers a method from the draft's path and architecture"
             + (f": draft {draft}" if draft else "") + f"); the run stops rather than label {ran}'s figures {asked}: give "
             f"the system method = \"{ran}\", or a draft vLLM reads as {asked}")
+
+
+def ran_as(method: str | None, architectures) -> str | None:
+    """The method an engine ran (`method`, vLLM's name, read back), by our name where vLLM tells it by the
+    draft's `architectures` alone (`BY_ARCHITECTURE`)."""
+    return next((ours for ours, (theirs, arch) in BY_ARCHITECTURE.items()
+                 if method == theirs and arch in (architectures or ())), method)
+
+
+def asked_method(ours: str, vllm_method: str) -> str:
+    """The method a system's engine must be read back as: ours where vLLM tells it by architecture, else
+    the one its speculative config names."""
+    return ours if ours in BY_ARCHITECTURE else vllm_method
+
+
+def logged_architecture(log: str) -> str | None:
+    """The draft's architecture in an engine's log: the last `Resolved architecture: X` line (vLLM resolves the
+    target's, then the draft's)."""
+    found = re.findall(r"Resolved architecture: (\w+)", log)
+    return found[-1] if found else None
 
 
 def logged_method(log: str) -> str | None:

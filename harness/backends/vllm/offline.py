@@ -60,7 +60,7 @@ from harness.backends.target import TargetFiles
 from harness.backends.vllm.args import SPEC, check_engine_args, owned_problem
 from harness.backends.vllm.checks import cpu_problem, installed_version, vllm_problem
 from harness.backends.vllm.drafts import draft_folder, neutral_folder
-from harness.backends.vllm.methods import MTP, mtp_methods, ran_problem
+from harness.backends.vllm.methods import BY_ARCHITECTURE, MTP, asked_method, mtp_methods, ran_as, ran_problem
 from harness.backends.vllm.output import USER_ENV, environment, failure_cause, log_size, logging_environment, output_to
 from harness.backends.vllm.parallel import parallel_environment
 from harness.specs.experiments import METHODS, VLLM_NAMED, System
@@ -126,10 +126,11 @@ def per_request_metrics() -> bool:
     return "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__
 
 
-def v2_runner(sc: dict | None) -> str | None:
-    """`VLLM_USE_V2_MODEL_RUNNER` for an engine of speculative config `sc`: "1" where its method exists only
-    on V2, else the user's own value (None: unset, vLLM's choice)."""
-    return "1" if sc is not None and sc["method"] in V2_METHODS else USER_ENV["VLLM_USE_V2_MODEL_RUNNER"]
+def v2_runner(sc: dict | None, method: str | None = None) -> str | None:
+    """`VLLM_USE_V2_MODEL_RUNNER` for an engine of speculative config `sc` running our `method`: "1" where it
+    exists only on V2 (DFlash 2's speculator too), else the user's own value (None: unset, vLLM's choice)."""
+    v2 = sc is not None and (sc["method"] in V2_METHODS or method in BY_ARCHITECTURE)
+    return "1" if v2 else USER_ENV["VLLM_USE_V2_MODEL_RUNNER"]
 
 
 class VllmTarget(TargetFiles):
@@ -250,7 +251,7 @@ class VllmBackend(VllmTarget):
 
         prepared.handle["log_start"] = log_size(self.log) if self.log is not None else 0  # (its output from here)
         sc = prepared.handle["speculative_config"]
-        v2 = v2_runner(sc)
+        v2 = v2_runner(sc, prepared.method)
         extra = {"per_request_spec_decode_metrics": "detailed"} if sc is not None and self.per_request else {}
         if self.profiled == "nsys":  # the worker's cudaProfilerStart/Stop: nsys' capture range
             extra["profiler_config"] = {"profiler": "cuda"}
@@ -267,8 +268,8 @@ class VllmBackend(VllmTarget):
                 record = engine_record(llm, sc, self.run_dir)  # (its runner as this environment decides)
         except Exception as exc:  # vLLM refuses a config or its engine dies at start: its own words, in one line
             raise self._not_started(prepared, exc) from None
-        problem = None if sc is None else ran_problem(prepared.system.name, sc["method"], record["method"],
-                                                      self.version, prepared.system.draft)
+        problem = None if sc is None else ran_problem(prepared.system.name, asked_method(prepared.method, sc["method"]),
+                                                      record["method"], self.version, prepared.system.draft)
         if problem:  # (never measured as the method asked for)
             llm.llm_engine.engine_core.shutdown()
             raise DSparkError(problem)
@@ -390,10 +391,13 @@ def engine_record(llm, sc: dict | None, run_dir: Path | None) -> dict:
     if chosen is None and str(cfg.device_config.device_type) == "cpu":
         chosen = "CPU_ATTN"  # vLLM's CPU platform picks it for every non-MLA model, silently
     spec = cfg.speculative_config  # (DSpark's top-k as its draft runs it: the system's, else the draft config's own)
-    draft = getattr(spec, "draft_model_config", None) if getattr(spec, "method", None) == "dspark" else None
-    topk = None if draft is None else getattr(draft.hf_config, "dspark_draft_topk", None)
-    ran = None if cfg.speculative_config is None else cfg.speculative_config.method  # (vLLM may change it)
-    return {"model_runner": "V2" if cfg.use_v2_model_runner else "V1", "speculative_config": sc, "method": ran,
+    draft = getattr(spec, "draft_model_config", None)
+    topk = getattr(draft.hf_config, "dspark_draft_topk", None) if getattr(spec, "method", None) == "dspark" else None
+    # (vLLM may change it; DFlash 2 is its dflash told by the draft's architecture: read back as dflash2)
+    ran = None if spec is None else ran_as(spec.method, getattr(draft, "architectures", None))
+    told = {"vllm_method": spec.method, "draft_architectures": list(draft.architectures)} if ran != getattr(
+        spec, "method", None) else {}
+    return {"model_runner": "V2" if cfg.use_v2_model_runner else "V1", "speculative_config": sc, "method": ran, **told,
             "dtype": str(cfg.model_config.dtype),
             "max_model_len": cfg.model_config.max_model_len,
             "compilation_mode": getattr(comp.mode, "name", str(comp.mode)),

@@ -25,7 +25,7 @@ from harness.backends.served.stream import healthy, models
 from harness.backends.vllm import process as vllm_process
 from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.checks import installed_version
-from harness.backends.vllm.methods import logged_method, ran_problem
+from harness.backends.vllm.methods import asked_method, logged_architecture, logged_method, ran_as, ran_problem
 from harness.backends.vllm.offline import VllmTarget, per_request_metrics, v2_runner
 from harness.backends.vllm.output import log_text
 
@@ -44,8 +44,10 @@ def read_back(system: str, asked: str, server: vllm_process.Server, version: str
     run appends to the log: an earlier server's line is not this one's): `{"method": ran}`, or a DSparkError
     where it ran another than `asked` (`ran_problem`). Where no line says (vLLM's INFO lines off by the
     user's logging settings) the method is unknown, not another: `{"method": None, "method_unknown": why}`,
-    and a warning; the system is measured under the method asked for, never refused for a line not written."""
-    ran = logged_method(log_text(server.log, server.start))
+    and a warning; the system is measured under the method asked for, never refused for a line not written.
+    DFlash 2 is vLLM's dflash with a DFlash2DraftModel draft: the draft's architecture is read from the same log."""
+    log = log_text(server.log, server.start)
+    ran = ran_as(logged_method(log), [logged_architecture(log)])
     if ran is None:
         why = (f"system '{system}': the method vLLM ran could not be read back (no speculative_config="
                f"SpeculativeConfig(method=...) line in {server.log} since its server started: VLLM_LOGGING_LEVEL "
@@ -106,7 +108,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env |= self.parallel_environment()
-        v2 = v2_runner(sc)
+        v2 = v2_runner(sc, prepared.method)
         env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         env |= {} if v2 is None else {"VLLM_USE_V2_MODEL_RUNNER": v2}
         name = prepared.system.name
@@ -120,7 +122,8 @@ class VllmServerBackend(VllmTarget, ServedBackend):
                               f"{COUNTERS} (vLLM {self.version} has no --per-request-spec-decode-metrics)"}
         if sc is not None:  # the method the server's engine ran, from its config line (vLLM may change it)
             try:
-                self.servers[name] |= read_back(name, sc["method"], server, self.version, prepared.system.draft)
+                asked = asked_method(prepared.method, sc["method"])
+                self.servers[name] |= read_back(name, asked, server, self.version, prepared.system.draft)
             except DSparkError:
                 vllm_process.stop(server)
                 raise
