@@ -29,9 +29,9 @@ def systems_help() -> str:
 
     names = ", ".join(s.name for s in load_experiment("demo").systems)
     return (f"Run only these systems of the experiment, comma-separated (the demo experiment's: {names}); another "
-            "--experiment defines its own (its TOML's [[systems]]). Where each runs: plain, dspark, dflash, eagle3, "
-            "ngram and draft_model on every backend (native, vllm, vllm-server); dflash2 (z-lab's DFlash 2) natively "
-            "(its vLLM side: docs/vllm.md); any other speculative method the "
+            "--experiment defines its own (its TOML's [[systems]]). Where each runs: plain, dspark, dflash, dflash2, "
+            "eagle3, ngram and draft_model on every backend (native, vllm, vllm-server; dflash2 there as vLLM's dflash "
+            "with its DFlash 2 speculator: docs/vllm.md); any other speculative method the "
             "installed vLLM knows (suffix, medusa, mlp_speculator, MTP heads, ...) on vllm and vllm-server only; what "
             "checks each: docs/drafts.md.")
 
