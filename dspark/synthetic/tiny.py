@@ -68,6 +68,22 @@ def random_draft(cfg: DraftConfig, target: Qwen3Target, seed: int = 1, std: floa
     return model.to(target.lm_head.weight.dtype).eval().requires_grad_(False).fuse()
 
 
+def random_draft_model(target: Qwen3Target, layers: int, seed: int = 1, intermediate_size: int | None = None,
+                       std: float = 0.02) -> Qwen3Target:
+    """A classic draft model (`draft_model`) to train for `target`: a Qwen3 of its tokenizer, width and head
+    layout with `layers` random layers (MLP `intermediate_size`, default the target's), starting from the
+    target's embedding and head as the other drafts do. Unlike theirs, its copies are its own to train: at
+    run time it shares nothing with the target."""
+    cfg = target.config
+    cfg = replace(cfg, backbone=replace(cfg.backbone, num_layers=layers,
+                                        intermediate_size=intermediate_size or cfg.backbone.intermediate_size))
+    model = random_target(cfg, seed, std, target.lm_head.weight.dtype)
+    model.model.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight)
+    if not cfg.tie_word_embeddings:
+        model.lm_head.weight.data.copy_(target.lm_head.weight)
+    return model
+
+
 def tiny_eagle3_config(target: TargetConfig, taps: tuple[int, ...] = (0, 1, 2), num_tokens: int = 5,
                        qk_norm: bool = False, norm_before_residual: bool = False,
                        draft_vocab_size: int | None = None, fmt: str = "eagle",

@@ -1,7 +1,8 @@
 """The loop that trains every draft for a Qwen3 target: seeded batches of the target's own features, checkpoints
 it resumes from exactly, a stop between steps; only the loss of a batch differs (DeepSpec's block objective in
-`block_objective`, EAGLE-3's training-time test in `eagle3_objective`). Also the target's own LM training, which
-the demo's confidence target uses.
+`block_objective`, EAGLE-3's training-time test in `eagle3_objective`, a classic draft model's next-token
+cross-entropy on the target's own tokens in `lm_parts`). Also the target's own LM training, which the demo's
+confidence target uses.
 """
 
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dspark.checkpoint import load_draft, save_draft
+from dspark.checkpoint import load_draft, load_target, read_config, save_draft, save_target
 from dspark.errors import DSparkError
 from dspark.models.block_draft import DraftModel
 from dspark.models.eagle3_draft import Eagle3Draft
@@ -62,9 +63,17 @@ def to_device(t: Tensor, device: torch.device) -> Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
-def trainable_parameters(draft: DraftModel | Eagle3Draft) -> list[torch.nn.Parameter]:
+# What the loop trains: a block draft, an EAGLE-3 draft, or a classic draft model (`draft_model`: a smaller Qwen3
+# of the target's tokenizer, a model of the target's own kind)
+Trainable = DraftModel | Eagle3Draft | Qwen3Target
+
+
+def trainable_parameters(draft: Trainable) -> list[torch.nn.Parameter]:
     """Everything but the frozen, target-shared embedding and, of a block draft, the target's LM head
-    (an EAGLE-3 draft's head is its own, over its vocabulary, and trained)."""
+    (an EAGLE-3 draft's head is its own, over its vocabulary, and trained; a draft model shares nothing
+    with the target at run time, so it trains its own embedding and head too)."""
+    if isinstance(draft, Qwen3Target):
+        return list(draft.parameters())
     shared = (draft.embed_tokens,) if isinstance(draft, Eagle3Draft) else (draft.embed_tokens, draft.lm_head)
     frozen = {id(p) for m in shared if m is not None for p in m.parameters()}
     return [p for p in draft.parameters() if id(p) not in frozen]
@@ -168,9 +177,15 @@ def stop_requested(time_limit_s: float | None = None) -> Iterator[Callable[[], b
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: a handler set from C
 
 
-def loss_config(draft: DraftModel | Eagle3Draft, args: TrainArgs) -> LossConfig | TTTConfig:
+def loss_config(draft: Trainable, args: TrainArgs) -> LossConfig | TTTConfig | None:
     """The objective `args` asks for, checked against the draft it trains: TTT for an EAGLE-3 draft,
-    the block objective for a DSpark or DFlash one."""
+    the block objective for a DSpark or DFlash one, None for a draft model (its objective has no
+    settings: next-token cross-entropy, `lm_parts`)."""
+    if isinstance(draft, Qwen3Target):
+        if args.loss is not None:
+            raise DSparkError(f"{type(args.loss).__name__} is a block or EAGLE-3 objective, and this draft is a draft "
+                              "model (next-token cross-entropy); leave the loss out")
+        return None
     eagle3 = isinstance(draft, Eagle3Draft)
     cfg = args.loss if args.loss is not None else TTTConfig() if eagle3 else LossConfig()
     if eagle3 != isinstance(cfg, TTTConfig):
@@ -179,9 +194,9 @@ def loss_config(draft: DraftModel | Eagle3Draft, args: TrainArgs) -> LossConfig 
     return cfg
 
 
-def train(target: Qwen3Target, draft: DraftModel | Eagle3Draft, examples: list[tuple[Tensor, Tensor]],
+def train(target: Qwen3Target, draft: Trainable, examples: list[tuple[Tensor, Tensor]],
           args: TrainArgs, out_dir=None, start_step: int = 0, optimizer_state: dict | None = None, on_step=None,
-          stop: Callable[[], bool] | None = None) -> DraftModel | Eagle3Draft:
+          stop: Callable[[], bool] | None = None) -> Trainable:
     """AdamW with warm-up and cosine decay, gradient clipping, the frozen shared embedding (and a block
     draft's head); the loss of each batch is the draft's objective (`loss_config`).
 
@@ -200,7 +215,6 @@ def train(target: Qwen3Target, draft: DraftModel | Eagle3Draft, examples: list[t
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     if optimizer_state is not None:
         opt.load_state_dict(optimizer_state)
-    taps = draft.config.target_layer_ids
     for step in range(start_step, args.steps):
         gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
         for g in opt.param_groups:
@@ -209,13 +223,16 @@ def train(target: Qwen3Target, draft: DraftModel | Eagle3Draft, examples: list[t
         picks = torch.randint(0, len(examples), (args.batch,), generator=gen).tolist()
         ids, mask = pad_batch([(examples[i][0][: args.max_len], examples[i][1][: args.max_len]) for i in picks],
                               "cpu")  # anchors are drawn on the CPU: no device syncs
-        if isinstance(cfg, TTTConfig):
+        if cfg is None:  # a draft model reads the tokens alone, never the target's states
+            parts = lm_parts(draft, to_device(ids, device), to_device(mask, device))
+        elif isinstance(cfg, TTTConfig):
             ids, mask = to_device(ids, device), to_device(mask, device)
-            parts = ttt_loss(draft, *target_features(target, ids, taps), ids, mask, cfg)
+            parts = ttt_loss(draft, *target_features(target, ids, draft.config.target_layer_ids), ids, mask, cfg)
         else:
             anchors = pad_anchors([sample_anchors(mask[row], cfg.num_anchors, gen) for row in range(len(picks))])
             ids, mask, anchors = (to_device(t, device) for t in (ids, mask, anchors))
-            parts = draft_loss(draft, *target_features(target, ids, taps), ids, mask, anchors, cfg)
+            parts = draft_loss(draft, *target_features(target, ids, draft.config.target_layer_ids), ids, mask,
+                               anchors, cfg)
         parts.loss.backward()
         stats = [parts]
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
@@ -233,13 +250,23 @@ def train(target: Qwen3Target, draft: DraftModel | Eagle3Draft, examples: list[t
     return draft
 
 
-def checkpoint_format(draft: DraftModel | Eagle3Draft) -> str:
+def checkpoint_format(draft: Trainable) -> str:
     """The format the trainer writes a draft in: DeepSpec's for a block draft, the EAGLE authors' (the
-    layout vLLM loads) for an EAGLE-3 draft."""
-    return "eagle" if isinstance(draft, Eagle3Draft) else "deepspec"
+    layout vLLM loads) for an EAGLE-3 draft, a Hugging Face Qwen3 folder (what vLLM's draft_model loads)
+    for a draft model."""
+    return "qwen3" if isinstance(draft, Qwen3Target) else "eagle" if isinstance(draft, Eagle3Draft) else "deepspec"
 
 
-def save_checkpoint(draft: DraftModel | Eagle3Draft, opt: torch.optim.Optimizer, step: int, out_dir,
+def save_trained(draft: Trainable, out: Path, target_config, with_embeddings: bool = True) -> None:
+    """A draft in its format (`checkpoint_format`). `with_embeddings=False` leaves a block or EAGLE-3
+    draft's copies of the target's embedding out (`save_draft`); a draft model always keeps its own."""
+    if isinstance(draft, Qwen3Target):
+        save_target(draft, Path(out))
+    else:
+        save_draft(draft, Path(out), checkpoint_format(draft), target_config, with_embeddings=with_embeddings)
+
+
+def save_checkpoint(draft: Trainable, opt: torch.optim.Optimizer, step: int, out_dir,
                     target: Qwen3Target) -> None:
     """The draft in its format (`checkpoint_format`: loadable anywhere the published drafts load), and
     the optimizer state beside it, written to temporary names first so an interruption never leaves half
@@ -247,7 +274,7 @@ def save_checkpoint(draft: DraftModel | Eagle3Draft, opt: torch.optim.Optimizer,
     out = Path(out_dir)
     tmp = out / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_draft(draft, tmp, checkpoint_format(draft), target.config)
+    save_trained(draft, tmp, target.config)
     torch.save({"step": step, "optimizer": opt.state_dict()}, tmp / "trainer_state.pt")
     final = out / "checkpoint"
     if final.exists():
@@ -274,29 +301,51 @@ def checkpoint_step(out_dir) -> int | None:
     return int(torch.load(path / "trainer_state.pt", weights_only=True, map_location="cpu", mmap=True)["step"])
 
 
-def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[DraftModel | Eagle3Draft, int, dict] | None:
-    """(draft, step, optimizer state) of the last checkpoint under `out_dir` (`checkpoint_path`), or None."""
+def load_checkpoint(out_dir, target: Qwen3Target) -> tuple[Trainable, int, dict] | None:
+    """(draft, step, optimizer state) of the last checkpoint under `out_dir` (`checkpoint_path`), or None;
+    a draft model's (a Qwen3 folder) in the target's dtype, on its device."""
     path = checkpoint_path(out_dir)
     if path is None:
         return None
-    state = torch.load(path / "trainer_state.pt", weights_only=True, map_location=target.lm_head.weight.device)
-    return load_draft(path, target).model, state["step"], state["optimizer"]
+    weight = target.lm_head.weight
+    state = torch.load(path / "trainer_state.pt", weights_only=True, map_location=weight.device)
+    if read_config(path).get("architectures") == ["Qwen3ForCausalLM"]:
+        draft = load_target(path, weight.device, weight.dtype).model
+    else:
+        draft = load_draft(path, target).model
+    return draft, state["step"], state["optimizer"]
 
 
 # ---- the target (demo models): next-token cross-entropy on the masked tokens ------------------------
 
-def lm_loss(target: Qwen3Target, ids: Tensor, loss_mask: Tensor) -> Tensor:
-    """Mean next-token cross-entropy over positions whose *next* token is in the loss mask.
-    `ids` and `loss_mask` are one sequence [S] or a right-padded batch [B, S] (see `pad_batch`)."""
+@dataclass
+class LMParts:
+    """A batch's next-token figures: the loss, and the share of the loss's tokens the model's arg-max
+    predicts (teacher-forced; for a draft model on the target's greedy answers, its first draft's
+    acceptance rate at T = 0)."""
+    loss: Tensor
+    accuracy: Tensor
+
+
+def lm_parts(target: Qwen3Target, ids: Tensor, loss_mask: Tensor) -> LMParts:
+    """Mean next-token cross-entropy over positions whose *next* token is in the loss mask, and its
+    accuracy. `ids` and `loss_mask` are one sequence [S] or a right-padded batch [B, S] (see `pad_batch`)."""
     if ids.dim() == 1:
         ids, loss_mask = ids[None], loss_mask[None]
     b, n = ids.shape
     cache = target.new_cache(n, batch=b)
     hidden, _ = target(ids, None, cache, n)  # a prefill from position 0
-    logits = target.logits(hidden[:, :-1])
-    weight = loss_mask[:, 1:].float()
-    ce = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
-    return (ce * weight.flatten()).sum() / weight.sum().clamp_min(1)
+    logits = target.logits(hidden[:, :-1]).flatten(0, 1)
+    weight, labels = loss_mask[:, 1:].flatten().float(), ids[:, 1:].flatten()
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    count = weight.sum().clamp_min(1)
+    hits = (logits.detach().argmax(-1) == labels).float()
+    return LMParts((ce * weight).sum() / count, (hits * weight).sum() / count)
+
+
+def lm_loss(target: Qwen3Target, ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """`lm_parts`'s loss."""
+    return lm_parts(target, ids, loss_mask).loss
 
 
 def train_target(target: Qwen3Target, examples: list[tuple[Tensor, Tensor]], args: TrainArgs, on_step=None) -> None:

@@ -7,9 +7,10 @@
 Stages (each seeded): the pinned standard-library corpus (`corpus.py`); a byte-level BPE tokenizer
 trained on it; a small Qwen3 target pretrained on the library's source, then instruction-tuned on the
 chat-formatted pairs (loss on the answers); the target's own answers to the training instructions,
-greedy and sampled (self-distillation, as DeepSpec does); a DSpark draft, a DFlash-mode draft and an
-EAGLE-3 draft trained on those; acceptance on the held-out coding prompts.
-Writes target/, dspark/, dflash/, eagle3/ and figures.json under --out; a stage whose output is already
+greedy and sampled (self-distillation, as DeepSpec does); a DSpark draft, a DFlash-mode draft, an
+EAGLE-3 draft and a classic draft model (a two-layer Qwen3 of the target's tokenizer, next-token
+cross-entropy) trained on those; acceptance on the held-out coding prompts.
+Writes target/, dspark/, dflash/, eagle3/, draft_model/ and figures.json under --out; a stage whose output is already
 there is reused (an interrupted build goes on where it stopped). The models are stored in bfloat16
 (what ships), and every later stage uses the stored weights, so the figures are those of the shipped
 models. `--install` copies the models into the package, and the figures and the target's
@@ -41,13 +42,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus as corpus_mod  # noqa: E402
 
-from dspark.checkpoint import DEMO_DIR, load_draft, load_target, save_draft, save_target  # noqa: E402
-from dspark.drafters import NgramDrafter, drafter_for  # noqa: E402
+from dspark.checkpoint import DEMO_DIR, load_target, save_target  # noqa: E402
+from dspark.drafters import NgramDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
 from dspark.models.config import BackboneConfig, TargetConfig  # noqa: E402
 from dspark.models.target import Qwen3Target  # noqa: E402
 from dspark.synthetic.presets import evenly_spaced_taps, vllm_default_eagle3_taps  # noqa: E402
-from dspark.synthetic.tiny import random_draft, random_eagle3, random_target, tiny_draft_config, tiny_eagle3_config  # noqa: E402
+from dspark.synthetic.tiny import (  # noqa: E402
+    random_draft,
+    random_draft_model,
+    random_eagle3,
+    random_target,
+    tiny_draft_config,
+    tiny_eagle3_config,
+)
 from dspark.tokenizer import SPECIALS, build_tokenizer, chat_prompt_ids, conversation, save_tokenizer  # noqa: E402
 from dspark.training import distill as distill_mod
 from dspark.training.eagle3_objective import TTTConfig, draft_vocabulary  # noqa: E402
@@ -55,12 +63,13 @@ from dspark.training.loop import (  # noqa: E402
     LossConfig,
     TrainArgs,
     TrainingStopped,
-    checkpoint_format,
     load_checkpoint,
+    save_trained,
     stop_requested,
     train,
     train_target,
 )
+from harness.backends.systems import make_drafter
 from harness.specs.datasets import file_sha256
 from harness.specs.datasets import load as load_suite
 
@@ -69,7 +78,8 @@ FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, 
             pretrain_steps=3000, target_steps=1500, batch=16, max_answer=256, samples=12, continuations=5353,
             rephrasings=6, draft_layers=3, draft_intermediate=640, draft_steps=7500, draft_batch=64, anchors=128,
             draft_source=True, eagle3_vocab=1024, eagle3_steps=900, eagle3_batch=8, eagle3_lr=1e-3,
-            eagle3_max_len=256)
+            eagle3_max_len=256, draft_model_layers=2, draft_model_steps=6000, draft_model_batch=64,
+            draft_model_lr=2e-3, draft_model_max_len=512, draft_model_tokens=3)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
               samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0, rephrasings=0,
@@ -81,9 +91,15 @@ SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, in
 # a reduced vocabulary of eagle3_vocab ids); steps, batch and learning rate default to the block drafts'.
 # The shipped one trained on a 2-core CPU: the first eagle3_max_len tokens of each sequence (256 keep 89 %
 # of the distilled answers' tokens; TTT's attention grows with the square of the length).
-DRAFTS = ("dspark", "dflash", "eagle3")
+# The classic draft model's (draft_model): draft_model_layers layers of the target's width and MLP, its own
+# embedding and head (tied, as the target's), trained on the first draft_model_max_len tokens of each distilled
+# sequence; it drafts draft_model_tokens a round in the figures (the demo experiment's num_speculative_tokens).
+# Steps, batch and learning rate default to the block drafts'.
+DRAFTS = ("dspark", "dflash", "eagle3", "draft_model")
 EAGLE3_OVERRIDES = {"draft_steps": "eagle3_steps", "draft_batch": "eagle3_batch", "draft_lr": "eagle3_lr",
                     "draft_intermediate": "eagle3_intermediate"}  # the draft flags set the EAGLE-3 draft's too
+DRAFT_MODEL_OVERRIDES = {"draft_steps": "draft_model_steps", "draft_batch": "draft_model_batch",
+                         "draft_lr": "draft_model_lr"}  # and the draft model's
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,9 +343,17 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
 def _new_draft(name: str, rank: int, size: dict, target: Qwen3Target, examples: list, seed: int):
     """A fresh draft of the kind `name` and its training settings: (draft, TrainArgs, what to record, how
     to describe a step's figures). The EAGLE-3 draft: one Llama-style layer tapping vLLM's default states,
-    its vocabulary the `eagle3_vocab` target ids the training data scores most; the block drafts: DeepSpec's."""
+    its vocabulary the `eagle3_vocab` target ids the training data scores most; the draft model: a Qwen3 of the
+    target's tokenizer (`random_draft_model`), next-token cross-entropy; the block drafts: DeepSpec's."""
     tcfg = target.config
     vocab = tcfg.backbone.vocab_size
+    if name == "draft_model":
+        draft = random_draft_model(target, size.get("draft_model_layers", 1), seed + 1)
+        args = TrainArgs(steps=size["draft_model_steps"], batch=size["draft_model_batch"], lr=size["draft_model_lr"],
+                         seed=seed, checkpoint_every=100, max_len=size.get("draft_model_max_len", 1024))
+        settings = {"num_speculative_tokens": size.get("draft_model_tokens", 3), "max_len": args.max_len,
+                    "tied_embeddings": draft.config.tie_word_embeddings}
+        return draft, args, settings, lambda parts: f"loss {float(parts[0].loss):.3f} acc {float(parts[0].accuracy):.2f}"
     if name == "eagle3":
         taps = tuple(size.get("draft_taps") or vllm_default_eagle3_taps(tcfg.backbone.num_layers))
         dcfg = tiny_eagle3_config(tcfg, taps=taps, num_tokens=7, draft_vocab_size=size["eagle3_vocab"],
@@ -356,7 +380,9 @@ def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device:
         return name
     target = _load_target(out, device)
     distilled = load_rows(out / "distilled.pt")
-    source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] else []
+    # the library's source too, for the drafts scored against the target's distributions; a draft model learns the
+    # tokens themselves, so only the target's own (the distillation)
+    source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] and name != "draft_model" else []
     examples = distilled + source
     draft, args, settings, describe = _new_draft(name, rank, size, target.cpu(), examples, seed)
     draft = draft.to(device)
@@ -377,10 +403,10 @@ def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     made = draft.config.backbone  # a resumed run's own shape, whatever this command asked for
     _record(out, name, {"layers": made.num_layers, "intermediate": made.intermediate_size} | settings
-            | {"taps": list(draft.config.target_layer_ids), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+            | {"taps": list(getattr(draft.config, "target_layer_ids", ())), "steps": args.steps, "batch": args.batch, "lr": args.lr,
                "tf32_matmul": device.startswith("cuda"), "distilled_sequences": len(distilled),
                "source_windows": len(source), "seed": seed, "device": device})
-    save_draft(draft.to(torch.bfloat16), out / name, checkpoint_format(draft), target.config, with_embeddings=False)
+    save_trained(draft.to(torch.bfloat16), out / name, target.config, with_embeddings=False)
     shutil.rmtree(ckpt, ignore_errors=True)
     return name
 
@@ -392,7 +418,8 @@ def evaluate(out: Path, tokenizer, size: dict, device: str, smoke: bool, drafts:
     eos = target.config.eos_token_ids
     rows = [r for r in load_suite("qualitative", source="demo").rows if r.category == "coding"][: size.get("prompts")]
     prompts = [chat_example(tokenizer, r.turns[0], [])[0].tolist() for r in rows]
-    systems = {"plain": None} | {name: drafter_for(load_draft(out / name, target).model) for name in drafts}
+    tokens = {"draft_model": size.get("draft_model_tokens", 3)}  # the others propose their checkpoint's block or chain
+    systems = {"plain": None} | {name: make_drafter(name, str(out / name), target, tokens.get(name))[0] for name in drafts}
     systems["ngram"] = NgramDrafter()
     figures = {"prompts": len(prompts)}
     for temperature in (0.0, 1.0):
@@ -438,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-batch", type=int, help="override the sequences per target pretraining and tuning step")
     ap.add_argument("--draft-steps", type=int, help="override the size's draft training steps")
     ap.add_argument("--draft-layers", type=int, help="override the size's block-draft layers (EAGLE-3 has one)")
+    ap.add_argument("--draft-model-layers", type=int, help="override the size's draft-model layers (fewer than the "
+                    "target's)")
     ap.add_argument("--draft-intermediate", type=int, help="override the drafts' MLP width (default: the target's)")
     ap.add_argument("--draft-batch", type=int, help="override the sequences per draft training step")
     ap.add_argument("--draft-lr", type=float, help="override the drafts' peak learning rate")
@@ -479,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.target_batch is not None and args.target_batch < 1:
         ap.error(f"--target-batch {args.target_batch}: give at least 1 sequence per step")
     size.setdefault("draft_batch", size["batch"])  # the drafts keep the size's batch
-    for key, block in (("eagle3_steps", "draft_steps"), ("eagle3_batch", "draft_batch"), ("eagle3_lr", "draft_lr")):
+    for key, block in (("eagle3_steps", "draft_steps"), ("eagle3_batch", "draft_batch"), ("eagle3_lr", "draft_lr"),
+                       ("draft_model_steps", "draft_steps"), ("draft_model_batch", "draft_batch"),
+                       ("draft_model_lr", "draft_lr")):
         size.setdefault(key, size.get(block, 1e-3))
     size["batch"] = args.target_batch or size["batch"]
     stored = args.out / "target" / "config.json"
@@ -505,12 +536,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.draft_taps != sorted(set(args.draft_taps)) or not 0 <= args.draft_taps[0] <= args.draft_taps[-1] < layers - 1:
             ap.error(f"--draft-taps {args.draft_taps}: give increasing layers from 0 to {layers - 2} (below the "
                      f"target's last layer, {layers - 1})")
-    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "draft_intermediate", "draft_batch",
+    if args.draft_model_layers is not None and not 0 < args.draft_model_layers < size["layers"]:
+        ap.error(f"--draft-model-layers {args.draft_model_layers}: give 1 to {size['layers'] - 1} (a draft model is "
+                 "smaller than the target)")
+    for key in ("pretrain_steps", "target_steps", "draft_steps", "draft_layers", "draft_model_layers",
+                "draft_intermediate", "draft_batch",
                 "draft_lr", "draft_taps", "anchors", "samples", "continuations", "rephrasings", "distill_batch"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
             if key in EAGLE3_OVERRIDES:  # the draft flags set the EAGLE-3 draft's own figures too
                 size[EAGLE3_OVERRIDES[key]] = size[key]
+            if key in DRAFT_MODEL_OVERRIDES:  # and the draft model's
+                size[DRAFT_MODEL_OVERRIDES[key]] = size[key]
     out, device, t0 = args.out, args.device, time.perf_counter()
     if args.corpus:  # corpus.json, or corpus.json.gz (a quarter of the size, to carry to a GPU machine)
         corpus, text = corpus_mod.load_or_refuse(ap, args.corpus)
@@ -535,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.until == "distill":
         return 0
     del target
-    ranks = {"dspark": 8 if args.size == "smoke" else 64, "dflash": 0, "eagle3": 0}
+    ranks = {"dspark": 8 if args.size == "smoke" else 64, "dflash": 0, "eagle3": 0, "draft_model": 0}
     deadline = None if args.time_limit is None else time.time() + args.time_limit
     jobs = [(str(out), name, ranks[name], size, args.seed, device, deadline) for name in drafts]
     if args.jobs > 1:

@@ -2,8 +2,8 @@
 wrote with the shipped one (experiments/demo/figures.json).
 
 GPU training is not bitwise deterministic, so a rebuild is held to the stated tolerance: every
-acceptance length (DSpark, DFlash mode, EAGLE-3, n-gram; T = 0 and T = 1) within ±0.3 tokens per round, and
-greedy speculative output equal to plain decoding. The distinct 4-gram ratios are shown, not held.
+acceptance length (DSpark, DFlash mode, EAGLE-3, the draft model, n-gram; T = 0 and T = 1) within ±0.3 tokens
+per round, and greedy speculative output equal to plain decoding. The distinct 4-gram ratios are shown, not held.
 Exit code 0 when the rebuild holds, 1 when a figure is out of tolerance, 2 for unusable input.
 
     python experiments/demo/compare_figures.py build/demo/figures.json [--reference FILE] [--tolerance 0.3]

@@ -1,5 +1,5 @@
-"""`dspark-bench train-draft`: a DSpark or DFlash-mode draft (DeepSpec's block objective) or an EAGLE-3
-draft (training-time test) for a Qwen3 target."""
+"""`dspark-bench train-draft`: a DSpark or DFlash-mode draft (DeepSpec's block objective), an EAGLE-3
+draft (training-time test) or a classic draft model (next-token cross-entropy) for a Qwen3 target."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dspark.errors import DSparkError
 from harness.cli import options, paths
 from harness.cli.render import err, out
 
-METHODS = ("dspark", "dflash", "eagle3")
+METHODS = ("dspark", "dflash", "eagle3", "draft_model")
 DEMO_DATA = "chats.jsonl"  # `--data demo`, beside the demo models (made by experiments/demo/chats.py)
 
 
@@ -21,9 +21,12 @@ def train_draft(
     data: Path = typer.Option(..., help="JSONL: prompt_ids/response_ids rows, or chat rows with messages; demo: "
                               "64 of the demo target's own answers to its instructions (for --target demo)."),
     out_dir: Path = typer.Option(..., "--out", help="Folder for checkpoints and the final draft (DeepSpec format; "
-                                 "EAGLE-3: the EAGLE authors' layout, the one vLLM loads)."),
+                                 "EAGLE-3: the EAGLE authors' layout, the one vLLM loads; draft_model: a Hugging Face "
+                                 "Qwen3 folder)."),
     method: str = typer.Option("dspark", "--method", "--mode", help="dspark (Markov head, confidence head), dflash "
-                               "(cross-entropy only) or eagle3 (one layer chained token by token, training-time test)."),
+                               "(cross-entropy only), eagle3 (one layer chained token by token, training-time test) or "
+                               "draft_model (a smaller Qwen3 of the target's tokenizer and width, its own embedding "
+                               "started from the target's, next-token cross-entropy on the data's answers)."),
     layers: int = typer.Option(1, min=1, help="Draft decoder layers (EAGLE-3: 1)."),
     block_size: int = typer.Option(7, min=2, help="Tokens drafted per block (anchor-first); EAGLE-3: the chain "
                                    "length its config suggests."),
@@ -48,9 +51,10 @@ def train_draft(
         "continue with --resume). Ctrl-C or SIGTERM does the same."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
 ):
-    """Train a DSpark, DFlash or EAGLE-3 draft for a Qwen3 target.
+    """Train a DSpark, DFlash or EAGLE-3 draft, or a draft model, for a Qwen3 target.
 
-    DSpark and DFlash-mode drafts learn DeepSpec's block objective; an EAGLE-3 draft, its training-time test."""
+    DSpark and DFlash-mode drafts learn DeepSpec's block objective; an EAGLE-3 draft, its training-time test; a
+    draft model (draft_model), next-token cross-entropy."""
     from dspark.training.loop import TrainArgs
 
     tcfg, dcfg, loss, examples, dev = _checked(target, data, out_dir, method, layers, block_size, markov_rank, taps,
@@ -65,6 +69,8 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
              steps: int, num_anchors: int, resume: bool, device: str):
     """(target config, draft config, objective, examples, device) of the options, every mistake in them
     refused in one line before any weights load: a training that starts is not stopped by its options."""
+    from dataclasses import replace
+
     from dspark.checkpoint import DEMO_DIR, read_config, resolve_path
     from dspark.models.config import TargetConfig
     from dspark.training.loop import LossConfig, checkpoint_path, checkpoint_step, read_examples
@@ -75,6 +81,9 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
     for flag, value in (("--ttt-length", ttt_length), ("--draft-vocab-size", draft_vocab_size)):
         if value is not None and not eagle3:
             raise DSparkError(f"{flag} is for --method eagle3; leave it out for {method}")
+    for flag, value in (("--taps", taps), ("--mask-token-id", mask_token_id)):
+        if value is not None and method == "draft_model":  # (it reads tokens alone, and drafts no mask)
+            raise DSparkError(f"{flag} is for the drafts that read the target's states; leave it out for draft_model")
     if eagle3 and layers != 1:
         raise DSparkError(f"--layers {layers}: an EAGLE-3 draft has one layer (every published one does); leave it out")
     if ttt_length is not None and ttt_length < 1:
@@ -106,6 +115,11 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
         raise DSparkError(f"{data}: token id {highest} is outside the target's vocabulary "
                           f"(0..{tcfg.backbone.vocab_size - 1}); give ids of this target's tokenizer")
     tap_ids = tuple(options.token_ids(taps, "--taps")) if taps else None
+    if method == "draft_model":  # the target's shape (vocabulary, width, heads, tied head) with `layers` layers
+        if layers >= tcfg.backbone.num_layers:
+            raise DSparkError(f"--layers {layers}: a draft model is a smaller model than the target, which has "
+                              f"{tcfg.backbone.num_layers} layers; give fewer")
+        return tcfg, replace(tcfg, backbone=replace(tcfg.backbone, num_layers=layers)), None, examples, dev
     if eagle3:
         dcfg, loss = _eagle3_config(tcfg, tap_ids, block_size, ttt_length, draft_vocab_size)
     else:
@@ -130,17 +144,20 @@ def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, 
     on a checkpointed step by the time limit, Ctrl-C or SIGTERM: exit code 3), and save the draft."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from dspark.checkpoint import load_target, save_draft
-    from dspark.training.loop import TrainingStopped, checkpoint_format, load_checkpoint, stop_requested, train
+    from dspark.checkpoint import load_target
+    from dspark.models.target import Qwen3Target
+    from dspark.training.loop import (TrainingStopped, checkpoint_format, load_checkpoint, save_trained,
+                                      stop_requested, train)
 
     loaded = load_target(target, dev, "float32")
     start, opt_state = 0, None
     resumed = load_checkpoint(out_dir, loaded.model) if resume else None
     if resumed is not None:
         draft, start, opt_state = resumed
-        if draft.config.method != method:
-            raise DSparkError(f"--method {method}: the checkpoint in {out_dir} is of method {draft.config.method}; "
-                              f"resume it with --method {draft.config.method}")
+        made = "draft_model" if isinstance(draft, Qwen3Target) else draft.config.method
+        if made != method:
+            raise DSparkError(f"--method {method}: the checkpoint in {out_dir} is of method {made}; "
+                              f"resume it with --method {made}")
     else:
         draft = _random_draft(dcfg, loaded.model, examples, args.seed)
     columns = [TextColumn("[progress.description]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -153,7 +170,11 @@ def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, 
                 progress.update(task, completed=step + 1)
                 return
             n = len(stats)
-            shown = f"loss {sum(float(s.loss.detach()) for s in stats) / n:.3f}  tau~{sum(float(s.tau) for s in stats) / n:.2f}"
+            shown = f"loss {sum(float(s.loss.detach()) for s in stats) / n:.3f}"
+            if method == "draft_model":  # its arg-max's agreement with the data's next token
+                shown += f"  acc {sum(float(s.accuracy) for s in stats) / n:.2f}"
+            else:
+                shown += f"  tau~{sum(float(s.tau) for s in stats) / n:.2f}"
             if method == "eagle3":  # each TTT step's accuracy (draft arg-max = target arg-max), step 0 first
                 shown += "  acc " + " ".join(f"{float(a):.2f}" for a in sum(s.accuracy for s in stats) / n)
             progress.update(task, completed=step + 1, stats=shown)
@@ -167,7 +188,7 @@ def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, 
                       "--resume", highlight=False, soft_wrap=True)
             raise typer.Exit(3) from None
     fmt = checkpoint_format(draft)
-    save_draft(draft, out_dir, fmt, tcfg)
+    save_trained(draft, out_dir, tcfg)
     trained = f"{args.steps} steps" + (f", {args.steps - start} of them now, resumed at step {start}" if resumed else "")
     out.print(f"draft saved to {out_dir} ({fmt} format, {method}, {trained})", highlight=False, soft_wrap=True)
 
@@ -196,11 +217,14 @@ def _eagle3_config(tcfg, taps: tuple[int, ...] | None, num_tokens: int, ttt_leng
 
 def _random_draft(dcfg, target, examples, seed: int):
     """A fresh draft of `dcfg` for `target`; an EAGLE-3 draft over a reduced vocabulary gets the target
-    tokens the data scores most (`draft_vocabulary`)."""
-    from dspark.models.config import Eagle3Config
-    from dspark.synthetic.tiny import random_draft, random_eagle3
+    tokens the data scores most (`draft_vocabulary`); a draft model starts from the target's embedding
+    (`random_draft_model`)."""
+    from dspark.models.config import Eagle3Config, TargetConfig
+    from dspark.synthetic.tiny import random_draft, random_draft_model, random_eagle3
     from dspark.training.eagle3_objective import draft_vocabulary
 
+    if isinstance(dcfg, TargetConfig):
+        return random_draft_model(target, dcfg.backbone.num_layers, seed)
     if not isinstance(dcfg, Eagle3Config):
         return random_draft(dcfg, target, seed)
     d2t = draft_vocabulary(examples, dcfg.vocab_size, dcfg.backbone.vocab_size) if dcfg.reduced_vocab else None
