@@ -353,7 +353,7 @@ def _new_draft(name: str, rank: int, size: dict, target: Qwen3Target, examples: 
                          seed=seed, checkpoint_every=100, max_len=size.get("draft_model_max_len", 1024))
         settings = {"num_speculative_tokens": size.get("draft_model_tokens", 3), "max_len": args.max_len,
                     "tied_embeddings": draft.config.tie_word_embeddings}
-        return draft, args, settings, lambda parts: f"loss {float(parts[0].loss):.3f} acc {float(parts[0].accuracy):.2f}"
+        return draft, args, settings, lambda parts: f"loss {float(parts[0].loss.detach()):.3f} acc {float(parts[0].accuracy):.2f}"
     if name == "eagle3":
         taps = tuple(size.get("draft_taps") or vllm_default_eagle3_taps(tcfg.backbone.num_layers))
         dcfg = tiny_eagle3_config(tcfg, taps=taps, num_tokens=7, draft_vocab_size=size["eagle3_vocab"],
