@@ -133,7 +133,7 @@ def test_native_refuses_a_vllm_method_naming_the_backends_that_run_it(tmp_path, 
     exp, out_dir = _experiment(tmp_path, "native"), tmp_path / "r"
     code, _, err = run_cli(monkeypatch, capfd, "run", "--experiment", exp, "--systems", "plain,suffix",
                            "--device", "cpu", *(["--dry-run"] if dry else ["--out", out_dir]))
-    _one_line(code, err, "system suffix: method 'suffix' is not one of our engine's (plain, dspark, dflash, eagle3, "
+    _one_line(code, err, "system suffix: method 'suffix' is not one of our engine's (plain, dspark, dflash, dflash2, eagle3, "
                          "ngram, draft_model); run it with --backend vllm or vllm-server")
     assert not out_dir.exists()
     table = exp.read_text().replace('name = "typo"\nmethod = "sufix"',
