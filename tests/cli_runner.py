@@ -51,3 +51,21 @@ def run_watched(cmd: list, quiet_s: float = 300.0, **popen_kw) -> subprocess.Com
     for reader in readers:
         reader.join()
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen["out"]), "".join(seen["err"]))
+
+
+def native_and_vllm_runs(common: list, root, env: dict, system: str, shim, **vllm_env: str) -> dict:
+    """`dspark-bench run` (`common`: the command and its run options) natively, then `system` alone on vLLM's
+    offline backend, its engine in this one process under Triton's interpreter with the test-only `shim` on the
+    path; each must exit 0. `env`: the environment from before any test imported vLLM, less OMP_NUM_THREADS and
+    TRITON_INTERPRET. Returns {"native": folder, "vllm": folder}."""
+    import os
+
+    native = run_watched([*common, "--out", root / "native"], cwd=root, env=env)
+    assert native.returncode == 0, native.stderr[-3000:]
+    shimmed = env | {"PYTHONPATH": os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH")) if p),
+                     "TRITON_INTERPRET": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                     **vllm_env}
+    vllm = run_watched([*common, "--systems", system, "--backend", "vllm", "--vllm-arg",
+                        "distributed_executor_backend=uni", "--out", root / "vllm"], cwd=root, env=shimmed)
+    assert vllm.returncode == 0, vllm.stderr[-3000:]
+    return {"native": root / "native", "vllm": root / "vllm"}

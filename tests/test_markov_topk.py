@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli, run_watched
+from cli_runner import native_and_vllm_runs, run_cli
 
 from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
@@ -182,15 +182,8 @@ def runs(tmp_path_factory):
     common = [script, "run", "--experiment", root / "topk.toml", "--category", "coding", "--disable-shuffle",
               "--num-prompts", PROMPTS, "--json"]
     env = {k: v for k, v in START_ENV.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
-    native = run_watched([*common, "--out", root / "native"], cwd=root, env=env)
-    assert native.returncode == 0, native.stderr[-3000:]
     # (vLLM's engine in this one process; its V2 runner whatever VLLM_USE_V2_MODEL_RUNNER says: dspark is only there)
-    shimmed = env | {"PYTHONPATH": os.pathsep.join(p for p in (str(SHIM), env.get("PYTHONPATH")) if p),
-                     "TRITON_INTERPRET": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    vllm = run_watched([*common, "--systems", "dspark-top", "--backend", "vllm", "--vllm-arg",
-                        "distributed_executor_backend=uni", "--out", root / "vllm"], cwd=root, env=shimmed)
-    assert vllm.returncode == 0, vllm.stderr[-3000:]
-    return {"native": root / "native", "vllm": root / "vllm"}
+    return native_and_vllm_runs(common, root, env, "dspark-top", SHIM)
 
 
 @needs_vllm

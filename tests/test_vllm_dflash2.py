@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_runner import run_watched
+from cli_runner import native_and_vllm_runs
 
 from dspark.checkpoint import DEMO_DIR
 from harness.analysis.records import read_requests
@@ -108,16 +108,8 @@ def runs(tmp_path_factory, draft):
     common = [script, "run", "--experiment", root / "d2.toml", "--category", "coding", "--disable-shuffle",
               "--num-prompts", PROMPTS, "--json"]
     env = {k: v for k, v in START_ENV.items() if k not in ("OMP_NUM_THREADS", "TRITON_INTERPRET")}
-    native = run_watched([*common, "--out", root / "native"], cwd=root, env=env)
-    assert native.returncode == 0, native.stderr[-3000:]
     # (vLLM's engine in this one process; its V2 runner whatever VLLM_USE_V2_MODEL_RUNNER says: the backend sets it)
-    shimmed = env | {"PYTHONPATH": os.pathsep.join(p for p in (str(SHIM), env.get("PYTHONPATH")) if p),
-                     "TRITON_INTERPRET": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                     "VLLM_USE_V2_MODEL_RUNNER": "0"}
-    vllm = run_watched([*common, "--systems", "dflash2", "--backend", "vllm", "--vllm-arg",
-                        "distributed_executor_backend=uni", "--out", root / "vllm"], cwd=root, env=shimmed)
-    assert vllm.returncode == 0, vllm.stderr[-3000:]
-    return {"draft": draft, "native": root / "native", "vllm": root / "vllm"}
+    return {"draft": draft, **native_and_vllm_runs(common, root, env, "dflash2", SHIM, VLLM_USE_V2_MODEL_RUNNER="0")}
 
 
 def _prompt_ids(records: list[dict]) -> dict[str, list[int]]:
