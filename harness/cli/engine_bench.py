@@ -34,7 +34,8 @@ def engine_bench(
                                          "to skip (default: eagle3-qwen3-8b on a GPU, none on a CPU)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="A draft model (draft_model: a smaller Qwen3 "
                                               "of the target's vocabulary) timed beside the block draft, alternated "
-                                              "with it: preset (qwen3-0.6b, for qwen3-8b), demo, or a Qwen3 folder / "
+                                              "with it, at random weights of its shape: preset (qwen3-0.6b, for "
+                                              "qwen3-8b), demo-draft-model (for the demo target), or a Qwen3 folder / "
                                               "config.json (default: none)."),
     draft_model_tokens: int = typer.Option(3, min=1, help="With --draft-model: its tokens a round."),
     sweep_context: str = typer.Option("", help="Also these context lengths, comma-separated (e.g. 1024,4096,16384): "

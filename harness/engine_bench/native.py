@@ -134,8 +134,8 @@ def draft_model_config(name: str, target: TargetConfig) -> TargetConfig:
     if cfg is None:
         path = model_folder(name)
         if not path.is_dir():
-            raise DSparkError(f"--draft-model {name}: no such preset or folder; give one of {', '.join(TARGETS)}, demo, "
-                              "or a Qwen3 model's folder or config.json")
+            raise DSparkError(f"--draft-model {name}: no such preset or folder; give one of {', '.join(TARGETS)}, "
+                              "demo-draft-model, or a Qwen3 model's folder or config.json")
         cfg = TargetConfig.from_hf(read_config(path), f"--draft-model {name}")
     theirs, ours = cfg.backbone.vocab_size, target.backbone.vocab_size
     if theirs != ours:
