@@ -211,8 +211,6 @@ class DraftModel(DraftBase):
         (causal: a query sees the block up to its own slot) and, with a window, an explicit mask."""
         cfg = self.config
         n = len(self.layers)
-        if trained and cfg.conv_kernel_size:
-            raise DSparkError("training a DFlash 2 draft is not supported (its convolutions run over one block's rows)")
         if not cfg.layer_causal and not cfg.layer_window:
             return [step] * n
         if trained:

@@ -26,16 +26,19 @@ from dspark.models.layers import AttentionStep, DecoderLayer, FusedProjections, 
 from dspark.sampling import GREEDY_TEMPERATURE, probs, sample
 
 
-def convolve(hidden: Tensor, dynamic: Tensor, base: Tensor, group_size: int) -> Tensor:
-    """hidden [B, T, H] convolved causally over T: out[t] = sum_o (base[o] + dynamic[t, o, group]) * hidden[t - o]
-    (dynamic [B, T, taps, groups], base [taps, H]), accumulated tap by tap as z-lab's `_grouped_dynamic_convolve`."""
-    b, t, h = hidden.shape
+def convolve(hidden: Tensor, dynamic: Tensor, base: Tensor, group_size: int, rows: int) -> Tensor:
+    """hidden [B, T, H] convolved causally within each block of `rows` rows (T a multiple of it): out[t] =
+    sum_o (base[o] + dynamic[t, o, group]) * hidden[t - o], zero where t - o falls before the block's first row
+    (dynamic [B, T, taps, groups], base [taps, H]), accumulated tap by tap as z-lab's `_grouped_dynamic_convolve`.
+    Inference runs one block (T = rows, the split a view); training many blocks of a sequence in one row, which
+    must not see each other (`dspark.training.block_objective`)."""
+    h = hidden.shape[-1]
     taps, groups = base.shape[0], h // group_size
-    blocks = hidden.view(b, t, groups, group_size)
-    dynamic = dynamic.reshape(b, t, taps, groups, 1)
+    blocks = hidden.view(-1, rows, groups, group_size)
+    dynamic = dynamic.reshape(-1, rows, taps, groups, 1)
     out = torch.zeros_like(blocks)
     for offset in range(taps):
-        values = blocks if offset == 0 else F.pad(blocks, (0, 0, 0, 0, offset, 0))[:, :t]
+        values = blocks if offset == 0 else F.pad(blocks, (0, 0, 0, 0, offset, 0))[:, :rows]
         out = out + base[offset].view(1, 1, groups, group_size).to(hidden.dtype) * values
         out = torch.addcmul(out, dynamic[:, :, offset], values)
     return out.view_as(hidden)
@@ -44,9 +47,9 @@ def convolve(hidden: Tensor, dynamic: Tensor, base: Tensor, group_size: int) -> 
 class GroupedDynamicCausalConv(nn.Module):
     """One of a layer's two convolutions (parameter names as z-lab's checkpoints)."""
 
-    def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int, block_size: int):
         super().__init__()
-        self.kernel_size, self.group_size = kernel_size, group_size
+        self.kernel_size, self.group_size, self.block_size = kernel_size, group_size, block_size
         self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * (hidden_size // group_size), bias=False)
 
@@ -54,10 +57,11 @@ class GroupedDynamicCausalConv(nn.Module):
         """x convolved (the first kernel), and the dynamic weights of the second (for `finish`), both from x."""
         dynamic = kernels.linear(x, self.kernel_projection.weight)
         dynamic = dynamic.view(*x.shape[:-1], 2, self.kernel_size, x.shape[-1] // self.group_size)
-        return convolve(x, dynamic[..., 0, :, :], self.base_kernel[0], self.group_size), dynamic[..., 1, :, :]
+        return (convolve(x, dynamic[..., 0, :, :], self.base_kernel[0], self.group_size, self.block_size),
+                dynamic[..., 1, :, :])
 
     def finish(self, x: Tensor, dynamic: Tensor) -> Tensor:
-        return convolve(x, dynamic, self.base_kernel[1], self.group_size)
+        return convolve(x, dynamic, self.base_kernel[1], self.group_size, self.block_size)
 
 
 def _project(module: FusedProjections, x: Tensor, gated: bool = False) -> Tensor:
@@ -71,10 +75,10 @@ def _project(module: FusedProjections, x: Tensor, gated: bool = False) -> Tensor
 class DFlash2Layer(DecoderLayer):
     """A Qwen3 draft layer with z-lab's convolutions: norm, convolve, attention, convolve, add; the same for the MLP."""
 
-    def __init__(self, cfg: BackboneConfig, kernel_size: int, group_size: int):
+    def __init__(self, cfg: BackboneConfig, kernel_size: int, group_size: int, block_size: int):
         super().__init__(cfg)
-        self.attention_conv = GroupedDynamicCausalConv(cfg.hidden_size, kernel_size, group_size)
-        self.mlp_conv = GroupedDynamicCausalConv(cfg.hidden_size, kernel_size, group_size)
+        self.attention_conv = GroupedDynamicCausalConv(cfg.hidden_size, kernel_size, group_size, block_size)
+        self.mlp_conv = GroupedDynamicCausalConv(cfg.hidden_size, kernel_size, group_size, block_size)
 
     def forward(self, x: Tensor, step: AttentionStep, cache: KVCache, layer: int) -> Tensor:
         h, dynamic = self.attention_conv.prepare(self.input_layernorm(x))
@@ -115,13 +119,30 @@ class CandidateSelector(nn.Module):
             all_scores.append(scores)
         return torch.cat(tokens), candidates, torch.cat(qs), torch.cat(all_scores)
 
+    def score_candidates(self, hidden: Tensor, logits: Tensor, predecessors: Tensor, candidates: Tensor) -> Tensor:
+        """`select`'s scores of given candidates [..., k] for given predecessors [...] (hidden [..., H], logits
+        [..., V]), every slot at once: what training scores with the true predecessors (teacher forcing)."""
+        pair = self.predecessor_codebook(predecessors) * self.hidden_projection(hidden)  # [..., r]
+        return logits.gather(-1, candidates) + (pair[..., None, :] * self.successor_codebook(candidates)).sum(-1)
+
 
 def dflash2_layers(cfg, count: int) -> list[DecoderLayer]:
     """The layers of a draft of `cfg` (a DraftConfig): DFlash 2's where it sets a convolution, else plain ones."""
     b = cfg.backbone
     if not cfg.conv_kernel_size:
         return [DecoderLayer(b) for _ in range(count)]
-    return [DFlash2Layer(b, cfg.conv_kernel_size, cfg.conv_group_size) for _ in range(count)]
+    return [DFlash2Layer(b, cfg.conv_kernel_size, cfg.conv_group_size, cfg.block_size) for _ in range(count)]
+
+
+def identity_convolutions(model: nn.Module) -> None:
+    """Every convolution the identity (tap 0's base kernel 1, the rest and the dynamic projection 0), as
+    vllm-project/speculators starts a DFlash 2 draft it trains: the fresh draft is then a plain DFlash one."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, GroupedDynamicCausalConv):
+                module.base_kernel.zero_()
+                module.base_kernel[:, 0].fill_(1.0)
+                module.kernel_projection.weight.zero_()
 
 
 def init_convolutions(model: nn.Module, std: float) -> None:

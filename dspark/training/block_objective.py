@@ -1,12 +1,22 @@
-"""DeepSpec's block objective (spec §6): the loss of a DSpark or DFlash-mode draft on one batch.
+"""DeepSpec's block objective (spec §6): the loss of a DSpark, DFlash or DFlash 2 draft on one batch.
 
 Per sequence: the target's tapped features and final hidden states are computed on the fly; anchors
 are drawn where the anchor and its next token are in the loss mask; every anchor's block
 `[token, mask, ..., mask]` runs at once, each block in its own cache slots and seeing the context
-before its anchor and itself (the same layers as inference, with an explicit mask). Slot k is
-scored against the token at anchor + k + 1 with weight exp(-k / gamma) under a prefix mask:
-DSpark: 0.1 CE + 0.9 L1(draft, target) + BCE(confidence, 1 - L1 / 2) with a teacher-forced Markov
-head; DFlash mode (Markov rank 0, no confidence head): CE only.
+before its anchor and itself (the same layers as inference, with an explicit mask; a DFlash 2 draft's
+convolutions run within each block's rows, `dspark.models.dflash2.convolve`). Each drafted slot is
+scored against the token it predicts (anchor-first: slot k, anchor + k + 1; fill-in, z-lab's layout: slot
+k >= 1, anchor + k, the anchor slot unscored), the j-th drafted slot with weight exp(-j / gamma) under a
+prefix mask: DSpark: 0.1 CE + 0.9 L1(draft, target) + BCE(confidence, 1 - L1 / 2) with a teacher-forced
+Markov head; DFlash mode (Markov rank 0, no confidence head): CE only.
+
+DFlash 2 adds its candidate selector's loss, as vllm-project/speculators trains it (`models/dflash2/metrics.py`,
+`compute_selector_loss`; z-lab's `dflash` package ships inference only): per slot the head's top-k candidates,
+the last of them replaced by the target's arg-max token where that is absent, are scored by the selector
+teacher-forced (the true token before the slot as its predecessor), and the loss is the cross-entropy of those
+k scores toward the target's token, weighted as the head's; it is added to the head's loss (times
+`selector_weight`, speculators' `selector_loss_alpha`, 1). The head's loss stays ours (CE) where speculators
+defaults to a KL to the target's distribution.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from torch import Tensor
 
 from dspark.errors import DSparkError
 from dspark.models.block_draft import DraftModel
+from dspark.models.dflash2 import CandidateSelector
 from dspark.models.layers import KVCache
 
 
@@ -29,6 +40,7 @@ class LossConfig:
     ce_weight: float = 0.1
     l1_weight: float = 0.9
     confidence_weight: float = 1.0
+    selector_weight: float = 1.0  # DFlash 2: the candidate selector's cross-entropy, added to the head's
 
 
 @dataclass
@@ -41,6 +53,7 @@ class LossParts:
     bce: Tensor
     tau: Tensor  # 1 + sum_k prod_{i<=k} (1 - L1_i / 2): the probabilistic acceptance length estimate
     slots: Tensor
+    selector: Tensor | None = None  # DFlash 2: the candidate selector's cross-entropy (None for other drafts)
 
 
 def sample_anchors(loss_mask: Tensor, count: int, generator: torch.Generator) -> Tensor:
@@ -64,8 +77,6 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     """The loss of one sequence (ids [S], anchors [A]) or of a right-padded batch (ids [B, S],
     anchors [B, A] with -1 for none), averaged over every scored slot of the batch."""
     dc = draft.config
-    if not dc.sample_from_anchor:
-        raise DSparkError("the trainer writes anchor-first (DeepSpec) drafts")
     if ids.dim() == 1:
         feats, target_logits, ids, loss_mask, anchors = (t[None] for t in (feats, target_logits, ids, loss_mask,
                                                                           anchors))
@@ -93,25 +104,28 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     block = torch.full((nb, anchors.shape[1], b), dc.mask_token_id, dtype=torch.long, device=device)
     block[..., 0] = ids.gather(1, anchor_all)
     hidden = draft.block_hidden(block.view(nb, q), packed_pos, cache, kv_len, slots=slots, mask=mask)
-    # One row per block from here on (no boolean indexing: the step never waits for the device).
-    hidden = hidden.view(-1, b, hidden.shape[-1])  # [R, B, H]
+    # One row per block from here on (no boolean indexing: the step never waits for the device), its drafted slots
+    # only: anchor-first, all; fill-in (z-lab's layout), all but the anchor's.
+    n = dc.num_drafts
+    hidden = hidden.view(-1, b, hidden.shape[-1])[:, b - n :]  # [R, n, H]
     used = (anchors >= 0).flatten()  # [R]
     seq = torch.arange(nb, device=device).repeat_interleave(anchors.shape[1])  # [R] the sequence of each block
     r = seq.shape[0]
-    positions = packed_pos.view(r, b)  # [R, B]
+    positions = packed_pos.view(r, b)[:, b - n :]  # [R, n]
     logits = draft.base_logits(hidden)
 
     rows = seq[:, None]
-    label_pos = positions + 1  # slot k predicts the token at anchor + k + 1
+    label_pos = positions + 1 - (b - n)  # the token a slot predicts: anchor + k + 1 (anchor-first), anchor + k (fill-in)
     in_seq = label_pos < s
+    source = (label_pos - 1).clamp(max=s - 1)  # where the target predicts it, and the true token before it
     label_pos = label_pos.clamp(max=s - 1)
     valid = (in_seq & loss_mask[rows, label_pos] & used[:, None]).long().cumprod(-1).bool()  # a prefix mask
     labels = ids[rows, label_pos]
-    prev = ids[rows, positions.clamp(max=s - 1)]  # teacher forcing: slot k follows the true token at anchor + k
+    prev = ids[rows, source]  # teacher forcing: each slot follows the true token before the one it predicts
     conf_logit = None
     if draft.markov_head is not None:
         state, biases, es = None, [], []
-        for j in range(b):
+        for j in range(n):
             bias, e, state = draft.markov_head.step(hidden[:, j], prev[:, j], state)
             biases.append(bias)
             es.append(e)
@@ -120,11 +134,12 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
     if draft.confidence_head is not None:
         use_e = e_all if dc.confidence_head_with_markov else None
         conf_logit = draft.confidence_head(hidden, use_e)
-    weight = torch.exp(-k.float() / cfg.gamma)[None].expand(r, b) * valid
+    weight = torch.exp(-k[:n].float() / cfg.gamma)[None].expand(r, n) * valid
     norm = weight.sum().clamp_min(1e-6)
     log_q = F.log_softmax(logits.float(), -1)
     ce = -(log_q.gather(-1, labels[..., None]).squeeze(-1))
-    p_t = F.softmax(target_logits[rows, positions.clamp(max=s - 1)].float(), -1)
+    t_logits = target_logits[rows, source].float()
+    p_t = F.softmax(t_logits, -1)
     l1 = (log_q.exp() - p_t).abs().sum(-1)
     parts = {"ce": (ce * weight).sum() / norm, "l1": (l1 * weight).sum() / norm, "bce": torch.zeros((), device=device)}
     if dc.markov_rank == 0 and conf_logit is None:  # DFlash mode: cross-entropy only
@@ -136,6 +151,27 @@ def draft_loss(draft: DraftModel, feats: Tensor, target_logits: Tensor, ids: Ten
             bce = F.binary_cross_entropy_with_logits(conf_logit, target_acc, reduction="none")
             parts["bce"] = (bce * weight).sum() / norm
             loss = loss + cfg.confidence_weight * parts["bce"]
+    selector = None
+    if draft.candidate_selector is not None:  # DFlash 2
+        selector = selector_loss(draft.candidate_selector, hidden, logits, prev, t_logits.argmax(-1), weight) / norm
+        loss = loss + cfg.selector_weight * selector
+        selector = selector.detach()
     accept = ((1 - l1.detach() / 2) * valid).clamp(0, 1)
     tau = 1 + (accept.cumprod(-1).sum(-1) * used).sum() / used.sum().clamp_min(1)
-    return LossParts(loss, *(parts[n].detach() for n in ("ce", "l1", "bce")), tau, valid.sum())
+    return LossParts(loss, *(parts[name].detach() for name in ("ce", "l1", "bce")), tau, valid.sum(), selector)
+
+
+def selector_loss(selector: CandidateSelector, hidden: Tensor, logits: Tensor, predecessors: Tensor, target: Tensor,
+                  weight: Tensor) -> Tensor:
+    """The weighted sum of the selector's cross-entropy over each slot's candidates toward the target's token
+    `target` [R, n] (speculators' `compute_selector_loss`): the head's top-k, the weakest replaced by the target's
+    token where the top-k lacks it, scored with the true predecessors."""
+    top_k = selector.top_k
+    candidates = logits.detach().topk(top_k, dim=-1).indices  # sorted: the weakest last
+    hit = candidates == target[..., None]
+    present = hit.any(-1)
+    candidates[..., -1] = torch.where(present, candidates[..., -1], target)
+    index = torch.where(present, hit.long().argmax(-1), top_k - 1)
+    scores = selector.score_candidates(hidden, logits, predecessors, candidates).float()
+    ce = F.cross_entropy(scores.flatten(0, -2), index.flatten(), reduction="none").view_as(index)
+    return (ce * weight).sum()

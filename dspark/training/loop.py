@@ -251,10 +251,12 @@ def train(target: Qwen3Target, draft: Trainable, examples: list[tuple[Tensor, Te
 
 
 def checkpoint_format(draft: Trainable) -> str:
-    """The format the trainer writes a draft in: DeepSpec's for a block draft, the EAGLE authors' (the
-    layout vLLM loads) for an EAGLE-3 draft, a Hugging Face Qwen3 folder (what vLLM's draft_model loads)
-    for a draft model."""
-    return "qwen3" if isinstance(draft, Qwen3Target) else "eagle" if isinstance(draft, Eagle3Draft) else "deepspec"
+    """The format the trainer writes a draft in: DeepSpec's for an anchor-first block draft, z-lab's for a
+    fill-in one (a DFlash 2 draft: what z-lab's DFlash2DraftModel loads), the EAGLE authors' (the layout vLLM
+    loads) for an EAGLE-3 draft, a Hugging Face Qwen3 folder (what vLLM's draft_model loads) for a draft model."""
+    if isinstance(draft, (Qwen3Target, Eagle3Draft)):
+        return "qwen3" if isinstance(draft, Qwen3Target) else "eagle"
+    return "deepspec" if draft.config.sample_from_anchor else "zlab"
 
 
 def save_trained(draft: Trainable, out: Path, target_config, with_embeddings: bool = True) -> None:

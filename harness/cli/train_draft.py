@@ -1,5 +1,6 @@
-"""`dspark-bench train-draft`: a DSpark or DFlash-mode draft (DeepSpec's block objective), an EAGLE-3
-draft (training-time test) or a classic draft model (next-token cross-entropy) for a Qwen3 target."""
+"""`dspark-bench train-draft`: a DSpark or DFlash-mode draft (DeepSpec's block objective), a DFlash 2 draft (the
+block objective in z-lab's fill-in layout plus its candidate selector's loss), an EAGLE-3 draft (training-time test)
+or a classic draft model (next-token cross-entropy) for a Qwen3 target."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from dspark.errors import DSparkError
 from harness.cli import options, paths
 from harness.cli.render import err, out
 
-METHODS = ("dspark", "dflash", "eagle3", "draft_model")
+METHODS = ("dspark", "dflash", "dflash2", "eagle3", "draft_model")
+# DFlash 2's own options and their defaults (vllm-project/speculators' for a DFlash 2 it trains)
+DFLASH2_OPTIONS = {"--conv-kernel-size": 2, "--conv-group-size": 16, "--selector-rank": 256, "--selector-top-k": 16}
 DEMO_DATA = "chats.jsonl"  # `--data demo`, beside the demo models (made by experiments/demo/chats.py)
 
 
@@ -21,15 +24,17 @@ def train_draft(
     data: Path = typer.Option(..., help="JSONL: prompt_ids/response_ids rows, or chat rows with messages; demo: "
                               "64 of the demo target's own answers to its instructions (for --target demo)."),
     out_dir: Path = typer.Option(..., "--out", help="Folder for checkpoints and the final draft (DeepSpec format; "
-                                 "EAGLE-3: the EAGLE authors' layout, the one vLLM loads; draft_model: a Hugging Face "
-                                 "Qwen3 folder)."),
+                                 "dflash2: z-lab's layout, the one its DFlash2DraftModel loads; EAGLE-3: the EAGLE "
+                                 "authors' layout, the one vLLM loads; draft_model: a Hugging Face Qwen3 folder)."),
     method: str = typer.Option("dspark", "--method", "--mode", help="dspark (Markov head, confidence head), dflash "
-                               "(cross-entropy only), eagle3 (one layer chained token by token, training-time test) or "
+                               "(cross-entropy only), dflash2 (z-lab's DFlash 2: fill-in blocks, convolutions in each "
+                               "layer, a candidate selector trained with its cross-entropy over the head's top-k), eagle3 (one layer chained token by token, training-time test) or "
                                "draft_model (a smaller Qwen3 of the target's tokenizer and width, its own embedding "
                                "started from the target's, next-token cross-entropy on the data's answers)."),
     layers: int = typer.Option(1, min=1, help="Draft decoder layers (EAGLE-3: 1)."),
-    block_size: int = typer.Option(7, min=2, help="Tokens drafted per block (anchor-first); EAGLE-3: the chain "
-                                   "length its config suggests."),
+    block_size: int = typer.Option(7, min=2, help="Tokens drafted per block (anchor-first); dflash2: the block's "
+                                   "rows, the anchor's included (it drafts one fewer); EAGLE-3: the chain length its "
+                                   "config suggests."),
     markov_rank: int = typer.Option(64, min=1, help="Rank of the Markov head (dspark mode)."),
     taps: Optional[str] = typer.Option(None, help="Tapped target layers, e.g. 1,3,5, counted from 0, each one's output "
                                        "(default: 5 evenly spaced; EAGLE-3: vLLM's default, its (2, L//2, L-3) in "
@@ -39,10 +44,18 @@ def train_draft(
                                              "each weighted 0.8 times the one before."),
     draft_vocab_size: Optional[int] = typer.Option(None, help="EAGLE-3: the draft's vocabulary, the target tokens the "
                                                    "data scores most (default: the whole target vocabulary)."),
+    conv_kernel_size: Optional[int] = typer.Option(None, help="dflash2: taps of each convolution, over a block's "
+                                                   "rows (default 2)."),
+    conv_group_size: Optional[int] = typer.Option(None, help="dflash2: channels per group of the convolutions' dynamic "
+                                                  "weights; must divide the target's hidden size (default 16)."),
+    selector_rank: Optional[int] = typer.Option(None, help="dflash2: rank of the candidate selector's codebooks "
+                                                "(default 256)."),
+    selector_top_k: Optional[int] = typer.Option(None, help="dflash2: candidates per slot the selector re-scores, the "
+                                                 "head's top-k (default 16)."),
     steps: int = typer.Option(1000, min=1, help="Optimizer steps to train for (the total, resumed steps included)."),
     batch: int = typer.Option(8, min=1, help="Sequences per optimizer step."),
     lr: float = typer.Option(6e-4, min=0.0, help="Peak learning rate of AdamW (linear warm-up over 4 % of the steps, then cosine decay)."),
-    num_anchors: int = typer.Option(64, min=1, help="Blocks drawn per sequence (dspark, dflash)."),
+    num_anchors: int = typer.Option(64, min=1, help="Blocks drawn per sequence (dspark, dflash, dflash2)."),
     checkpoint_every: int = typer.Option(200, min=1, help="Save a resumable checkpoint every this many steps."),
     seed: int = typer.Option(0, help="Seeds the draft's initial weights and each step's batch and blocks."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
@@ -51,22 +64,24 @@ def train_draft(
         "continue with --resume). Ctrl-C or SIGTERM does the same."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
 ):
-    """Train a DSpark, DFlash or EAGLE-3 draft, or a draft model, for a Qwen3 target.
+    """Train a DSpark, DFlash, DFlash 2 or EAGLE-3 draft, or a draft model, for a Qwen3 target.
 
-    DSpark and DFlash-mode drafts learn DeepSpec's block objective; an EAGLE-3 draft, its training-time test; a
-    draft model (draft_model), next-token cross-entropy."""
+    DSpark, DFlash-mode and DFlash 2 drafts learn DeepSpec's block objective (DFlash 2's selector its cross-entropy
+    beside it); an EAGLE-3 draft, its training-time test; a draft model (draft_model), next-token cross-entropy."""
     from dspark.training.loop import TrainArgs
 
+    dflash2 = {"--conv-kernel-size": conv_kernel_size, "--conv-group-size": conv_group_size,
+               "--selector-rank": selector_rank, "--selector-top-k": selector_top_k}
     tcfg, dcfg, loss, examples, dev = _checked(target, data, out_dir, method, layers, block_size, markov_rank, taps,
                                                mask_token_id, ttt_length, draft_vocab_size, steps, num_anchors,
-                                               resume, device)
+                                               resume, device, dflash2)
     args = TrainArgs(steps=steps, batch=batch, lr=lr, seed=seed, checkpoint_every=checkpoint_every, loss=loss)
     _train(target, tcfg, dcfg, examples, args, out_dir, method, resume, dev, time_limit)
 
 
 def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, block_size: int, markov_rank: int,
              taps: str | None, mask_token_id: int | None, ttt_length: int | None, draft_vocab_size: int | None,
-             steps: int, num_anchors: int, resume: bool, device: str):
+             steps: int, num_anchors: int, resume: bool, device: str, dflash2: dict[str, int | None]):
     """(target config, draft config, objective, examples, device) of the options, every mistake in them
     refused in one line before any weights load: a training that starts is not stopped by its options."""
     from dataclasses import replace
@@ -81,6 +96,11 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
     for flag, value in (("--ttt-length", ttt_length), ("--draft-vocab-size", draft_vocab_size)):
         if value is not None and not eagle3:
             raise DSparkError(f"{flag} is for --method eagle3; leave it out for {method}")
+    for flag, value in dflash2.items():
+        if value is not None and method != "dflash2":
+            raise DSparkError(f"{flag} is for --method dflash2; leave it out for {method}")
+        if value is not None and value < 1:
+            raise DSparkError(f"{flag} {value}: give at least 1")
     for flag, value in (("--taps", taps), ("--mask-token-id", mask_token_id)):
         if value is not None and method == "draft_model":  # (it reads tokens alone, and drafts no mask)
             raise DSparkError(f"{flag} is for the drafts that read the target's states; leave it out for draft_model")
@@ -132,6 +152,8 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
                                  taps=tap_ids or evenly_spaced_taps(tcfg.backbone.num_layers),
                                  markov_rank=markov_rank if method == "dspark" else 0, confidence=method == "dspark",
                                  mask_token_id=mask_token_id)
+        if method == "dflash2":
+            dcfg = _dflash2_config(dcfg, {flag: dflash2[flag] or default for flag, default in DFLASH2_OPTIONS.items()})
         loss = LossConfig(num_anchors=num_anchors)
     dcfg.validate("train-draft")
     dcfg.check_target(tcfg, "train-draft")
@@ -175,6 +197,8 @@ def _train(target: str, tcfg, dcfg, examples, args, out_dir: Path, method: str, 
                 shown += f"  acc {sum(float(s.accuracy) for s in stats) / n:.2f}"
             else:
                 shown += f"  tau~{sum(float(s.tau) for s in stats) / n:.2f}"
+            if method == "dflash2":  # the candidate selector's cross-entropy (part of the loss)
+                shown += f"  selector {sum(float(s.selector) for s in stats) / n:.3f}"
             if method == "eagle3":  # each TTT step's accuracy (draft arg-max = target arg-max), step 0 first
                 shown += "  acc " + " ".join(f"{float(a):.2f}" for a in sum(s.accuracy for s in stats) / n)
             progress.update(task, completed=step + 1, stats=shown)
@@ -215,17 +239,37 @@ def _eagle3_config(tcfg, taps: tuple[int, ...] | None, num_tokens: int, ttt_leng
     return dcfg, TTTConfig() if ttt_length is None else TTTConfig(ttt_length=ttt_length)
 
 
+def _dflash2_config(dcfg, options: dict[str, int]):
+    """z-lab's DFlash 2 of `dcfg`'s backbone: fill-in blocks in its layout, convolutions and a selector as
+    `options` say, refused in one line where z-lab's modules could not be built of them."""
+    from dataclasses import replace
+
+    hidden, vocab = dcfg.backbone.hidden_size, dcfg.backbone.vocab_size
+    if hidden % options["--conv-group-size"]:
+        raise DSparkError(f"--conv-group-size {options['--conv-group-size']} does not divide the target's hidden size "
+                          f"{hidden}; give a divisor of it")
+    if options["--selector-top-k"] > vocab:
+        raise DSparkError(f"--selector-top-k {options['--selector-top-k']} is more than the vocabulary ({vocab}); "
+                          "give fewer")
+    return replace(dcfg, format="zlab", sample_from_anchor=False, conv_kernel_size=options["--conv-kernel-size"],
+                   conv_group_size=options["--conv-group-size"], selector_rank=options["--selector-rank"],
+                   selector_top_k=options["--selector-top-k"])
+
+
 def _random_draft(dcfg, target, examples, seed: int):
-    """A fresh draft of `dcfg` for `target`; an EAGLE-3 draft over a reduced vocabulary gets the target
-    tokens the data scores most (`draft_vocabulary`); a draft model starts from the target's embedding
-    (`random_draft_model`)."""
+    """A fresh draft of `dcfg` for `target` (a DFlash 2 one's convolutions the identity); an EAGLE-3 draft over a
+    reduced vocabulary gets the target tokens the data scores most (`draft_vocabulary`); a draft model starts from
+    the target's embedding (`random_draft_model`)."""
     from dspark.models.config import Eagle3Config, TargetConfig
+    from dspark.models.dflash2 import identity_convolutions
     from dspark.synthetic.tiny import random_draft, random_draft_model, random_eagle3
     from dspark.training.eagle3_objective import draft_vocabulary
 
     if isinstance(dcfg, TargetConfig):
         return random_draft_model(target, dcfg.backbone.num_layers, seed)
     if not isinstance(dcfg, Eagle3Config):
-        return random_draft(dcfg, target, seed)
+        draft = random_draft(dcfg, target, seed)
+        identity_convolutions(draft)  # a DFlash 2 draft starts as a plain DFlash one (speculators' start)
+        return draft
     d2t = draft_vocabulary(examples, dcfg.vocab_size, dcfg.backbone.vocab_size) if dcfg.reduced_vocab else None
     return random_eagle3(dcfg, target, seed, d2t=d2t)
