@@ -129,9 +129,11 @@ def _dflash2(cfg: dict, where: str) -> dict:
     hidden, vocab = int(require(cfg, "hidden_size", where)), int(require(cfg, "vocab_size", where))
     if hidden % out["conv_group_size"]:
         raise DSparkError(f"{where}: conv_group_size {out['conv_group_size']} does not divide hidden_size {hidden} "
-                          "(the convolution's channel groups); the config does not fit its draft")
+                          "(the convolution's channel groups); the config does not fit its draft: use a divisor of hidden_size "
+                          f"{hidden}")
     if out["selector_top_k"] > vocab:
-        raise DSparkError(f"{where}: selector_top_k {out['selector_top_k']} is more than the vocabulary ({vocab})")
+        raise DSparkError(f"{where}: selector_top_k {out['selector_top_k']} is more than the vocabulary ({vocab}); "
+                          f"set it to at most {vocab}")
     return out
 
 

