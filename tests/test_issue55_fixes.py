@@ -32,6 +32,29 @@ def _dflash2_fields(cfg: dict, **over) -> None:
                              **over}
 
 
+@pytest.mark.parametrize("dflash2", [False, True])
+def test_sample_from_anchor_without_projector_type_dspark_is_refused(tiny_dir, tmp_path, dflash2):
+    """z-lab's code never reads sample_from_anchor (its drafts are fill-in): a z-lab draft that sets it true outside
+    SpecForge's projector_type dspark would decode another layout than z-lab's dflash_generate."""
+    def edit(cfg):
+        if dflash2:
+            _dflash2_fields(cfg)
+        cfg["dflash_config"]["sample_from_anchor"] = True
+
+    with pytest.raises(DSparkError) as err:
+        load_draft_config(_zlab_config(tiny_dir, tmp_path, "anchor", edit))
+    line = str(err.value)
+    assert "\n" not in line and "sample_from_anchor true without projector_type dspark" in line, line
+    assert "drop sample_from_anchor" in line
+    # false (z-lab's own layout, said aloud) and SpecForge's DSpark (projector_type dspark) still load
+    fill_in = load_draft_config(_zlab_config(tiny_dir, tmp_path, "fill-in", lambda c: c["dflash_config"].update(
+        sample_from_anchor=False)))[1]
+    assert fill_in.sample_from_anchor is False
+    dspark = load_draft_config(_zlab_config(tiny_dir, tmp_path, "dspark", lambda c: c["dflash_config"].update(
+        sample_from_anchor=True, projector_type="dspark", markov_rank=4)))[1]
+    assert dspark.sample_from_anchor is True and dspark.method == "dspark"
+
+
 @pytest.mark.parametrize("over,words", [
     ({"conv_group_size": 24}, "use a divisor of hidden_size"),
     ({"selector_top_k": 100000}, "; set it to at most"),

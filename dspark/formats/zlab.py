@@ -145,6 +145,17 @@ def _scalars(cfg: dict) -> dict:
             "final_logit_softcapping": float(cap) if cap is not None and float(cap) > 0 else None}
 
 
+def _sample_from_anchor(dcfg: dict, dspark: bool, where: str) -> bool:
+    """Anchor-first or fill-in: SpecForge's `sample_from_anchor`, which only its DSpark drafts (`projector_type
+    dspark`) set; z-lab's code never reads it (its DFlash and DFlash 2 drafts are fill-in), so a z-lab draft that
+    sets it true would decode another layout than `dflash_generate`: refused."""
+    if dcfg.get("sample_from_anchor") and not dspark:
+        raise DSparkError(f"{where}: dflash_config.sample_from_anchor true without projector_type dspark; z-lab's code "
+                          "never reads it (its drafts are fill-in): drop sample_from_anchor, or set projector_type "
+                          "dspark for a SpecForge DSpark draft")
+    return bool(dcfg.get("sample_from_anchor", dspark))
+
+
 def parse(cfg: dict, where: str, backbone: Callable) -> dict:
     """DraftConfig fields; `backbone(hf_dict, where)` reads the Qwen3 backbone fields."""
     dcfg = dict(cfg.get("dflash_config") or {})
@@ -158,7 +169,7 @@ def parse(cfg: dict, where: str, backbone: Callable) -> dict:
         "backbone": backbone(cfg | {"use_sliding_window": False}, where),  # its windows: `_layers`
         "block_size": int(_value(cfg, "block_size", BLOCK_SIZE_DEFAULT)),
         "target_layer_ids": _target_layer_ids(cfg, where),
-        "sample_from_anchor": bool(dcfg.get("sample_from_anchor", dspark)),
+        "sample_from_anchor": _sample_from_anchor(dcfg, dspark, where),
         "mask_token_id": int(_required(cfg, "mask_token_id", where)),
         **heads,
         **_layers(cfg, where),
