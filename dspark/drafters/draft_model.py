@@ -59,9 +59,6 @@ class DraftModelDrafter:
 
     def propose(self, state: DecodeState, temperature: float, cut: ProposalCut, generator: torch.Generator,
                 history: list[int]) -> None:
-        self.round(state, temperature, generator)
-
-    def round(self, state: DecodeState, temperature: float, generator: torch.Generator) -> None:
         """The catch-up and anchor rows, then the chain: `block_size` drafts and their distributions (device
         work only)."""
         model, kv_len = self.model, visible_len(self.cache)
