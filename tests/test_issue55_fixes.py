@@ -9,11 +9,16 @@ run; each refusal naming its fix.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from dspark.checkpoint import load_draft_config
+from dspark.checkpoint import DEMO_DIR, load_draft_config, load_target, save_draft
 from dspark.errors import DSparkError
+from dspark.synthetic.tiny import random_draft
+
+needs_demo = pytest.mark.skipif(not (DEMO_DIR / "target" / "model.safetensors").is_file(),
+                                reason="the demo models are not built")
 
 
 def _zlab_config(tiny_dir, tmp_path, name: str, edit) -> object:
@@ -63,3 +68,17 @@ def test_dflash2_misfits_name_their_fix(tiny_dir, tmp_path, over, words):
     with pytest.raises(DSparkError) as err:
         load_draft_config(_zlab_config(tiny_dir, tmp_path, "misfit", lambda c: _dflash2_fields(c, **over)))
     assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_our_dflash2_saver_keeps_block_size_in_dflash_config(tiny_dir, tmp_path):
+    """z-lab's current releases keep block_size inside dflash_config (its early layout, at the top level, still
+    loads: tests/test_zlab_layouts.py); a DFlash draft keeps the top-level one."""
+    tiny = load_target(tiny_dir / "target").model
+    dcfg = replace(load_draft_config(tiny_dir / "dflash-zlab")[1], conv_kernel_size=3, conv_group_size=8,
+                   selector_rank=8, selector_top_k=5)
+    save_draft(random_draft(dcfg, tiny), tmp_path / "d2", "zlab", tiny.config)
+    saved = json.loads((tmp_path / "d2" / "config.json").read_text())
+    assert "block_size" not in saved and saved["dflash_config"]["block_size"] == dcfg.block_size, saved
+    assert load_draft_config(tmp_path / "d2")[1] == replace(dcfg, architecture="DFlash2DraftModel")
+    assert "block_size" in json.loads((tiny_dir / "dflash-zlab" / "config.json").read_text())  # (make-tiny saved it)
+

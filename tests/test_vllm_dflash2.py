@@ -1,9 +1,10 @@
 """DFlash 2 (method `dflash2`) on vLLM's CPU build, held round by round against z-lab's own `dflash_generate` (the
 `dflash` package from PyPI, 0.1.0) and our engine.
 
-The draft: z-lab's `DFlash2DraftModel` for the demo target, saved by its own `save_pretrained` (codebooks with
-`.weight`, which vLLM refuses to load: the backend gives vLLM a copy with them bare, as z-lab's releases store
-them). Its attention and MLP layers are the demo DFlash draft's (so that some drafts are accepted and the rounds
+The draft: z-lab's `DFlash2DraftModel` for the demo target, made by z-lab's code, then loaded and saved again by
+our z-lab saver (codebooks bare and every DFlash 2 field in `dflash_config`, as z-lab's releases store them), so
+that vLLM runs a draft we saved, given to it as it is, and z-lab's `from_pretrained` loads that same folder. Its
+attention and MLP layers are the demo DFlash draft's (so that some drafts are accepted and the rounds
 carry information), its convolutions near identity with random taps and its candidate selector random, scaled so
 that the selector moves the head's arg-max on some slots (asserted in z-lab's own loop, so a plain DFlash head
 could not pass). On the demo suite's first coding prompts at T = 0, `dspark-bench run --backend vllm` (vLLM's
@@ -92,8 +93,13 @@ def _experiment(draft: Path) -> str:
 
 @pytest.fixture(scope="module")
 def draft(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("vllm-d2-draft")
-    _zlab_draft(folder)
+    """z-lab's draft (`_zlab_draft`) saved again by our z-lab saver: the folder every test here reads."""
+    from dspark.checkpoint import load_draft, load_target, save_draft
+
+    theirs, folder = tmp_path_factory.mktemp("vllm-d2-zlab"), tmp_path_factory.mktemp("vllm-d2-draft")
+    _zlab_draft(theirs)
+    target = load_target(DEMO_DIR / "target", dtype="float32").model
+    save_draft(load_draft(theirs, target).model, folder, "zlab", target.config)
     return folder
 
 
@@ -154,7 +160,7 @@ def test_vllm_dflash2_gives_zlabs_tokens_and_rounds_and_ours(runs, monkeypatch):
     assert (engine["method"], engine["vllm_method"], engine["draft_architectures"]) == (
         "dflash2", "dflash", ["DFlash2DraftModel"])  # what ran, read back: vLLM's dflash told by the architecture
     assert engine["model_runner"] == "V2" and engine["speculative_config"]["num_speculative_tokens"] == BLOCK - 1
-    assert "codebooks stored bare in a copy of model.safetensors" in engine["draft_config"]
+    assert engine["draft_config"] == "as given"  # our saver's layout is vLLM's: no copy
 
 
 def _selector_moves(draft, target, prompt: list[int]) -> int:

@@ -194,16 +194,19 @@ def save(model: nn.Module, out: Path, num_target_layers: int | None, verifier: s
 
 
 def hf_config(cfg, num_target_layers: int | None) -> dict:
-    """The `config.json` of a fill-in DFlash draft of `cfg` in z-lab's layout (also a random draft's)."""
+    """The `config.json` of a fill-in DFlash draft of `cfg` in z-lab's layout (also a random draft's): a DFlash 2
+    draft's `block_size` inside `dflash_config`, as z-lab's current releases keep it; a DFlash draft's at the top
+    level, as its early checkpoints (and the vLLM versions that read only those) keep it."""
     if cfg.sample_from_anchor or cfg.markov_rank or cfg.reduced_vocab:
         raise DSparkError("the z-lab format holds fill-in DFlash drafts over the full vocabulary only")
     b = cfg.backbone
     scalars = {k: v for k, v in _scalars(vars(cfg)).items() if v != _scalars({})[k]}
     arch = DFLASH2 if cfg.selector_rank else "DFlashDraftModel"
-    dflash2 = {key: getattr(cfg, key) for key in DFLASH2_FIELDS} if cfg.selector_rank else {}
+    dflash2 = {key: getattr(cfg, key) for key in ("block_size", *DFLASH2_FIELDS)} if cfg.selector_rank else {}
+    top = {} if cfg.selector_rank else {"block_size": cfg.block_size}
     return b.hf_fields() | {
         "architectures": [arch], "auto_map": {"AutoModel": f"dflash.{arch}"},
-        "block_size": cfg.block_size, "num_target_layers": num_target_layers, "tie_word_embeddings": True,
+        **top, "num_target_layers": num_target_layers, "tie_word_embeddings": True,
         "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
                           **scalars, **dflash2},
     } | _layer_fields(cfg)
