@@ -9,9 +9,11 @@ run; each refusal naming its fix.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
+from cli_runner import run_cli
 
 from dspark.checkpoint import DEMO_DIR, load_draft_config, load_target, save_draft
 from dspark.errors import DSparkError
@@ -82,3 +84,52 @@ def test_our_dflash2_saver_keeps_block_size_in_dflash_config(tiny_dir, tmp_path)
     assert load_draft_config(tmp_path / "d2")[1] == replace(dcfg, architecture="DFlash2DraftModel")
     assert "block_size" in json.loads((tiny_dir / "dflash-zlab" / "config.json").read_text())  # (make-tiny saved it)
 
+
+def _dry_run(monkeypatch, capfd, tmp_path, draft, method: str, k: int | None = 3, backend: str = "native"
+             ) -> tuple[int, str, str]:
+    """`run --dry-run` of the demo target and one system: (exit code, stdout, the last line on stderr)."""
+    experiment = tmp_path / "one.toml"
+    tokens = "" if k is None else f", num_speculative_tokens = {k}"
+    experiment.write_text(f'name = "one"\ntarget = "demo"\nbackend = "{backend}"\ndataset = "demo"\n'
+                          'sampling = {temperatures = [0.0], output_len = 8, num_prompts = 1, turns = "first"}\n'
+                          f'systems = [{{name = "s", draft = "{draft}", method = "{method}"{tokens}}}]\n')
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", experiment, "--device", "cpu", "--dry-run")
+    return code, out, (err.strip().splitlines() or [""])[-1]
+
+
+def _demo_dflash2(folder) -> None:
+    """A random DFlash 2 draft for the demo target (the demo DFlash draft's shape), saved by our z-lab saver."""
+    target = load_target(DEMO_DIR / "target", dtype="float32").model
+    dcfg = replace(load_draft_config(DEMO_DIR / "dflash")[1], format="zlab", sample_from_anchor=False, markov_rank=0,
+                   markov_head_type=None, confidence_head=False, confidence_head_with_markov=False,
+                   conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    save_draft(random_draft(dcfg, target), folder, "zlab", target.config)
+
+
+@needs_demo
+@pytest.mark.parametrize("draft,words", [
+    ("demo-dflash", "demo-dflash is a dflash draft (deepspec format), not a draft model; set method dflash"),
+    ("dflash2", "is a dflash2 draft (zlab format), not a draft model; set method dflash2"),
+])
+def test_a_block_draft_given_as_a_draft_model_is_named_before_any_model_loads(monkeypatch, capfd, tmp_path,
+                                                                              no_models, draft, words):
+    """It passed the dry run (its vocabulary is the target's) and the real run failed loading it as a target."""
+    if draft == "dflash2":
+        _demo_dflash2(tmp_path / "dflash2")
+        draft = tmp_path / "dflash2"
+    code, _, last = _dry_run(monkeypatch, capfd, tmp_path, draft, "draft_model")
+    assert code == 2 and last.startswith("error: the run would refuse system s: ") and words in last, last
+    assert "target" not in last.removeprefix("error: the run would refuse system s: ")
+
+
+@needs_demo
+def test_a_draft_model_whose_weights_do_not_match_its_config_is_refused_before_any_model_loads(
+        monkeypatch, capfd, tmp_path, no_models):
+    shutil.copytree(DEMO_DIR / "draft_model", tmp_path / "narrow")
+    cfg = json.loads((tmp_path / "narrow" / "config.json").read_text())
+    (tmp_path / "narrow" / "config.json").write_text(json.dumps(cfg | {"hidden_size": 128}))
+    code, _, last = _dry_run(monkeypatch, capfd, tmp_path, tmp_path / "narrow", "draft_model")
+    assert code == 2 and f"draft model {tmp_path / 'narrow'}: tensor 'model.embed_tokens.weight' has shape" in last, last
+    assert "expected [2049, 128] from its config" in last
+    code, out, _ = _dry_run(monkeypatch, capfd, tmp_path, "demo-draft-model", "draft_model")  # the shipped one fits
+    assert code == 0 and "draft_model" in out

@@ -7,10 +7,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dspark.checkpoint import check_draft, load_draft, load_draft_config, load_target, read_config, resolve_path
-from dspark.drafters import DraftModelDrafter, Drafter, NgramDrafter, drafter_for
+import torch
+
+from dspark.checkpoint import (
+    check_draft,
+    check_tensors,
+    load_draft,
+    load_draft_config,
+    load_target,
+    random_weights,
+    read_config,
+    resolve_path,
+    shapes,
+    weight_shapes,
+)
+from dspark.drafters import Drafter, DraftModelDrafter, NgramDrafter, drafter_for
 from dspark.errors import DSparkError
-from dspark.models.config import AnyDraftConfig, TargetConfig
+from dspark.formats import detect_format
+from dspark.models.config import AnyDraftConfig, TargetConfig, draft_config_from_hf
+from dspark.models.target import Qwen3Target
 from harness.specs.experiments import METHODS, System
 
 NGRAM_TOKENS = 7  # an n-gram proposal's length when the experiment does not set one
@@ -36,14 +51,49 @@ def check_system(system: System, cfg: AnyDraftConfig) -> str | None:
     return None
 
 
+def draft_kind(hf: dict) -> str | None:
+    """What a config.json is as a draft ("dflash2 draft (zlab format)"), or None where no draft format claims it: a
+    model (a target, or a draft model). A DFlash draft's config is a flat Qwen3 one too: read as a model, it was run
+    as one and failed on its tensors, naming it a target ("tensor 'model.embed_tokens.weight' is missing")."""
+    try:
+        fmt = detect_format(hf)
+    except DSparkError:  # no draft format claims it
+        return None
+    try:
+        return f"{draft_config_from_hf(hf, 'draft').method} draft ({fmt} format)"
+    except DSparkError:  # (a draft's config with a mistake of its own: named by its format alone)
+        return f"{fmt}-format draft"
+
+
+def model_tensors_problem(path: Path, cfg: TargetConfig, where: str) -> str | None:
+    """Why the weights of the model folder at `path` do not match its config `cfg`, or None, from the safetensors
+    headers alone (no weights read), as `load_target` checks them once read; a `random:` folder has none."""
+    if random_weights(path):
+        return None
+    with torch.device("meta"):
+        model = Qwen3Target(cfg)
+    try:
+        check_tensors(shapes(model), weight_shapes(path), where, ("lm_head.",) if cfg.tie_word_embeddings else ())
+    except DSparkError as exc:
+        return str(exc)
+    return None
+
+
 def draft_model_problem(system: System, target_path: Path, target_cfg: TargetConfig) -> str | None:
-    """Why the draft folder of a `draft_model` system cannot draft for the target, or None, from config and
-    tokenizer files alone (no weights read): it must be a Qwen3 target-format folder scoring the target's
-    vocabulary with the target's tokenizer, since its token ids are verified as the target's."""
+    """Why the draft folder of a `draft_model` system cannot draft for the target, or None, from config, tokenizer
+    files and tensor headers alone (no weights read): it must be a Qwen3 target-format folder (not a draft of
+    another method) scoring the target's vocabulary with the target's tokenizer, since its token ids are verified as
+    the target's, and its weights must match its config."""
     if system.num_speculative_tokens is None:  # (a model folder says nothing of a proposal's length; vLLM refuses too)
         return "method draft_model drafts num_speculative_tokens tokens a round; give num_speculative_tokens (e.g. 3)"
     path = resolve_path(system.draft)
-    cfg = TargetConfig.from_hf(read_config(path), f"draft {system.draft}")
+    hf = read_config(path)
+    kind = draft_kind(hf)
+    if kind is not None:
+        method = kind.split()[0]
+        return (f"{system.draft} is a {kind}, not a draft model; set method {method}" if method in METHODS else
+                f"{system.draft} is a {kind}, not a draft model; give a Qwen3 model of the target's tokenizer")
+    cfg = TargetConfig.from_hf(hf, f"draft model {system.draft}")
     theirs, ours = cfg.backbone.vocab_size, target_cfg.backbone.vocab_size
     if theirs != ours:
         return (f"draft model {system.draft} scores {theirs} tokens and the target {ours}: a draft model must have "
@@ -56,7 +106,7 @@ def draft_model_problem(system: System, target_path: Path, target_cfg: TargetCon
                 return (f"draft model {system.draft} has another tokenizer than the target ({name} differs): its ids "
                         "would mean other tokens; give a draft of the target's tokenizer")
             break
-    return None
+    return model_tensors_problem(path, cfg, f"draft model {system.draft}")
 
 
 def _tokenizer_part(path: Path):
