@@ -133,3 +133,12 @@ def test_a_draft_model_whose_weights_do_not_match_its_config_is_refused_before_a
     assert "expected [2049, 128] from its config" in last
     code, out, _ = _dry_run(monkeypatch, capfd, tmp_path, "demo-draft-model", "draft_model")  # the shipped one fits
     assert code == 0 and "draft_model" in out
+
+
+@needs_demo
+def test_engine_bench_refuses_a_block_draft_as_its_draft_model(monkeypatch, capfd):
+    """A DFlash config is a flat Qwen3 one: `--draft-model demo-dflash` was timed as a draft model of its shape."""
+    code, _, err = run_cli(monkeypatch, capfd, "engine-bench", "--device", "cpu", "--target", "demo", "--draft-model",
+                           "demo-dflash")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "--draft-model demo-dflash is a dflash draft (deepspec format), not a draft model; give it as --draft" in err

@@ -25,6 +25,7 @@ from dspark.engine import synchronize
 from dspark.errors import DSparkError
 from dspark.models.config import AnyDraftConfig, DraftConfig, TargetConfig, draft_config_from_hf
 from dspark.synthetic.presets import DRAFTS, TARGETS, build_random, random_draft_for
+from harness.backends.systems import draft_kind
 from harness.backends.timing import copy_bandwidth_tbps, cpu_name
 from harness.engine_bench.step_timers import NEW_TOKENS, SpeculativeTimer, device_of, graph_and_nvtx_costs, step_figures
 
@@ -136,7 +137,13 @@ def draft_model_config(name: str, target: TargetConfig) -> TargetConfig:
         if not path.is_dir():
             raise DSparkError(f"--draft-model {name}: no such preset or folder; give one of {', '.join(TARGETS)}, "
                               "demo-draft-model, or a Qwen3 model's folder or config.json")
-        cfg = TargetConfig.from_hf(read_config(path), f"--draft-model {name}")
+        hf = read_config(path)
+        kind = draft_kind(hf)
+        if kind is not None:  # (a DFlash config is a flat Qwen3 one: it was timed as a draft model of its shape)
+            option = "--eagle3" if kind.startswith("eagle3") else "--draft"
+            raise DSparkError(f"--draft-model {name} is a {kind}, not a draft model; give it as {option}, and as "
+                              "--draft-model a Qwen3 model of the target's tokenizer")
+        cfg = TargetConfig.from_hf(hf, f"--draft-model {name}")
     theirs, ours = cfg.backbone.vocab_size, target.backbone.vocab_size
     if theirs != ours:
         raise DSparkError(f"--draft-model {name} scores {theirs} tokens and the target {ours}: a draft model must have "
