@@ -239,7 +239,7 @@ def test_mask_token_outside_the_vocabulary(name):
 
 @pytest.mark.parametrize("raw,message", [
     ({}, r"unknown draft format"),
-    (QWEN3_8B, r"unknown draft format \(architectures=\['Qwen3ForCausalLM'\]\)"),  # a target given as draft
+    (QWEN3_8B, r"a Qwen3 causal LM \(architectures=\['Qwen3ForCausalLM'\]\).*set method draft_model"),  # a target given as draft
     ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096}, r"unknown draft format"),
     (speculators_8b("dspark") | {"speculators_model_type": "mtp"}, r"'mtp' is not a DSpark, DFlash or EAGLE-3 draft"),
     (speculators_8b("dspark") | {"speculators_model_type": "eagle3"}, r"not a DSpark/DFlash one; it runs as method eagle3"),

@@ -118,7 +118,8 @@ def test_generate_refuses_what_cannot_apply_or_fit_before_loading(extra, says, m
     (["inspect", "demo-dspark", "--target", "demo-dflash"],
      "--target demo-dflash is a draft (deepspec dflash), not a target; give the target model it drafts for"),
     (["inspect", "demo-dspark", "--target", "demo-dflash", "--json"], "--target demo-dflash is a draft"),
-    (["inspect", "demo"], "demo is a target model (Qwen3ForCausalLM), not a draft; give it as --target"),
+    (["inspect", "demo"], "demo is a model (Qwen3ForCausalLM), not a draft of a block or EAGLE-3 format: give it as "
+                          "--target with the draft as the argument, or add --target"),
 ])
 def test_inspect_names_a_draft_and_a_target_given_in_each_others_place(args, says, monkeypatch, capfd):
     """A draft given as --target printed a 24-line table of misfits (a 3-layer "target") and exited 1; a target

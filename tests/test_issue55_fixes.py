@@ -142,3 +142,51 @@ def test_engine_bench_refuses_a_block_draft_as_its_draft_model(monkeypatch, capf
                            "demo-dflash")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "--draft-model demo-dflash is a dflash draft (deepspec format), not a draft model; give it as --draft" in err
+
+
+@needs_demo
+@pytest.mark.parametrize("method", ["dflash", "dflash2", "eagle3"])
+def test_a_draft_model_given_as_a_block_draft_is_named_as_a_draft_model(monkeypatch, capfd, tmp_path, no_models,
+                                                                        method):
+    """The shipped demo draft model under another method was "unknown draft format", which listed every format but
+    the one it is."""
+    code, _, last = _dry_run(monkeypatch, capfd, tmp_path, "demo-draft-model", method)
+    assert code == 2 and "draft demo-draft-model: a Qwen3 causal LM (architectures=['Qwen3ForCausalLM'])" in last, last
+    assert "set method draft_model" in last and "unknown draft format" not in last
+
+
+def test_an_unknown_format_lists_dflash2():
+    from dspark.formats import detect_format
+
+    with pytest.raises(DSparkError, match="a z-lab DFlashDraftModel or DFlash2DraftModel"):
+        detect_format({"architectures": ["MysteryModel"]})
+
+
+@needs_demo
+def test_inspect_shows_a_draft_model_against_its_target(monkeypatch, capfd):
+    code, out, err = run_cli(monkeypatch, capfd, "inspect", "demo-draft-model", "--target", "demo", "--json")
+    info = json.loads(out)
+    assert code == 0 and (info["method"], info["format"], info["fits_target"]) == ("draft_model", "qwen3", True), err
+    cfg = json.loads((DEMO_DIR / "draft_model" / "config.json").read_text())
+    assert info["backbone"]["vocab_size"] == cfg["vocab_size"] and info["backbone"]["num_layers"] == 2
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    assert info["parameters"]["embed_tokens"] == v * h and info["parameters"]["lm_head"] == 0  # (tied)
+    code, out, _ = run_cli(monkeypatch, capfd, "inspect", "demo-draft-model", "--target", "random:qwen3-8b", "--json")
+    info = json.loads(out)
+    assert code == 1 and info["fits_target"] is False and "scores 2049 tokens and the target 151936" in info["problem"]
+    code, _, err = run_cli(monkeypatch, capfd, "inspect", "demo-draft-model")  # a target or a draft model: both named
+    assert code == 2 and "add --target (the model it drafts for) to inspect it as a draft model" in err, err
+
+
+@needs_demo
+def test_generate_runs_a_draft_model_and_equals_plain_decoding(monkeypatch, capfd):
+    common = ["generate", "--target", "demo", "--prompt-ids", "5,17,300,42,9", "--max-new-tokens", "24", "--json",
+              "--device", "cpu"]
+    code, out, err = run_cli(monkeypatch, capfd, *common, "--draft", "demo-draft-model", "--num-speculative-tokens", 3)
+    assert code == 0, err
+    drafted = json.loads(out)
+    code, out, err = run_cli(monkeypatch, capfd, *common, "--no-draft")
+    assert code == 0, err
+    assert drafted["method"] == "draft_model" and drafted["tokens"] == json.loads(out)["tokens"]
+    assert drafted["num_rounds"] < 24 and set(drafted["proposal_lengths"]) == {3}
+

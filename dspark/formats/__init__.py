@@ -36,12 +36,19 @@ def names(kind: str) -> list[str]:
 
 
 def detect_format(cfg: dict, where: str = "draft") -> str:
+    """The format of a draft's config.json; none claiming it is one line: a Qwen3 causal LM (a target's layout, as
+    the classic draft model is saved) named as the draft model it can be, anything else with the formats we read."""
     for fmt in DETECTION_ORDER:
         if fmt.detect(cfg, where):
             return fmt.NAME
+    architectures = cfg.get("architectures")
+    if cfg.get("model_type") == "qwen3" and any(str(a).endswith("ForCausalLM") for a in architectures or []):
+        raise DSparkError(f"{where}: a Qwen3 causal LM (architectures={architectures}), not a draft of a block or "
+                          "EAGLE-3 format; such a model drafts as a draft model: set method draft_model (with "
+                          "num_speculative_tokens)")
     raise DSparkError(
-        f"{where}: unknown draft format (architectures={cfg.get('architectures')}); expected a DeepSpec "
-        "Qwen3DSparkModel, a speculators dspark/dflash, a z-lab DFlashDraftModel, or an EAGLE-3 "
+        f"{where}: unknown draft format (architectures={architectures}); expected a DeepSpec "
+        "Qwen3DSparkModel, a speculators dspark/dflash, a z-lab DFlashDraftModel or DFlash2DraftModel, or an EAGLE-3 "
         "(LlamaForCausalLMEagle3, speculators eagle3, Qwen3Eagle3Model) config"
     )
 

@@ -341,5 +341,19 @@ def draft_config_from_hf(cfg: dict, where: str = "draft") -> AnyDraftConfig:
     return out
 
 
+def draft_kind(hf: dict) -> str | None:
+    """What a config.json is as a draft ("dflash2 draft (zlab format)"), or None where no draft format claims it: a
+    model (a target, or a draft model). A DFlash draft's config is a flat Qwen3 one too: read as a model, it was run
+    as one and failed on its tensors, naming it a target ("tensor 'model.embed_tokens.weight' is missing")."""
+    try:
+        fmt = formats.detect_format(hf)
+    except DSparkError:  # no draft format claims it
+        return None
+    try:
+        return f"{draft_config_from_hf(hf, 'draft').method} draft ({fmt} format)"
+    except DSparkError:  # (a draft's config with a mistake of its own: named by its format alone)
+        return f"{fmt}-format draft"
+
+
 __all__ = ["MARKOV_HEAD_TYPES", "AnyDraftConfig", "BackboneConfig", "TargetConfig", "DraftConfig", "Eagle3Config",
-           "draft_config_from_hf"]
+           "draft_config_from_hf", "draft_kind"]

@@ -23,8 +23,7 @@ from dspark.checkpoint import (
 )
 from dspark.drafters import Drafter, DraftModelDrafter, NgramDrafter, drafter_for
 from dspark.errors import DSparkError
-from dspark.formats import detect_format
-from dspark.models.config import AnyDraftConfig, TargetConfig, draft_config_from_hf
+from dspark.models.config import AnyDraftConfig, TargetConfig, draft_kind
 from dspark.models.target import Qwen3Target
 from harness.specs.experiments import METHODS, System
 
@@ -51,20 +50,6 @@ def check_system(system: System, cfg: AnyDraftConfig) -> str | None:
     return None
 
 
-def draft_kind(hf: dict) -> str | None:
-    """What a config.json is as a draft ("dflash2 draft (zlab format)"), or None where no draft format claims it: a
-    model (a target, or a draft model). A DFlash draft's config is a flat Qwen3 one too: read as a model, it was run
-    as one and failed on its tensors, naming it a target ("tensor 'model.embed_tokens.weight' is missing")."""
-    try:
-        fmt = detect_format(hf)
-    except DSparkError:  # no draft format claims it
-        return None
-    try:
-        return f"{draft_config_from_hf(hf, 'draft').method} draft ({fmt} format)"
-    except DSparkError:  # (a draft's config with a mistake of its own: named by its format alone)
-        return f"{fmt}-format draft"
-
-
 def model_tensors_problem(path: Path, cfg: TargetConfig, where: str) -> str | None:
     """Why the weights of the model folder at `path` do not match its config `cfg`, or None, from the safetensors
     headers alone (no weights read), as `load_target` checks them once read; a `random:` folder has none."""
@@ -79,34 +64,45 @@ def model_tensors_problem(path: Path, cfg: TargetConfig, where: str) -> str | No
     return None
 
 
+def is_model(hf: dict) -> bool:
+    """Whether a config.json is a causal LM's (a target's layout: a target, or a draft model), not a draft's."""
+    return draft_kind(hf) is None and any(str(a).endswith("ForCausalLM") for a in hf.get("architectures") or [])
+
+
 def draft_model_problem(system: System, target_path: Path, target_cfg: TargetConfig) -> str | None:
-    """Why the draft folder of a `draft_model` system cannot draft for the target, or None, from config, tokenizer
-    files and tensor headers alone (no weights read): it must be a Qwen3 target-format folder (not a draft of
-    another method) scoring the target's vocabulary with the target's tokenizer, since its token ids are verified as
-    the target's, and its weights must match its config."""
+    """Why a `draft_model` system cannot run as the experiment says, or None (`draft_model_fit`, and its
+    proposal's length given)."""
     if system.num_speculative_tokens is None:  # (a model folder says nothing of a proposal's length; vLLM refuses too)
         return "method draft_model drafts num_speculative_tokens tokens a round; give num_speculative_tokens (e.g. 3)"
-    path = resolve_path(system.draft)
+    return draft_model_fit(system.draft, target_path, target_cfg)
+
+
+def draft_model_fit(draft: str, target_path: Path, target_cfg: TargetConfig) -> str | None:
+    """Why the draft model `draft` cannot draft for the target, or None, from config, tokenizer files and tensor
+    headers alone (no weights read): it must be a Qwen3 target-format folder (not a draft of another method) scoring
+    the target's vocabulary with the target's tokenizer, since its token ids are verified as the target's, and its
+    weights must match its config."""
+    path = resolve_path(draft)
     hf = read_config(path)
     kind = draft_kind(hf)
     if kind is not None:
         method = kind.split()[0]
-        return (f"{system.draft} is a {kind}, not a draft model; set method {method}" if method in METHODS else
-                f"{system.draft} is a {kind}, not a draft model; give a Qwen3 model of the target's tokenizer")
-    cfg = TargetConfig.from_hf(hf, f"draft model {system.draft}")
+        return (f"{draft} is a {kind}, not a draft model; set method {method}" if method in METHODS else
+                f"{draft} is a {kind}, not a draft model; give a Qwen3 model of the target's tokenizer")
+    cfg = TargetConfig.from_hf(hf, f"draft model {draft}")
     theirs, ours = cfg.backbone.vocab_size, target_cfg.backbone.vocab_size
     if theirs != ours:
-        return (f"draft model {system.draft} scores {theirs} tokens and the target {ours}: a draft model must have "
+        return (f"draft model {draft} scores {theirs} tokens and the target {ours}: a draft model must have "
                 "the target's vocabulary (a smaller model of its family with its tokenizer, e.g. Qwen3-0.6B for "
                 "Qwen3-8B); give such a draft")
     for name in TOKENIZER_PARTS:
         mine, target = path / name, target_path / name
         if mine.is_file() and target.is_file():
             if _tokenizer_part(mine) != _tokenizer_part(target):
-                return (f"draft model {system.draft} has another tokenizer than the target ({name} differs): its ids "
+                return (f"draft model {draft} has another tokenizer than the target ({name} differs): its ids "
                         "would mean other tokens; give a draft of the target's tokenizer")
             break
-    return model_tensors_problem(path, cfg, f"draft model {system.draft}")
+    return model_tensors_problem(path, cfg, f"draft model {draft}")
 
 
 def _tokenizer_part(path: Path):

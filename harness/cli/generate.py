@@ -18,7 +18,8 @@ from harness.runs.threads import choose as choose_threads
 
 def generate(
     target: str = typer.Option(..., help="Target model: local folder or hub id (Qwen3)."),
-    draft: Optional[str] = typer.Option(None, help="Draft model (DeepSpec, speculators or z-lab format)."),
+    draft: Optional[str] = typer.Option(
+        None, help="Draft (DeepSpec, speculators or z-lab format), or a Qwen3 model of the target's tokenizer (draft_model)."),
     ngram: bool = typer.Option(False, "--ngram", help="Draft with n-gram prompt lookup instead of a model."),
     no_draft: bool = typer.Option(False, "--no-draft", help="Plain autoregressive decoding (the baseline)."),
     prompt: Optional[str] = typer.Option(None, help="Prompt text, tokenized with the target's tokenizer."),
@@ -29,7 +30,8 @@ def generate(
     seed: int = typer.Option(0, help="Seeds the independent draft, acceptance and target random streams."),
     confidence_threshold: float = typer.Option(
         0.0, min=0.0, max=1.0, help="Cut each proposal at the first slot whose confidence is below this."),
-    num_speculative_tokens: int = typer.Option(7, min=1, help="Tokens an n-gram proposal may hold."),
+    num_speculative_tokens: int = typer.Option(
+        7, min=1, help="Tokens an n-gram proposal may hold, or a draft model drafts a round."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the target's stop tokens."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16."),
@@ -43,7 +45,7 @@ def generate(
     from dspark.engine import Engine, GenerationConfig
     from dspark.models.config import TargetConfig
     from dspark.tokenizer import chat_prompt_ids, conversation
-    from harness.backends.systems import make_drafter
+    from harness.backends.systems import draft_model_fit, is_model, make_drafter
 
     if sum([draft is not None, ngram, no_draft]) != 1:
         raise DSparkError("choose exactly one of --draft D, --ngram, --no-draft")
@@ -78,11 +80,16 @@ def generate(
         room = f"give --max-new-tokens {limit - len(ids)} or less" if len(ids) < limit else "give a shorter prompt"
         raise DSparkError(f"--max-new-tokens {max_new_tokens}: with the prompt's {len(ids)} tokens, past the target's "
                           f"context of {limit} (max_position_embeddings); {room}")
+    method = "ngram" if ngram else "plain" if no_draft else "draft"
+    if draft is not None and is_model(read_config(resolve_path(draft))):  # a Qwen3 causal LM: the classic draft model
+        problem = draft_model_fit(draft, target_path, tcfg)
+        if problem:
+            raise DSparkError(problem)
+        method = "draft_model"
     loaded = load_target(target, dev, dtype)
     n_threads, _ = choose_threads(threads, dev, loaded.path)
     apply_threads(n_threads)
-    drafter, method, _ = make_drafter("ngram" if ngram else "plain" if no_draft else "draft", draft, loaded.model,
-                                      num_speculative_tokens)
+    drafter, method, _ = make_drafter(method, draft, loaded.model, num_speculative_tokens)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                            stop_token_ids=() if ignore_eos else loaded.stop_token_ids,
                            confidence_threshold=confidence_threshold)

@@ -23,7 +23,14 @@ def inspect(
     1. A mistake in the arguments (a target given as the draft, a draft as the target) is one line, exit 2."""
     from dspark.checkpoint import check_draft
 
-    path, cfg = _draft_config(draft)
+    found_config = _draft_config(draft, target)
+    if found_config is None:  # a causal LM with --target: a draft model
+        info = _draft_model_facts(draft, target)
+        _show(draft, info, as_json)
+        if not info["fits_target"]:
+            raise typer.Exit(1)
+        return
+    path, cfg = found_config
     where = f"draft {draft}"
     target_cfg = _target_config(target) if target else None
     try:
@@ -45,33 +52,73 @@ def inspect(
         info["target"] = target
         if problem:
             info["problem"] = problem
-    if as_json:
-        print(json.dumps(info, default=str))
-    else:
-        table = Table(title=f"{draft}", show_header=False)
-        for k, v in info.items():
-            table.add_row(k, json.dumps(v, default=str) if isinstance(v, (dict, list, tuple)) else str(v))
-        show(out, table)
+    _show(draft, info, as_json)
     if target_cfg is not None and not fits:
         raise typer.Exit(1)
 
 
-def _draft_config(name: str):
-    """The draft's folder and config; a target given in its place is called one (its config.json, a plain
-    causal LM, was answered "unknown draft format")."""
+def _show(draft: str, info: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(info, default=str))
+        return
+    table = Table(title=f"{draft}", show_header=False)
+    for k, v in info.items():
+        table.add_row(k, json.dumps(v, default=str) if isinstance(v, (dict, list, tuple)) else str(v))
+    show(out, table)
+
+
+def _draft_config(name: str, target: str | None):
+    """The draft's folder and config, or None for a causal LM given with --target (a draft model: a target's layout,
+    which only the target beside it makes a draft); given alone, it may be a target in the draft's place, and is
+    named as both (its config.json was answered "unknown draft format")."""
     from dspark.checkpoint import load_draft_config, read_config, resolve_path
+    from harness.backends.systems import is_model
 
     try:
         return load_draft_config(name)
     except DSparkError as exc:
         try:
-            architectures = read_config(resolve_path(name)).get("architectures") or []
+            hf = read_config(resolve_path(name))
         except DSparkError:
             raise exc from None
-        if any(str(a).endswith("ForCausalLM") for a in architectures):
-            raise DSparkError(f"{name} is a target model ({', '.join(map(str, architectures))}), not a draft; give it "
-                              "as --target, and the draft as the argument") from None
-        raise
+        if not is_model(hf):
+            raise
+        if target:
+            return None
+        raise DSparkError(f"{name} is a model ({', '.join(map(str, hf['architectures']))}), not a draft of a block or "
+                          "EAGLE-3 format: give it as --target with the draft as the argument, or add --target (the "
+                          "model it drafts for) to inspect it as a draft model (method draft_model)") from None
+
+
+def _draft_model_facts(name: str, target: str) -> dict:
+    """A draft model's shape, vocabulary, parameters and whether it fits `target` (`draft_model_fit`: its
+    vocabulary, tokenizer and tensor headers, no weights read)."""
+    from dataclasses import asdict
+
+    import torch
+
+    from dspark.checkpoint import read_config, resolve_path, shapes
+    from dspark.models.config import TargetConfig
+    from dspark.models.target import Qwen3Target
+    from harness.backends.systems import draft_model_fit
+
+    path = resolve_path(name)
+    cfg = TargetConfig.from_hf(read_config(path), f"draft model {name}")
+    problem = draft_model_fit(name, resolve_path(target), _target_config(target))
+    with torch.device("meta"):
+        found = shapes(Qwen3Target(cfg))
+    groups = {"embed_tokens": 0, "lm_head": 0, "layers": 0, "norm": 0}
+    for key, shape in found.items():
+        group = "layers" if key.startswith("model.layers.") else key.split(".")[-2]
+        if group == "lm_head" and cfg.tie_word_embeddings:
+            continue  # (the embedding's own rows)
+        groups[group] += torch.Size(shape).numel()
+    groups["total"] = sum(groups.values())
+    groups["total_without_embeddings"] = groups["total"] - groups["embed_tokens"] - groups["lm_head"]
+    return {"path": str(path), "format": "qwen3", "method": "draft_model", "backbone": asdict(cfg.backbone),
+            "tie_word_embeddings": cfg.tie_word_embeddings, "max_position_embeddings": cfg.max_position_embeddings,
+            "parameters": groups, "fits_target": problem is None, "target": target} | (
+        {"problem": problem} if problem else {})
 
 
 def _target_config(name: str):

@@ -23,9 +23,8 @@ from dspark.checkpoint import DEMO_DIR, DEMO_MODELS, RANDOM_INIT, pick_dtype, re
 from dspark.drafters import DraftModelDrafter
 from dspark.engine import synchronize
 from dspark.errors import DSparkError
-from dspark.models.config import AnyDraftConfig, DraftConfig, TargetConfig, draft_config_from_hf
+from dspark.models.config import AnyDraftConfig, DraftConfig, TargetConfig, draft_config_from_hf, draft_kind
 from dspark.synthetic.presets import DRAFTS, TARGETS, build_random, random_draft_for
-from harness.backends.systems import draft_kind
 from harness.backends.timing import copy_bandwidth_tbps, cpu_name
 from harness.engine_bench.step_timers import NEW_TOKENS, SpeculativeTimer, device_of, graph_and_nvtx_costs, step_figures
 
