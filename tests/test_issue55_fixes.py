@@ -190,3 +190,24 @@ def test_generate_runs_a_draft_model_and_equals_plain_decoding(monkeypatch, capf
     assert drafted["method"] == "draft_model" and drafted["tokens"] == json.loads(out)["tokens"]
     assert drafted["num_rounds"] < 24 and set(drafted["proposal_lengths"]) == {3}
 
+
+def _short_context_draft_model(tmp_path):
+    folder = tmp_path / "short"
+    shutil.copytree(DEMO_DIR / "draft_model", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 16}))
+    return folder
+
+
+@needs_demo
+def test_a_draft_model_of_a_shorter_context_than_the_requests_is_refused_before_any_model_loads(
+        monkeypatch, capfd, tmp_path, no_models):
+    """Our engine ran it past its max_position_embeddings without a word."""
+    short = _short_context_draft_model(tmp_path)
+    code, _, last = _dry_run(monkeypatch, capfd, tmp_path, short, "draft_model")
+    assert code == 2 and last.startswith("error: the run would refuse system s: "), last
+    assert f"draft model {short}'s context is 16 positions (max_position_embeddings)" in last
+    assert "its prompt + --output-len); give a smaller --output-len" in last
+    code, _, err = run_cli(monkeypatch, capfd, "generate", "--target", "demo", "--draft", short, "--prompt-ids",
+                           "5,17,300,42,9", "--max-new-tokens", "24")
+    assert code == 2 and "the longest request needs 29 (its prompt + --max-new-tokens)" in err, err

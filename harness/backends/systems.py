@@ -105,6 +105,22 @@ def draft_model_fit(draft: str, target_path: Path, target_cfg: TargetConfig) -> 
     return model_tensors_problem(path, cfg, f"draft model {draft}")
 
 
+def draft_model_room(draft: str, positions: int, option: str) -> str | None:
+    """Why the draft model `draft` cannot draft through a request of `positions` (prompt + new tokens), or None:
+    our engine would run it past its `max_position_embeddings` without a word, on positions it never saw (vLLM
+    stops drafting there). `option`: the one that sets the new tokens. A draft that does not resolve is named by
+    the system's own checks."""
+    try:
+        cfg = TargetConfig.from_hf(read_config(resolve_path(draft)), f"draft model {draft}")
+    except DSparkError:
+        return None
+    if positions <= cfg.max_position_embeddings:
+        return None
+    return (f"draft model {draft}'s context is {cfg.max_position_embeddings} positions (max_position_embeddings), and "
+            f"the longest request needs {positions} (its prompt + {option}); give a smaller {option}, or a draft model "
+            "of a longer context")
+
+
 def _tokenizer_part(path: Path):
     """What of a tokenizer file decides which id is which token (tokenizer.json: its model and added tokens)."""
     if path.name != "tokenizer.json":

@@ -45,7 +45,7 @@ def generate(
     from dspark.engine import Engine, GenerationConfig
     from dspark.models.config import TargetConfig
     from dspark.tokenizer import chat_prompt_ids, conversation
-    from harness.backends.systems import draft_model_fit, is_model, make_drafter
+    from harness.backends.systems import draft_model_fit, draft_model_room, is_model, make_drafter
 
     if sum([draft is not None, ngram, no_draft]) != 1:
         raise DSparkError("choose exactly one of --draft D, --ngram, --no-draft")
@@ -82,7 +82,8 @@ def generate(
                           f"context of {limit} (max_position_embeddings); {room}")
     method = "ngram" if ngram else "plain" if no_draft else "draft"
     if draft is not None and is_model(read_config(resolve_path(draft))):  # a Qwen3 causal LM: the classic draft model
-        problem = draft_model_fit(draft, target_path, tcfg)
+        problem = draft_model_fit(draft, target_path, tcfg) or draft_model_room(draft, len(ids) + max_new_tokens,
+                                                                                "--max-new-tokens")
         if problem:
             raise DSparkError(problem)
         method = "draft_model"

@@ -64,14 +64,16 @@ def longest(settings: dict, rows: list | None, turns_of: dict[str, list[str]] | 
     return best
 
 
-def check(settings: dict, rows: list | None, turns_of: dict[str, list[str]] | None, resume: str | None) -> None:
+def check(settings: dict, rows: list | None, turns_of: dict[str, list[str]] | None, resume: str | None
+          ) -> Longest | None:
     """Refuse, in one line naming the limit and the fix, a run whose longest request cannot fit the context;
-    on `--resume`, say that the run can never finish. The openai backend's server has its own model and limit."""
+    on `--resume`, say that the run can never finish. The openai backend's server has its own model and limit
+    (None); else the longest request, which fits."""
     if settings["backend"] == "openai":
-        return
+        return None
     found = longest(settings, rows, turns_of)
     if found.positions <= found.limit:
-        return
+        return found
     source = ("vLLM's max_model_len, as the run's engine arguments set it"
               if (settings.get("engine_args") or {}).get("max_model_len") == found.limit
               else f"max_position_embeddings of {settings['target']}")

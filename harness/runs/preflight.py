@@ -48,7 +48,13 @@ def prompts(opts: RunOptions, exp: Experiment, settings: dict, hub_optional: boo
         data, unread = None, str(exc)
     rows = None if data is None else select_prompts(data, settings)
     turns_of = None if rows is None else user_turns(rows, settings["turns"])
-    context.check(settings, rows, turns_of, opts.resume)
+    found = context.check(settings, rows, turns_of, opts.resume)
+    if settings["backend"] == "native" and found is not None:  # (vLLM drafts no further than its draft's context)
+        from harness.backends.systems import draft_model_room
+
+        refuse([{"system": n, "fits_target": False, "problem": problem} for n in settings["systems"]
+                if exp.system(n).method == "draft_model"
+                and (problem := draft_model_room(exp.system(n).draft, found.positions, "--output-len"))])
     return Prompts(data, rows, turns_of, unread)
 
 
