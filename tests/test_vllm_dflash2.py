@@ -230,7 +230,9 @@ def test_vllm_only_keys_are_refused_and_dflash2_scalars_are_not(draft, tmp_path,
     (scaled / "config.json").write_text(json.dumps(cfg | {"output_multiplier": 0.5, "final_logit_softcapping": 30.0}))
     cfg_scaled = load_draft_config(scaled)[1]
     assert (cfg_scaled.output_multiplier, cfg_scaled.final_logit_softcapping) == (0.5, 30.0)
-    assert vllm_problem(System("s", "dflash2", str(scaled)), cfg_scaled, "0.32.0", on_cpu=True, random=False) is None
+    with monkeypatch.context() as m:  # (Triton's CPU backend, as the shim gives vLLM's processes here)
+        m.setattr("harness.backends.vllm.checks.triton_cpu", lambda: True)
+        assert vllm_problem(System("s", "dflash2", str(scaled)), cfg_scaled, "0.32.0", on_cpu=True, random=False) is None
     copy, note = as_vllm_reads(json.loads((scaled / "config.json").read_text()), "0.32.0")
     assert copy["dflash_config"]["output_multiplier"] == 0.5 and "output_multiplier" not in copy, copy
     assert "output_multiplier, final_logit_softcapping moved into dflash_config" in note

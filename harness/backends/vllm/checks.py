@@ -5,7 +5,8 @@ in the run.
 - vLLM itself: importable (`installed_version`, the one probe of it), else one line naming the extra.
 - Versions: each feature the harness asks of vLLM came in a known release (`FEATURES`); an older vLLM is
   refused naming the feature and the release that has it (`version_problem`).
-- The CPU build: drafts and weights it refuses although the draft's config is sound (`cpu_problem`).
+- The CPU build: drafts and weights it refuses although the draft's config is sound (`cpu_problem`), and the
+  methods of its V2 model runner where Triton has no CPU backend (`triton_problem`).
 - A method of vLLM's own (not one of ours) it lacks, or an option of a system's `speculative_config` table its
   `SpeculativeConfig` does not take, or that another method's alone (`methods.method_problem`,
   `methods.options_problem`, `methods.method_option_problem`).
@@ -22,7 +23,7 @@ from dspark.checkpoint import load_draft_config, random_weights, read_config, re
 from dspark.errors import DSparkError
 from harness.backends.vllm.args import check_engine_args
 from harness.backends.vllm.drafts import version_tuple
-from harness.backends.vllm.methods import method_option_problem, method_problem, options_problem
+from harness.backends.vllm.methods import method_option_problem, method_problem, options_problem, v2_only
 from harness.backends.vllm.output import environment, logging_environment
 from harness.specs.experiments import METHODS, VLLM_NAMED, System
 
@@ -79,6 +80,27 @@ def cpu_problem(draft: str | None, cfg, on_cpu: bool, random: bool) -> str | Non
     return None
 
 
+def triton_cpu() -> bool:
+    """Whether Triton lists a CPU backend, as vLLM's CPU build asks before it enables Triton (`vllm.triton_utils.
+    importing`), without which it refuses its V2 model runner ("Model Runner V2 requires Triton"). The tests'
+    interpreter shim (`tests/vllm_shim`, under TRITON_INTERPRET=1) lists one, in their vLLM processes."""
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return False
+    return "cpu" in backends
+
+
+def triton_problem(draft: str | None, cfg, on_cpu: bool) -> str | None:
+    """Why vLLM's CPU build refuses a draft that runs only on its V2 model runner (`methods.v2_only`: dspark,
+    DFlash 2): that runner needs Triton, which vLLM enables on a CPU only where Triton has a CPU backend."""
+    if not on_cpu or cfg is None or not v2_only(cfg.vllm_method, cfg.method) or triton_cpu():
+        return None
+    return (f"vLLM runs {cfg.method} ({draft}) only on its V2 model runner, which needs Triton, and Triton here has no "
+            "CPU backend: on a CPU it runs only with a Triton CPU backend (the tests use the interpreter shim, "
+            "tests/vllm_shim); run it on a GPU or with --backend native")
+
+
 def arctic_inference() -> bool:
     """Whether Arctic Inference, which vLLM's suffix decoding runs on, imports here (as vLLM's own probe
     tries it: a trial import, native libraries included)."""
@@ -107,7 +129,8 @@ def vllm_problem(system: System, cfg, version: str, on_cpu: bool, random: bool) 
             or suffix_problem(method)
             or version_problem(version, system_features(system, None if cfg is None else cfg.vllm_method))
             or cpu_problem(system.draft, cfg, on_cpu, random) or draft_topk_problem(system, cfg)
-            or zlab_scalars_problem(system, cfg, version) or vllm_only_problem(system, cfg, version))
+            or zlab_scalars_problem(system, cfg, version) or vllm_only_problem(system, cfg, version)
+            or triton_problem(system.draft, cfg, on_cpu))
 
 
 # dflash_config keys vLLM's DFlash models (0.32) read and z-lab's code does not: each would change the draft there alone

@@ -32,6 +32,13 @@ MTP = "mtp"  # what vLLM runs every per-model MTP method as (qwen3_next_mtp, dee
 METHOD_PREFIXES = {"prompt_lookup_": ("ngram", "ngram_gpu"), "suffix_decoding_": ("suffix",), "dspark_": ("dspark",)}
 # our method -> (vLLM's method, the draft architecture by which it picks that method's speculator; `init_speculator`)
 BY_ARCHITECTURE = {"dflash2": ("dflash", "DFlash2DraftModel")}
+V2_METHODS = ("dspark",)  # vLLM's methods it runs only on its V2 model runner
+
+
+def v2_only(vllm_method: str | None, method: str | None = None) -> bool:
+    """Whether vLLM runs our `method` (as its `vllm_method`) only on its V2 model runner: its dspark, and the
+    speculators it picks by architecture (DFlash 2's)."""
+    return vllm_method in V2_METHODS or method in BY_ARCHITECTURE
 
 
 def vllm_methods() -> tuple[str, ...]:

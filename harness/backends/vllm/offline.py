@@ -60,14 +60,13 @@ from harness.backends.target import TargetFiles
 from harness.backends.vllm.args import SPEC, check_engine_args, owned_problem
 from harness.backends.vllm.checks import cpu_problem, installed_version, vllm_problem
 from harness.backends.vllm.drafts import draft_folder, neutral_folder
-from harness.backends.vllm.methods import BY_ARCHITECTURE, MTP, asked_method, mtp_methods, ran_as, ran_problem
+from harness.backends.vllm.methods import MTP, asked_method, mtp_methods, ran_as, ran_problem, v2_only
 from harness.backends.vllm.output import USER_ENV, environment, failure_cause, log_size, logging_environment, output_to
 from harness.backends.vllm.parallel import parallel_environment
 from harness.specs.experiments import METHODS, VLLM_NAMED, System
 
 CPU_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3}
 CPU_KV_GIB = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # the CPU engine's KV cache: the user's, else 1 GiB
-V2_METHODS = ("dspark",)  # vLLM runs these only on its V2 model runner
 RANDOM_ARGS = {"load_format": "dummy", "skip_tokenizer_init": True}  # a random: target (its prompts are our ids)
 TRACE = "trace.torch.json"  # where a profiled run's PyTorch trace lands, as for the native backend
 PROFILE_DIR = "vllm-profile"  # where vLLM's profiler writes its traces, in the run folder
@@ -129,7 +128,7 @@ def per_request_metrics() -> bool:
 def v2_runner(sc: dict | None, method: str | None = None) -> str | None:
     """`VLLM_USE_V2_MODEL_RUNNER` for an engine of speculative config `sc` running our `method`: "1" where it
     exists only on V2 (DFlash 2's speculator too), else the user's own value (None: unset, vLLM's choice)."""
-    v2 = sc is not None and (sc["method"] in V2_METHODS or method in BY_ARCHITECTURE)
+    v2 = sc is not None and v2_only(sc["method"], method)
     return "1" if v2 else USER_ENV["VLLM_USE_V2_MODEL_RUNNER"]
 
 
