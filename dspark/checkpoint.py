@@ -39,7 +39,7 @@ TARGET_KEYS = KeyTable()  # Hugging Face Qwen3ForCausalLM names are the model's
 
 # Short names of the demo models that ship inside the package (built by experiments/demo/build.py).
 DEMO_MODELS = {"demo": "target", "demo-dspark": "dspark", "demo-dflash": "dflash", "demo-eagle3": "eagle3",
-               "demo-draft-model": "draft_model"}
+               "demo-draft-model": "draft_model", "demo-dflash2": "dflash2"}
 DEMO_DIR = Path(__file__).resolve().parent / "data" / "demo"
 
 

@@ -426,7 +426,7 @@ def test_commands_are_listed_in_the_order_a_user_needs_them(monkeypatch, capfd):
     assert code == 0 and listed[:6] == ["run", "report", "profile", "trace", "parity", "calibrate"]
     assert sorted(listed) == sorted(["run", "report", "profile", "trace", "parity", "calibrate", "generate",
                                      "engine-bench", "train-draft", "inspect", "make-tiny"])
-    assert re.search(r"^  train-draft +Train a DSpark, DFlash or EAGLE-3 draft for a Qwen3 target\.$", out, re.M)
+    assert re.search(r"^  train-draft +Train a DSpark, DFlash, DFlash 2, EAGLE-3 or classic draft\.$", out, re.M)
 
 
 def test_systems_help_lists_the_demo_experiments_systems(monkeypatch, capfd):

@@ -55,21 +55,21 @@ def test_readme_main_command(tmp_path):
         busy.kill()
         busy.wait()
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    for system in ("plain", "dspark", "dflash", "eagle3", "draft_model", "ngram"):
+    for system in ("plain", "dspark", "dflash", "eagle3", "draft_model", "dflash2", "ngram"):
         assert f"│ {system}" in proc.stdout
     assert "…" not in proc.stdout and "│ speedup │" in proc.stdout.replace("┃", "│")  # no header or cell cut
     legend = " ".join(proc.stdout.split())  # (the caption wraps at the table's width)
     assert "AL: acceptance length" in legend and "= plain: greedy outputs equal" in legend  # the legend, whole
     (run_dir,) = (tmp_path / "results").iterdir()
     assert f"wrote {run_dir.relative_to(tmp_path)}: manifest.json, requests.jsonl, summary.json" in proc.stdout
-    assert "[0/96 requests, 0 s] warm-up plain T=0 (untimed)" in proc.stderr and "[96/96 requests," in proc.stderr
+    assert "[0/112 requests, 0 s] warm-up plain T=0 (untimed)" in proc.stderr and "[112/112 requests," in proc.stderr
     assert "T=0 coding plain" in proc.stderr  # the timed requests: systems alternate within a temperature
     assert "threads: 1 (auto: target weights 14 MB" in proc.stderr
     assert {p.name for p in run_dir.iterdir()} >= {"manifest.json", "requests.jsonl", "summary.json", "summary.csv",
                                                    "summary.md", "summary.png"}
     assert (run_dir / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     records = read_requests(run_dir)
-    assert len(records) == 6 * 2 * 8  # systems x temperatures x prompts
+    assert len(records) == 7 * 2 * 8  # systems x temperatures x prompts
     assert {r["category"] for r in records} == {"coding"}
     assert all(len(r["load_avg"]) == 2 for r in records)
     for r in records:  # each DSpark round's slot confidences, recorded; no other system has a confidence head
@@ -79,7 +79,7 @@ def test_readme_main_command(tmp_path):
     greedy = [r for r in records if r["temperature"] == 0 and r["system"] != "plain"]
     assert greedy and all(r["matches_baseline"] is True for r in greedy)  # every lossless system equals plain
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["complete"] is True and summary["requests_done"] == summary["requests_expected"] == 96
+    assert summary["complete"] is True and summary["requests_done"] == summary["requests_expected"] == 112
     dspark = next(r for r in summary["rows"] if r["system"] == "dspark" and r["temperature"] == 0
                   and r["category"] == "overall")
     assert dspark["spec_decode_acceptance_length"] > 1.5 and dspark["speedup"] > 0

@@ -8,9 +8,10 @@ Stages (each seeded): the pinned standard-library corpus (`corpus.py`); a byte-l
 trained on it; a small Qwen3 target pretrained on the library's source, then instruction-tuned on the
 chat-formatted pairs (loss on the answers); the target's own answers to the training instructions,
 greedy and sampled (self-distillation, as DeepSpec does); a DSpark draft, a DFlash-mode draft, an
-EAGLE-3 draft and a classic draft model (a two-layer Qwen3 of the target's tokenizer, next-token
-cross-entropy) trained on those; acceptance on the held-out coding prompts.
-Writes target/, dspark/, dflash/, eagle3/, draft_model/ and figures.json under --out; a stage whose output is already
+EAGLE-3 draft, a classic draft model (a two-layer Qwen3 of the target's tokenizer, next-token
+cross-entropy) and a DFlash 2 draft (z-lab's layout, trained on a 2-core CPU in minutes) trained on those;
+acceptance on the held-out coding prompts.
+Writes target/, dspark/, dflash/, eagle3/, draft_model/, dflash2/ and figures.json under --out; a stage whose output is already
 there is reused (an interrupted build goes on where it stopped). The models are stored in bfloat16
 (what ships), and every later stage uses the stored weights, so the figures are those of the shipped
 models. `--install` copies the models into the package, and the figures and the target's
@@ -42,10 +43,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus as corpus_mod  # noqa: E402
 
-from dspark.checkpoint import DEMO_DIR, load_target, save_target  # noqa: E402
+from dspark.checkpoint import DEMO_DIR, load_draft, load_target, save_target  # noqa: E402
 from dspark.drafters import NgramDrafter  # noqa: E402
 from dspark.engine import Engine, GenerationConfig  # noqa: E402
 from dspark.models.config import BackboneConfig, TargetConfig  # noqa: E402
+from dspark.models.dflash2 import identity_convolutions  # noqa: E402
 from dspark.models.target import Qwen3Target  # noqa: E402
 from dspark.synthetic.presets import evenly_spaced_taps, vllm_default_eagle3_taps  # noqa: E402
 from dspark.synthetic.tiny import (  # noqa: E402
@@ -79,7 +81,9 @@ FULL = dict(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, 
             rephrasings=6, draft_layers=3, draft_intermediate=640, draft_steps=7500, draft_batch=64, anchors=128,
             draft_source=True, eagle3_vocab=1024, eagle3_steps=900, eagle3_batch=8, eagle3_lr=1e-3,
             eagle3_max_len=256, draft_model_layers=2, draft_model_steps=6000, draft_model_batch=64,
-            draft_model_lr=2e-3, draft_model_max_len=512, draft_model_tokens=3)
+            draft_model_lr=2e-3, draft_model_max_len=512, draft_model_tokens=3, dflash2_steps=200,
+            dflash2_batch=8, dflash2_anchors=32, dflash2_lr=2e-3, dflash2_max_len=192, dflash2_block_size=8,
+            dflash2_conv_kernel_size=2, dflash2_conv_group_size=16, dflash2_selector_rank=32, dflash2_selector_top_k=8)
 MEDIUM = dict(vocab=1024, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, window=256,
               pretrain_steps=300, target_steps=200, draft_steps=200, batch=8, max_answer=96, draft_layers=1,
               samples=1, files=60, pairs=400, draft_source=True, anchors=32, continuations=0, rephrasings=0,
@@ -95,11 +99,19 @@ SMOKE = dict(vocab=300, hidden=32, layers=4, heads=4, kv_heads=2, head_dim=8, in
 # embedding and head (tied, as the target's), trained on the first draft_model_max_len tokens of each distilled
 # sequence; it drafts draft_model_tokens a round in the figures (the demo experiment's num_speculative_tokens).
 # Steps, batch and learning rate default to the block drafts'.
-DRAFTS = ("dspark", "dflash", "eagle3", "draft_model")
+# The DFlash 2 draft's (z-lab's layout: fill-in blocks of dflash2_block_size rows, the anchor's included, so as many
+# drafts a round as the DFlash draft's 7; convolutions and a candidate selector as the dflash2_conv_* and
+# dflash2_selector_* say) starts from the DFlash draft just built (its layers, taps and weights; the convolutions the
+# identity, the selector random) and fine-tunes on a CPU budget, unlike the others' (GPU): dflash2_steps steps of
+# dflash2_batch sequences cut to their first dflash2_max_len tokens, dflash2_anchors blocks each. Steps, batch,
+# learning rate and anchors default to the block drafts' where a size does not set them.
+DRAFTS = ("dspark", "dflash", "eagle3", "draft_model", "dflash2")
 EAGLE3_OVERRIDES = {"draft_steps": "eagle3_steps", "draft_batch": "eagle3_batch", "draft_lr": "eagle3_lr",
                     "draft_intermediate": "eagle3_intermediate"}  # the draft flags set the EAGLE-3 draft's too
 DRAFT_MODEL_OVERRIDES = {"draft_steps": "draft_model_steps", "draft_batch": "draft_model_batch",
                          "draft_lr": "draft_model_lr"}  # and the draft model's
+DFLASH2_OVERRIDES = {"draft_steps": "dflash2_steps", "draft_batch": "dflash2_batch", "draft_lr": "dflash2_lr",
+                     "anchors": "dflash2_anchors"}  # and the DFlash 2 draft's
 
 
 def chat_example(tokenizer, instruction: str, answer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,11 +352,13 @@ def build_draft(out: str, name: str, rank: int, size: dict, seed: int, device: s
         return _build_draft(Path(out), name, rank, size, seed, device, stop)
 
 
-def _new_draft(name: str, rank: int, size: dict, target: Qwen3Target, examples: list, seed: int):
+def _new_draft(name: str, rank: int, size: dict, target: Qwen3Target, examples: list, seed: int, base=None):
     """A fresh draft of the kind `name` and its training settings: (draft, TrainArgs, what to record, how
     to describe a step's figures). The EAGLE-3 draft: one Llama-style layer tapping vLLM's default states,
     its vocabulary the `eagle3_vocab` target ids the training data scores most; the draft model: a Qwen3 of the
-    target's tokenizer (`random_draft_model`), next-token cross-entropy; the block drafts: DeepSpec's."""
+    target's tokenizer (`random_draft_model`), next-token cross-entropy; the block drafts: DeepSpec's (DFlash 2's
+    in z-lab's fill-in layout, started from `base`, the DFlash draft, its convolutions the identity, its selector's
+    cross-entropy added)."""
     tcfg = target.config
     vocab = tcfg.backbone.vocab_size
     if name == "draft_model":
@@ -366,6 +380,24 @@ def _new_draft(name: str, rank: int, size: dict, target: Qwen3Target, examples: 
         return draft, args, settings, lambda parts: (f"tau {parts[0].tau:.2f} acc "
                                                      + " ".join(f"{a:.2f}" for a in parts[0].accuracy.tolist()))
     taps = tuple(size.get("draft_taps") or evenly_spaced_taps(tcfg.backbone.num_layers))  # the stored target's
+    if name == "dflash2":
+        block = size.get("dflash2_block_size", 8)
+        dcfg = replace(base.config, format="zlab", sample_from_anchor=False, block_size=block, architecture="",
+                       **{key: size.get(f"dflash2_{key}", default) for key, default in
+                          (("conv_kernel_size", 2), ("conv_group_size", 16), ("selector_rank", 32),
+                           ("selector_top_k", 8))})
+        draft = random_draft(dcfg, target, seed + 1)
+        draft.load_state_dict({k: v for k, v in base.state_dict().items() if not k.startswith(("embed_tokens", "lm_head"))},
+                              strict=False)  # the DFlash draft's backbone; the convolutions and selector are new
+        identity_convolutions(draft.fuse())
+        args = TrainArgs(steps=size["dflash2_steps"], batch=size["dflash2_batch"], lr=size["dflash2_lr"], seed=seed,
+                         checkpoint_every=50, max_len=size.get("dflash2_max_len", 1024),
+                         loss=LossConfig(num_anchors=size["dflash2_anchors"]))
+        settings = {"block_size": block, "anchors": size["dflash2_anchors"], "max_len": args.max_len, "from": "dflash",
+                    **{key: getattr(dcfg, key) for key in ("conv_kernel_size", "conv_group_size", "selector_rank",
+                                                           "selector_top_k")}}
+        return draft, args, settings, lambda parts: (f"tau {parts[0].tau:.2f} ce {parts[0].ce:.3f} "
+                                                     f"selector {parts[0].selector:.3f}")
     dcfg = tiny_draft_config(tcfg, layers=size["draft_layers"], block_size=7, taps=taps,
                              markov_rank=rank, confidence=rank > 0, mask_token_id=vocab - 1,
                              intermediate_size=size.get("draft_intermediate"))
@@ -384,7 +416,8 @@ def _build_draft(out: Path, name: str, rank: int, size: dict, seed: int, device:
     # tokens themselves, so only the target's own (the distillation)
     source = torch.load(out / "windows.pt", weights_only=True) if size["draft_source"] and name != "draft_model" else []
     examples = distilled + source
-    draft, args, settings, describe = _new_draft(name, rank, size, target.cpu(), examples, seed)
+    base = load_draft(out / "dflash", target).model if name == "dflash2" else None  # what DFlash 2 starts from
+    draft, args, settings, describe = _new_draft(name, rank, size, target.cpu(), examples, seed, base)
     draft = draft.to(device)
     target.to(device)
     ckpt, start, opt_state = out / f"{name}.train", 0, None
@@ -493,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     drafts = [name for name in DRAFTS if name in args.drafts.split(",")]
     if not drafts or set(args.drafts.split(",")) - set(drafts):
         ap.error(f"--drafts {args.drafts!r}: give some of {','.join(DRAFTS)}, comma-separated")
+    if "dflash2" in drafts and "dflash" not in drafts and not (args.out / "dflash" / "model.safetensors").is_file():
+        ap.error(f"--drafts {args.drafts}: the DFlash 2 draft starts from the DFlash draft, which {args.out} lacks; "
+                 "build dflash too")
     if args.install and len(drafts) < len(DRAFTS):
         ap.error("--install ships every draft: leave --drafts at its default")
     size = dict({"full": FULL, "medium": MEDIUM, "smoke": SMOKE}[args.size])
@@ -510,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     size.setdefault("draft_batch", size["batch"])  # the drafts keep the size's batch
     for key, block in (("eagle3_steps", "draft_steps"), ("eagle3_batch", "draft_batch"), ("eagle3_lr", "draft_lr"),
                        ("draft_model_steps", "draft_steps"), ("draft_model_batch", "draft_batch"),
-                       ("draft_model_lr", "draft_lr")):
+                       ("draft_model_lr", "draft_lr"), ("dflash2_steps", "draft_steps"),
+                       ("dflash2_batch", "draft_batch"), ("dflash2_lr", "draft_lr"), ("dflash2_anchors", "anchors")):
         size.setdefault(key, size.get(block, 1e-3))
     size["batch"] = args.target_batch or size["batch"]
     stored = args.out / "target" / "config.json"
@@ -548,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
                 size[EAGLE3_OVERRIDES[key]] = size[key]
             if key in DRAFT_MODEL_OVERRIDES:  # and the draft model's
                 size[DRAFT_MODEL_OVERRIDES[key]] = size[key]
+            if key in DFLASH2_OVERRIDES:  # and the DFlash 2 draft's
+                size[DFLASH2_OVERRIDES[key]] = size[key]
     out, device, t0 = args.out, args.device, time.perf_counter()
     if args.corpus:  # corpus.json, or corpus.json.gz (a quarter of the size, to carry to a GPU machine)
         corpus, text = corpus_mod.load_or_refuse(ap, args.corpus)
@@ -572,10 +611,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.until == "distill":
         return 0
     del target
-    ranks = {"dspark": 8 if args.size == "smoke" else 64, "dflash": 0, "eagle3": 0, "draft_model": 0}
+    ranks = {"dspark": 8 if args.size == "smoke" else 64, "dflash": 0, "eagle3": 0, "draft_model": 0, "dflash2": 0}
     deadline = None if args.time_limit is None else time.time() + args.time_limit
-    jobs = [(str(out), name, ranks[name], size, args.seed, device, deadline) for name in drafts]
-    if args.jobs > 1:
+    jobs = [(str(out), name, ranks[name], size, args.seed, device, deadline) for name in drafts if name != "dflash2"]
+    later = [(str(out), "dflash2", 0, size, args.seed, device, deadline)] if "dflash2" in drafts else []
+    if not jobs:  # (DFlash 2 alone, from a folder whose DFlash draft is built: checked above)
+        built = []
+    elif args.jobs > 1:
         # Ctrl-C reaches the workers too; a signal sent to this process alone is passed on to them.
         ctx = multiprocessing.get_context("spawn")
         parent_stop = ctx.Event()
@@ -592,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             built.append(build_draft(*job))
             if built[-1] is None:  # stopped: the next draft does not start
                 break
+    if None not in built and later:  # DFlash 2 starts from the DFlash draft: after it, whatever the jobs
+        built.append(build_draft(*later[0]))
     if None in built:
         print("build.py: stopped before the drafts were trained (time limit or signal); run the same command again "
               "to resume from their checkpoints", file=sys.stderr, flush=True)

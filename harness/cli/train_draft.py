@@ -64,10 +64,11 @@ def train_draft(
         "continue with --resume). Ctrl-C or SIGTERM does the same."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
 ):
-    """Train a DSpark, DFlash, DFlash 2 or EAGLE-3 draft, or a draft model, for a Qwen3 target.
+    """Train a DSpark, DFlash, DFlash 2, EAGLE-3 or classic draft.
 
-    DSpark, DFlash-mode and DFlash 2 drafts learn DeepSpec's block objective (DFlash 2's selector its cross-entropy
-    beside it); an EAGLE-3 draft, its training-time test; a draft model (draft_model), next-token cross-entropy."""
+    For a Qwen3 target. DSpark, DFlash-mode and DFlash 2 drafts learn DeepSpec's block objective (DFlash 2's
+    selector its cross-entropy beside it); an EAGLE-3 draft, its training-time test; a draft model (draft_model),
+    next-token cross-entropy."""
     from dspark.training.loop import TrainArgs
 
     dflash2 = {"--conv-kernel-size": conv_kernel_size, "--conv-group-size": conv_group_size,
