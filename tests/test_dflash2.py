@@ -2,8 +2,8 @@
 
 Shared random weights: a transformers Qwen3 target and z-lab's `DFlash2DraftModel` (`tests/zlab_models.py`), saved
 as z-lab's releases store it (codebooks without `.weight`) and as its `save_pretrained` writes it (with), loaded by
-our z-lab loader. At T = 0 our engine decodes token- and round-exact against z-lab's `dflash_generate`, every
-proposal alike, on weights whose selector changes the head's arg-max on some slots (asserted, so a plain head cannot
+our z-lab loader. At T = 0 (float32, both sides) our engine decodes token- and round-exact against z-lab's
+`dflash_generate`, every proposal alike up to z-lab's shortened last blocks, on weights whose selector changes the head's arg-max on some slots (asserted, so a plain head cannot
 pass). At T > 0 the engine with a DFlash 2 drafter (the selector's q in rejection sampling) samples the target's
 own joint distribution of the first tokens (chi-square, as tests/test_lossless.py), and the same test fails when
 the q given is uniform over the candidates rather than the selector's. The config is read as z-lab reads it (dflash_config first), what

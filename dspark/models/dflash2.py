@@ -6,12 +6,15 @@ sum over `kernel_size` taps of (a learnt base weight per tap and channel + a dyn
 channel group, projected from the row itself) times the input `offset` rows earlier. `prepare` convolves the
 normed stream before a sub-layer and projects the dynamic weights of the convolution that `finish` applies to the
 sub-layer's output; the context rows (the tapped target features) never pass through it. The operations and their
-order are z-lab's, so that float32 results round as theirs do.
+order are z-lab's, so that float32 results round as theirs do (exactness against z-lab is shown at float32 only:
+see the selector below).
 
 Selector: per slot the top-k of the draft's logits are re-scored left to right, candidate c of slot i getting
 unary(c) + <predecessor(x_{i-1}) * P h_i, successor(c)> (x_{-1} the anchor, P the hidden projection), and the slot
-takes the arg-max (T = 0) or a draw from softmax(scores / T) (T > 0). Everything is device work with fixed shapes,
-so a drafter built on it can run inside a CUDA graph.
+takes the arg-max (T = 0) or a draw from softmax(scores / T) (T > 0). The head's logits are float32
+(`DraftModel.base_logits`) and the scores summed in float32, where z-lab sums them in the model's dtype: the same at
+float32, where our tokens and rounds equal z-lab's; in bfloat16 a near-tie between candidates may round otherwise.
+Everything is device work with fixed shapes, so a drafter built on it can run inside a CUDA graph.
 """
 
 from __future__ import annotations
