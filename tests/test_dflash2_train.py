@@ -7,13 +7,15 @@ pair lower the loss, the candidate selector's cross-entropy included. `train-dra
 and resumes on a tiny target and writes a draft in z-lab's layout that our engine runs (greedy output equal to plain
 decoding's) and z-lab's `DFlash2DraftModel.from_pretrained` loads with the same weights; its options are refused in
 one line where they do not fit. The shipped demo DFlash 2 draft loads by its short name, its greedy output equals
-plain decoding on 2 demo prompts, and it accepts above a floor a random draft of its shape does not reach.
+plain decoding on 2 demo prompts, and it accepts above a floor a random draft of its shape does not reach; the build
+script's stage that made it makes a draft of exactly its shapes and config.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,3 +185,32 @@ def test_the_shipped_demo_draft_accepts_above_a_random_draft_of_its_shape(demo):
     shipped = _mean_acceptance(_run(target, DFlash2Drafter(trained), prompts))
     untrained = _mean_acceptance(_run(target, DFlash2Drafter(random), prompts))
     assert untrained < FLOOR < shipped, (untrained, shipped)
+
+
+def test_the_build_script_makes_a_draft_of_the_shipped_shapes_and_recipe(demo, tmp_path):
+    """The build's own stage (`build_draft`), two steps on a few made-up answers beside the shipped target and DFlash
+    draft (what it starts from): z-lab's layout with exactly the shipped tensors' names and shapes and config, and the
+    recipe the shipped figures record."""
+    from test_demo_build import _build_module
+
+    from dspark.checkpoint import weight_shapes
+
+    build = _build_module()
+    _, prompts = demo
+    out = tmp_path / "demo"
+    out.mkdir()
+    for name in ("target", "dflash"):
+        (out / name).symlink_to(DEMO_DIR / name)
+    build.save_rows([(torch.tensor(p + list(range(300, 340))), torch.tensor([False] * len(p) + [True] * 40))
+                     for p in prompts], out / "distilled.pt")
+    torch.save([], out / "windows.pt")  # (the library's source windows: none here)
+    size = dict(build.FULL)
+    size.setdefault("dflash2_anchors", size["anchors"])
+    shipped = json.loads((Path(__file__).resolve().parent.parent / "experiments" / "demo" / "figures.json").read_text())["build"]["dflash2"]
+    assert {k: size[f"dflash2_{k}"] for k in ("steps", "batch", "lr", "max_len", "block_size", "selector_rank")} == \
+        {k: shipped[k] for k in ("steps", "batch", "lr", "max_len", "block_size", "selector_rank")}
+    size |= {"dflash2_steps": 2, "dflash2_batch": 2, "dflash2_anchors": 4}
+    assert build.build_draft(str(out), "dflash2", 0, size, 0, "cpu") == "dflash2"
+    assert weight_shapes(out / "dflash2") == weight_shapes(SHIPPED)
+    assert read_config(out / "dflash2") == read_config(SHIPPED)
+    assert json.loads((out / "dflash2.settings.json").read_text())["from"] == "dflash"
