@@ -277,9 +277,13 @@ def test_dry_run_of_the_qwen3_8b_experiment_against_stand_ins(tmp_path):
     if importlib.util.find_spec("vllm") is None:  # (vLLM missing: the dry run says so, as the run would)
         assert proc.returncode == 2 and "pip install" in proc.stderr, proc.stderr[-2000:]
         return
-    # vLLM's CPU build cannot run the deepspec-format DFlash draft: there the dry run ends as the run would, exit 2
+    # vLLM's CPU build cannot run the deepspec-format DFlash draft, nor dspark (its V2 runner) where Triton has no CPU
+    # backend: there the dry run ends as the run would, exit 2
+    from harness.backends.vllm.checks import triton_cpu
+
     refused = [r["system"] for r in json.loads(proc.stdout)["systems"] if not r["fits_target"]]
-    expected = [] if torch.cuda.is_available() else ["dflash-deepseek"]
+    expected = [] if torch.cuda.is_available() else (
+        ([] if triton_cpu() else ["dspark-deepseek", "dspark-dogacel"]) + ["dflash-deepseek"])
     assert refused == expected and proc.returncode == (2 if refused else 0), proc.stderr[-2000:]
     assert [{k: r[k] for k in ("system", "format", "method")} for r in json.loads(proc.stdout)["systems"]] == \
         [{k: r[k] for k in ("system", "format", "method")} for r in rows.values()]
