@@ -128,7 +128,7 @@ def test_train_draft_trains_and_resumes_a_draft_model_and_refuses_what_it_has_no
     assert draft.config.backbone.vocab_size == load_target("demo").model.config.backbone.vocab_size
     refusals = {"--layers 8": "--layers 8: a draft model is a smaller model than the target, which has 8 layers; "
                               "give fewer",
-                "--taps 1,2": "--taps is for the drafts that read the target's states; leave it out for draft_model"}
+                "--taps 1,2": "--taps is for --method dspark, dflash, dflash2 or eagle3; leave it out for draft_model"}
     for extra, message in refusals.items():
         code, _, err = run_cli(monkeypatch, capfd, "train-draft", "--target", "demo", "--data", "demo", "--out",
                                tmp_path / "other", "--method", "draft_model", *extra.split())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from pairs import random_pair
 
@@ -204,7 +205,8 @@ def test_train_draft_command_trains_saves_and_resumes(tiny_dir, tmp_path, monkey
     code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "4")
     assert code == 0, err
     target = load_target(tiny_dir / "target").model
-    assert load_draft(out, target).config.format == "deepspec"
+    made = load_draft(out, target).config  # --block-size and --markov-rank left out: dspark's defaults
+    assert (made.format, made.block_size, made.markov_rank) == ("deepspec", 7, 64)
     code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "4")
     assert code == 2 and "pass --resume" in err  # never silently overwrites a run
     code, _, err = run_cli(monkeypatch, capfd, *common, "--steps", "6", "--resume", "--time-limit", "0")
@@ -331,6 +333,26 @@ def test_train_draft_command_trains_an_eagle3_draft_over_the_datas_vocabulary(ti
     assert code == 2 and "--ttt-length is for --method eagle3" in err
     code, _, err = run_cli(monkeypatch, capfd, *common[:-4], "--method", "dspark", "--steps", "4", "--resume")
     assert code == 2 and "is of method eagle3; resume it with --method eagle3" in err
+
+
+@pytest.mark.parametrize("method,extra,readers", [
+    ("draft_model", "--markov-rank 8", "dspark"), ("draft_model", "--block-size 4", "dspark, dflash, dflash2 or eagle3"),
+    ("draft_model", "--num-anchors 8", "dspark, dflash or dflash2"), ("dflash", "--markov-rank 8", "dspark"),
+    ("dflash2", "--markov-rank 8", "dspark"), ("eagle3", "--num-anchors 8", "dspark, dflash or dflash2"),
+    ("eagle3", "--mask-token-id 5", "dspark, dflash or dflash2"), ("eagle3", "--conv-kernel-size 3", "dflash2"),
+    ("draft_model", "--taps 1,2", "dspark, dflash, dflash2 or eagle3"), ("dspark", "--draft-vocab-size 9", "eagle3"),
+])
+def test_an_option_another_method_reads_is_refused_not_ignored(tmp_path, monkeypatch, capfd, method, extra, readers):
+    """A method-specific option given with a method that does not read it would train as if it were left out:
+    refused in one line naming the methods that read it, before the target is even looked up (it does not exist)."""
+    from cli_runner import run_cli
+
+    code, stdout, err = run_cli(monkeypatch, capfd, "train-draft", "--target", tmp_path / "no-target", "--data",
+                                tmp_path / "no.jsonl", "--out", tmp_path / "d", "--method", method, *extra.split())
+    flag = extra.split()[0]
+    assert code == 2 and stdout == "" and len(err.strip().splitlines()) == 1, err
+    assert f"{flag} is for --method {readers}; leave it out for {method}" in " ".join(err.split()), err
+    assert not (tmp_path / "d").exists()
 
 
 def test_train_draft_resume_without_a_checkpoint_is_refused_before_loading(tiny_dir, tmp_path, monkeypatch, capfd):

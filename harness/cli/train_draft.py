@@ -16,6 +16,13 @@ from harness.cli.render import err, out
 METHODS = ("dspark", "dflash", "dflash2", "eagle3", "draft_model")
 # DFlash 2's own options and their defaults (vllm-project/speculators' for a DFlash 2 it trains)
 DFLASH2_OPTIONS = {"--conv-kernel-size": 2, "--conv-group-size": 16, "--selector-rank": 256, "--selector-top-k": 16}
+# each method-specific option and the methods that read it: given with another method it is refused, not ignored
+# (so each defaults to None, its value resolved where a method reads it)
+OPTION_METHODS = {"--block-size": ("dspark", "dflash", "dflash2", "eagle3"), "--markov-rank": ("dspark",),
+                  "--num-anchors": ("dspark", "dflash", "dflash2"), "--taps": ("dspark", "dflash", "dflash2", "eagle3"),
+                  "--mask-token-id": ("dspark", "dflash", "dflash2"), "--ttt-length": ("eagle3",),
+                  "--draft-vocab-size": ("eagle3",), **{flag: ("dflash2",) for flag in DFLASH2_OPTIONS}}
+BLOCK_SIZE, MARKOV_RANK, NUM_ANCHORS = 7, 64, 64  # the defaults of the three, for the methods that read them
 DEMO_DATA = "chats.jsonl"  # `--data demo`, beside the demo models (made by experiments/demo/chats.py)
 
 
@@ -32,14 +39,15 @@ def train_draft(
                                "draft_model (a smaller Qwen3 of the target's tokenizer and width, its own embedding "
                                "started from the target's, next-token cross-entropy on the data's answers)."),
     layers: int = typer.Option(1, min=1, help="Draft decoder layers (EAGLE-3: 1)."),
-    block_size: int = typer.Option(7, min=2, help="Tokens drafted per block (anchor-first); dflash2: the block's "
-                                   "rows, the anchor's included (it drafts one fewer); EAGLE-3: the chain length its "
-                                   "config suggests."),
-    markov_rank: int = typer.Option(64, min=1, help="Rank of the Markov head (dspark mode)."),
+    block_size: Optional[int] = typer.Option(None, min=2, help="Tokens drafted per block (anchor-first); dflash2: the "
+                                             "block's rows, the anchor's included (it drafts one fewer); EAGLE-3: the "
+                                             "chain length its config suggests; not draft_model (default 7)."),
+    markov_rank: Optional[int] = typer.Option(None, min=1, help="dspark: rank of the Markov head (default 64)."),
     taps: Optional[str] = typer.Option(None, help="Tapped target layers, e.g. 1,3,5, counted from 0, each one's output "
                                        "(default: 5 evenly spaced; EAGLE-3: vLLM's default, its (2, L//2, L-3) in "
                                        "its count of layer inputs)."),
-    mask_token_id: Optional[int] = typer.Option(None, help="Mask token (default: the first id the tokenizer leaves free)."),
+    mask_token_id: Optional[int] = typer.Option(None, help="dspark, dflash, dflash2: mask token (default: the first id "
+                                                "the tokenizer leaves free)."),
     ttt_length: Optional[int] = typer.Option(None, help="EAGLE-3: training-time-test steps per batch (default 7), "
                                              "each weighted 0.8 times the one before."),
     draft_vocab_size: Optional[int] = typer.Option(None, help="EAGLE-3: the draft's vocabulary, the target tokens the "
@@ -55,7 +63,8 @@ def train_draft(
     steps: int = typer.Option(1000, min=1, help="Optimizer steps to train for (the total, resumed steps included)."),
     batch: int = typer.Option(8, min=1, help="Sequences per optimizer step."),
     lr: float = typer.Option(6e-4, min=0.0, help="Peak learning rate of AdamW (linear warm-up over 4 % of the steps, then cosine decay)."),
-    num_anchors: int = typer.Option(64, min=1, help="Blocks drawn per sequence (dspark, dflash, dflash2)."),
+    num_anchors: Optional[int] = typer.Option(None, min=1, help="dspark, dflash, dflash2: blocks drawn per sequence "
+                                              "(default 64)."),
     checkpoint_every: int = typer.Option(200, min=1, help="Save a resumable checkpoint every this many steps."),
     seed: int = typer.Option(0, help="Seeds the draft's initial weights and each step's batch and blocks."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
@@ -80,9 +89,9 @@ def train_draft(
     _train(target, tcfg, dcfg, examples, args, out_dir, method, resume, dev, time_limit)
 
 
-def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, block_size: int, markov_rank: int,
-             taps: str | None, mask_token_id: int | None, ttt_length: int | None, draft_vocab_size: int | None,
-             steps: int, num_anchors: int, resume: bool, device: str, dflash2: dict[str, int | None]):
+def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, block_size: int | None,
+             markov_rank: int | None, taps: str | None, mask_token_id: int | None, ttt_length: int | None,
+             draft_vocab_size: int | None, steps: int, num_anchors: int | None, resume: bool, device: str, dflash2: dict[str, int | None]):
     """(target config, draft config, objective, examples, device) of the options, every mistake in them
     refused in one line before any weights load: a training that starts is not stopped by its options."""
     from dataclasses import replace
@@ -94,17 +103,18 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
     if method not in METHODS:
         raise DSparkError(f"--method '{method}' is unknown; use {', '.join(METHODS)}")
     eagle3 = method == "eagle3"
-    for flag, value in (("--ttt-length", ttt_length), ("--draft-vocab-size", draft_vocab_size)):
-        if value is not None and not eagle3:
-            raise DSparkError(f"{flag} is for --method eagle3; leave it out for {method}")
+    given = {"--block-size": block_size, "--markov-rank": markov_rank, "--num-anchors": num_anchors, "--taps": taps,
+             "--mask-token-id": mask_token_id, "--ttt-length": ttt_length, "--draft-vocab-size": draft_vocab_size,
+             **dflash2}
+    for flag, value in given.items():
+        readers = OPTION_METHODS[flag]
+        if value is not None and method not in readers:
+            names = readers[0] if len(readers) == 1 else f"{', '.join(readers[:-1])} or {readers[-1]}"
+            raise DSparkError(f"{flag} is for --method {names}; leave it out for {method}")
     for flag, value in dflash2.items():
-        if value is not None and method != "dflash2":
-            raise DSparkError(f"{flag} is for --method dflash2; leave it out for {method}")
         if value is not None and value < 1:
             raise DSparkError(f"{flag} {value}: give at least 1")
-    for flag, value in (("--taps", taps), ("--mask-token-id", mask_token_id)):
-        if value is not None and method == "draft_model":  # (it reads tokens alone, and drafts no mask)
-            raise DSparkError(f"{flag} is for the drafts that read the target's states; leave it out for draft_model")
+    block_size = BLOCK_SIZE if block_size is None else block_size
     if eagle3 and layers != 1:
         raise DSparkError(f"--layers {layers}: an EAGLE-3 draft has one layer (every published one does); leave it out")
     if ttt_length is not None and ttt_length < 1:
@@ -151,11 +161,11 @@ def _checked(target: str, data: Path, out_dir: Path, method: str, layers: int, b
             mask_token_id = len(tokenizer) if tokenizer is not None else tcfg.backbone.vocab_size - 1
         dcfg = tiny_draft_config(tcfg, layers=layers, block_size=block_size,
                                  taps=tap_ids or evenly_spaced_taps(tcfg.backbone.num_layers),
-                                 markov_rank=markov_rank if method == "dspark" else 0, confidence=method == "dspark",
+                                 markov_rank=(markov_rank or MARKOV_RANK) if method == "dspark" else 0, confidence=method == "dspark",
                                  mask_token_id=mask_token_id)
         if method == "dflash2":
             dcfg = _dflash2_config(dcfg, {flag: dflash2[flag] or default for flag, default in DFLASH2_OPTIONS.items()})
-        loss = LossConfig(num_anchors=num_anchors)
+        loss = LossConfig(num_anchors=num_anchors or NUM_ANCHORS)
     dcfg.validate("train-draft")
     dcfg.check_target(tcfg, "train-draft")
     return tcfg, dcfg, loss, examples, dev
