@@ -151,6 +151,6 @@ def test_expect_method_fails_in_one_line_when_its_range_is_missing(monkeypatch, 
     assert code == 0 and err == "" and "never appears" not in out
     code, _, err = run_cli(monkeypatch, capfd, "trace", "summarize", dspark, "--expect-method", "eagle")
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "--expect-method eagle is not a speculative method; give one of dspark, dflash, eagle3, ngram, draft_model" in err
+    assert "--expect-method eagle is not a speculative method; give one of dspark, dflash, dflash2, eagle3, ngram, draft_model" in err
     code, out, _ = run_cli(monkeypatch, capfd, "trace", "summarize", "--help")
     assert code == 0 and "(dspark, dflash, eagle3, ngram, draft_model)" in " ".join(out.split())
