@@ -153,4 +153,4 @@ def test_expect_method_fails_in_one_line_when_its_range_is_missing(monkeypatch, 
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "--expect-method eagle is not a speculative method; give one of dspark, dflash, dflash2, eagle3, ngram, draft_model" in err
     code, out, _ = run_cli(monkeypatch, capfd, "trace", "summarize", "--help")
-    assert code == 0 and "(dspark, dflash, eagle3, ngram, draft_model)" in " ".join(out.split())
+    assert code == 0 and "(dspark, dflash, dflash2, eagle3, ngram, draft_model)" in " ".join(out.split())
