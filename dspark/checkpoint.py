@@ -30,6 +30,7 @@ from dspark.models.block_draft import DraftModel
 from dspark.models.config import AnyDraftConfig, Eagle3Config, TargetConfig, draft_config_from_hf
 from dspark.models.eagle3_draft import Eagle3Draft
 from dspark.models.target import Qwen3Target
+from dspark.qwen3_tokenizer import preset_tokenizer
 from dspark.user_cache import cache_root
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.txt", "*.model", "*.jinja"]
@@ -75,6 +76,7 @@ def resolve_path(name_or_path: str | Path, revision: str | None = None, patterns
 RANDOM = "random:"  # a model id's prefix: its config with seeded random weights (timing, never quality)
 RANDOM_MARKER = "random-weights.json"  # in such a folder: what it is, how its weights are drawn
 RANDOM_INIT = {"init": "normal(0, 0.02)", "target_seed": 0, "draft_seed": 1}
+RANDOM_TOKENIZER = "random-tokenizer-source.json"  # in such a folder: where its tokenizer files were copied from
 RANDOM_COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "vocab.json", "merges.txt", "chat_template.jinja")
 
@@ -82,7 +84,8 @@ RANDOM_COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.j
 def random_folder(source: str, revision: str | None = None) -> Path:
     """The folder that stands for `random:<source>`: the config of a preset (`dspark.synthetic.presets`: a target such as
     qwen3-8b, a draft such as dspark-qwen3-8b-block7) or of a model folder, demo name or hub id (its config and
-    tokenizer files only; the hub's tokenizer where it has one), and a marker saying its weights are drawn
+    tokenizer files only; the hub's tokenizer where it has one, else Qwen3's from `dspark.qwen3_tokenizer`'s cache, with
+    where they came from in RANDOM_TOKENIZER), and a marker saying its weights are drawn
     at load. Written under $DSPARK_CACHE (default ~/.cache/dspark-bench)/random; vLLM reads it with
     load_format="dummy"."""
     import hashlib
@@ -95,14 +98,15 @@ def random_folder(source: str, revision: str | None = None) -> Path:
         if cfg.eos_token_ids:
             files["generation_config.json"] = json.dumps({"eos_token_id": list(cfg.eos_token_ids)})
         src = presets.TOKENIZERS.get(source)
-        tokenizer = _cached_tokenizer(src) if src else None
+        tokenizer, origin = preset_tokenizer(src) if src else (None, None)
     elif source in presets.DRAFTS:
         dcfg = presets.DRAFTS[source]()
         config = formats.get(dcfg.format).hf_config(dcfg, dcfg.num_target_layers) | {"torch_dtype": "bfloat16"}
-        files, tokenizer = {}, None
+        files, tokenizer, origin = {}, None, None
     elif source:
         src_path = resolve_path(source, revision, CONFIG_PATTERNS)  # (from the hub: config and tokenizer, no weights)
         config, tokenizer = read_config(src_path), src_path
+        origin = {"from": "the config's folder", "path": str(src_path)}
         files = {}
     else:
         raise DSparkError(f"{RANDOM}: name a preset ({', '.join([*presets.TARGETS, *presets.DRAFTS])}) or a model "
@@ -120,20 +124,9 @@ def random_folder(source: str, revision: str | None = None) -> Path:
         for name in RANDOM_COPIED:
             if (tokenizer / name).is_file() and name not in files:
                 (out / name).write_bytes((tokenizer / name).read_bytes())
+        (out / RANDOM_TOKENIZER).write_text(json.dumps(origin, indent=2))
     (out / RANDOM_MARKER).write_text(json.dumps(marker, indent=2))
     return out
-
-
-def _cached_tokenizer(hub_id: str) -> Path | None:
-    """A preset's tokenizer from the local hub cache, where someone has it (never downloaded for a random run:
-    without it the prompts are shaped by `harness.specs.shaped`)."""
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(hub_id, allow_patterns=["tokenizer*", "vocab.json", "merges.txt", "*.jinja"],
-                                      local_files_only=True))
-    except Exception:  # not cached, or no huggingface_hub: the prompts are shaped instead
-        return None
 
 
 def random_weights(path: Path) -> dict | None:

@@ -13,7 +13,8 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = {("run",): "run.md", ("profile",): "profiling.md run.md", ("trace", "summarize"): "profiling.md",
          ("trace", "compare"): "profiling.md", ("report",): "reports.md", ("parity",): "parity.md",
          ("calibrate",): "confidence.md", ("generate",): "commands.md", ("inspect",): "commands.md",
-         ("train-draft",): "commands.md", ("engine-bench",): "commands.md", ("make-tiny",): "commands.md"}
+         ("train-draft",): "commands.md", ("engine-bench",): "commands.md", ("make-tiny",): "commands.md",
+         ("fetch-tokenizer",): "commands.md"}
 
 
 def slug(heading: str) -> str:

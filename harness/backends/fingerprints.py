@@ -34,6 +34,10 @@ def model_record(path: Path) -> dict:
 
 
 def tokenizer_record(path: Path, tokenizer) -> dict:
+    """The tokenizer's files and chat template as hashes, and, in a `random:` folder, where its files were copied
+    from (the hub cache, or the npm copy of Qwen3's in our cache): which tokenizer counted the prompts."""
     files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.glob("tokenizer*.json"))}
     template = getattr(tokenizer, "chat_template", None) or ""
-    return {"files": files, "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()}
+    rec = {"files": files, "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()}
+    source = path / "random-tokenizer-source.json"  # (dspark.checkpoint.RANDOM_TOKENIZER)
+    return rec | ({"source": json.loads(source.read_text())} if source.is_file() else {})

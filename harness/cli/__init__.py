@@ -13,6 +13,7 @@ from dspark.errors import DSparkError
 from harness.cli.calibrate import calibrate as calibrate_command
 from harness.cli.engine_bench import engine_bench as engine_bench_command
 from harness.cli.empty_values import refuse_empty
+from harness.cli.fetch_tokenizer import fetch_tokenizer as fetch_tokenizer_command
 from harness.cli.generate import generate as generate_command
 from harness.cli.inspect import inspect as inspect_command
 from harness.cli.make_tiny import make_tiny_cmd
@@ -84,7 +85,7 @@ def _program(version: bool = typer.Option(False, "--version", is_eager=True, cal
 COMMANDS = {"run": run_command, "report": report_command, "profile": profile_command, "trace": trace_app,
             "parity": parity_command, "calibrate": calibrate_command, "generate": generate_command,
             "engine-bench": engine_bench_command, "train-draft": train_draft_command, "inspect": inspect_command,
-            "make-tiny": make_tiny_cmd}
+            "make-tiny": make_tiny_cmd, "fetch-tokenizer": fetch_tokenizer_command}
 for _name, _command in COMMANDS.items():
     if isinstance(_command, typer.Typer):
         app.add_typer(_command, name=_name)

@@ -1,7 +1,8 @@
 """Prompts shaped like SPEED-Bench's for a random-weight target that has no tokenizer here.
 
-A `random:qwen3-8b` target takes Qwen3's tokenizer from the local hub cache when it is there; on a
-machine without it, the prompt's *content* cannot matter (random weights read no meaning) but its
+A `random:qwen3-8b` target takes Qwen3's tokenizer from the local hub cache when it is there, else from
+`dspark-bench fetch-tokenizer qwen3`'s verified copy (`dspark.qwen3_tokenizer`); on a machine with neither,
+the prompt's *content* cannot matter (random weights read no meaning) but its
 *length* does (the prefill, and attention's cost per step). So each prompt becomes as many token ids as
 the real prompt would have: a `throughput_<N>k` row is cut or padded to N x 1000 tokens (the split's
 own rule, in o200k tokens, close to Qwen3's for English text); any other turn counts one token per
