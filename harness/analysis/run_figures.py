@@ -86,4 +86,5 @@ def run_caption(manifest: dict, name: str) -> str:
     return (f"run {name}: {settings.get('backend', 'native')} backend on {device}, {settings.get('target')}, "
             f"{settings.get('split')} {cats}, {(prov.get('time_utc') or '')[:10]}"
             + (f" [{parallel}]" if (parallel := parallel_label(settings)) else "")
+            + (" [load by AIPerf]" if settings.get("load_generator") == "aiperf" else "")
             + (f" [{manifest['label']}]" if manifest.get("label") else ""))

@@ -405,6 +405,8 @@ def summarize_folder(run_dir: Path) -> dict:
     summary = add_synthetic(summary, manifest.get("settings") or {}, records)
     summary["repeated_requests"] = notes  # (said first among the warnings)
     summary["parallel"] = parallel_label(manifest.get("settings") or {})
+    generator = (manifest.get("backend") or {}).get("load_generator") or {}  # (our client: no mark, as before)
+    summary["load_generator"] = f"load by AIPerf {generator.get('version')}" if generator.get("name") == "aiperf" else None
     summary["run_dir"] = str(Path(run_dir).resolve())
     summary["requests_missing"] = not (Path(run_dir) / REQUESTS).is_file()
     summary["profiled"] = profiled_by(run_dir, manifest)

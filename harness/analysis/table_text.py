@@ -159,16 +159,17 @@ def contention_line(summary: dict) -> str:
 
 
 def titled(title: str, summary: dict) -> str:
-    """A table's title with the run's tensor-parallel sizes (TP 2), its label (random weights, synthetic
-    acceptance: <profile>), the profiler it was timed under and Triton's interpreter, where it has them."""
+    """A table's title with the run's tensor-parallel sizes (TP 2), its load generator where it is not our
+    client (load by AIPerf 0.13.0), its label (random weights, synthetic acceptance: <profile>), the
+    profiler it was timed under and Triton's interpreter, where it has them."""
     said = marks(summary)
     return f"{title} [{'; '.join(said)}]" if said else title
 
 
 def marks(summary: dict) -> list[str]:
-    """What a run's title says besides its name: TP sizes, label, profiler, Triton's interpreter."""
+    """What a run's title says besides its name: TP sizes, load generator, label, profiler, Triton's interpreter."""
     profiled = summary.get("profiled")
-    return [m for m in (summary.get("parallel"), summary.get("label"),
+    return [m for m in (summary.get("parallel"), summary.get("load_generator"), summary.get("label"),
                         profiled and f"timed under {profiled['profiler']}", summary.get("interpreted")) if m]
 
 

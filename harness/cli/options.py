@@ -89,6 +89,11 @@ RUN_OPTIONS = [
                                           "first the server lists).")),
     ("request_timeout", Optional[float], typer.Option(None, help="Served backends: seconds one request may take; "
                                                       "past it the request is recorded as failed (default 3600).")),
+    ("load_generator", str, typer.Option("ours", help="Served backends: who sends the timed requests: ours (the "
+                                         "harness's client) or aiperf (NVIDIA AIPerf, one process per wave, the "
+                                         "same requests; docs/serving.md).")),
+    ("aiperf", Optional[str], typer.Option(None, help="--load-generator aiperf: AIPerf's executable, from its own "
+                                           "environment (default: aiperf on PATH).")),
     ("device", str, typer.Option("auto", help="auto, cpu, cuda, cuda:N.")),
     ("dtype", str, typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16.")),
     ("threads", Optional[int], typer.Option(None, help=THREADS_HELP)),

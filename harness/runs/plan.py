@@ -43,6 +43,8 @@ class RunOptions:
     base_url: str | None = None  # the openai backend: the server someone else runs
     model: str | None = None  # the openai backend: the model name to request (default: the server's first)
     request_timeout: float | None = None  # a served request's limit in seconds (past it: recorded as failed)
+    load_generator: str = "ours"  # served backends: who sends the timed requests (ours, or aiperf)
+    aiperf: str | None = None  # --load-generator aiperf: its executable (None: aiperf on PATH)
     seed: int | None = None
     disable_shuffle: bool = False
     device: str = "cpu"
@@ -135,6 +137,8 @@ def resolve_settings(opts: RunOptions, exp: Experiment) -> dict:
             settings[key] = getattr(opts, key)
     if opts.burstiness != 1.0:
         settings["burstiness"] = opts.burstiness
+    if opts.load_generator != "ours":  # (only when given: older runs' settings have none, and still resume)
+        settings["load_generator"] = opts.load_generator
     if opts.record_margins:
         settings["record_margins"] = True
     if opts.compile:
@@ -243,6 +247,7 @@ def served_levels(opts: RunOptions, backend: str) -> list[int]:
         if given and not served:
             raise DSparkError(f"{name} schedules served requests; the {backend} backend serves one at a time "
                               "(use --backend vllm-server or openai)")
+    load_generator(opts, backend, served)
     if opts.request_rate is not None and not opts.request_rate > 0:
         raise DSparkError(f"--request-rate {opts.request_rate:g}: give requests per second above 0 (leave it out to "
                           "send every request at once, up to the concurrency)")
@@ -257,6 +262,23 @@ def served_levels(opts: RunOptions, backend: str) -> list[int]:
         raise DSparkError(f"--model names the model of an openai server; the {backend} backend runs the experiment's "
                           "target (drop --model)")
     return sorted(levels)
+
+
+def load_generator(opts: RunOptions, backend: str, served: bool) -> None:
+    """`--load-generator` and `--aiperf` checked before anything loads: AIPerf drives served backends only,
+    and must be installed (one line naming the install where it is not)."""
+    from harness.backends.served import aiperf
+
+    if opts.load_generator not in aiperf.NAMES:
+        raise DSparkError(f"--load-generator {opts.load_generator}: use ours (the default) or aiperf")
+    if opts.load_generator == "ours":
+        if opts.aiperf is not None:
+            raise DSparkError("--aiperf names AIPerf's executable for --load-generator aiperf; add it or drop --aiperf")
+        return
+    if not served:
+        raise DSparkError(f"--load-generator aiperf sends requests to a server; the {backend} backend has none (use "
+                          "--backend vllm-server or openai)")
+    aiperf.executable(opts.aiperf)
 
 
 # option field -> vLLM engine argument (a speculative_config key for the draft)

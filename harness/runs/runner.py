@@ -160,7 +160,8 @@ class Session:
             run_dir=folder.path, profiled=opts.profiled, margins=settings.get("record_margins", False),
             compile=settings.get("compile", False),
             server={"base_url": settings.get("base_url"), "model": settings.get("model"),
-                    "request_timeout_s": settings.get("request_timeout")})
+                    "request_timeout_s": settings.get("request_timeout"),
+                    "load_generator": settings.get("load_generator"), "aiperf": opts.aiperf})
         n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.tokenizer_path)
         threads.apply(n_threads)
         tokenizer = run_tokenizer(backend.tokenizer_path, exp.target, opts.split)
@@ -244,16 +245,16 @@ class Session:
         """The pending requests as waves, each sent together: at concurrency 1 one request per wave (so
         later turns follow their own earlier ones, and the server's counters are per request); above,
         every pending request of a system, level, temperature and turn (turn by turn, each wave after
-        the one holding the earlier turns)."""
+        the one holding the earlier turns); with AIPerf (one process per wave) at every level so."""
         out: list[Wave] = []
         for name, conc, temp, row, turn in self.pending():
             last = out[-1] if out else None
-            if conc > 1 and last is not None and (last.system, last.concurrency, last.temperature, last.turn) == \
-                    (name, conc, temp, turn):
+            if (conc > 1 or "load_generator" in self.settings) and last is not None and \
+                    (last.system, last.concurrency, last.temperature, last.turn) == (name, conc, temp, turn):
                 last.rows.append(row)
             else:
                 out.append(Wave(name, conc, temp, turn, [row]))
-        if any(w.concurrency > 1 for w in out):  # later turns after the earlier turns of every row
+        if any(w.concurrency > 1 for w in out) or "load_generator" in self.settings:  # later turns after earlier
             out.sort(key=lambda w: (self.settings["systems"].index(w.system), w.concurrency, w.temperature, w.turn))
         return out
 

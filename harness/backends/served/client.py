@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends.base import OnResult, Prepared, RequestResult, RequestSpec, Schedule
+from harness.backends.served import aiperf
 from harness.backends.served.acceptance import request_acceptance, wave_check
 from harness.backends.served.metrics import delta, fetch, spec_counters
 from harness.backends.served.stream import StreamResult, chat_body, completion_body, stream_chat
@@ -27,6 +28,25 @@ class ServedBackend:
     vllm_extensions = True  # the server takes vLLM's request fields (token ids back, stop ids, ignore_eos)
     sends_ids = False  # requests go as completions of our prompt ids (a server with no tokenizer), not as chats
     request_timeout_s = REQUEST_S
+    aiperf_exe: str | None = None  # the load generator: our client, or AIPerf's executable (`use_load_generator`)
+    aiperf_version: str | None = None
+
+    def use_load_generator(self, server: dict) -> None:
+        """The run's load generator (`server["load_generator"]`): ours, or AIPerf, found (one line where it is
+        not) and its version read before any server starts."""
+        if server.get("load_generator") == "aiperf":
+            self.aiperf_exe = aiperf.executable(server.get("aiperf"))
+            self.aiperf_version = aiperf.version(self.aiperf_exe)
+
+    def load_generator(self) -> dict:
+        """The manifest's `backend.load_generator`: which sent the timed requests, its version and settings."""
+        if self.aiperf_exe is None:
+            return aiperf.OURS
+        return {"name": "aiperf", "version": self.aiperf_version, "executable": self.aiperf_exe,
+                "requests": "streamed completions of our prompt ids (AIPerf inputs_json payloads, sent verbatim)",
+                "settings": aiperf.template(),
+                "timings": "AIPerf's own per request (time_to_first_token, inter_chunk_latency = ITL, request_start_ns)",
+                "artifacts": "aiperf/ in the run folder, one folder per wave"}
 
     def base_url(self, prepared: Prepared) -> str: ...
 
@@ -60,7 +80,14 @@ class ServedBackend:
             totals.append(result.acceptance_totals)
 
         before = spec_counters(fetch(url))
-        asyncio.run(self._wave(prepared, prompts, specs, schedule, kept, self.request_timeout_s))
+        if self.aiperf_exe is None:
+            asyncio.run(self._wave(prepared, prompts, specs, schedule, kept, self.request_timeout_s))
+        else:
+            what = f"{prepared.system.name}-c{schedule.concurrency}"
+            done = aiperf.run(self.aiperf_exe, url, self.served_model(prepared), str(self.tokenizer_path), prompts,
+                              specs, schedule, self.run_dir / "aiperf", what)
+            for i in sorted(done):
+                kept(i, self._result(prepared, prompts[i], done[i]))
         counters = delta(before, spec_counters(fetch(url)))
         check = wave_check(totals, counters)
         return ({} if counters is None else {"spec_counters": counters}) | ({} if check is None else

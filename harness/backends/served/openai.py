@@ -49,6 +49,7 @@ class OpenAIBackend(TargetFiles, ServedBackend):
         self.url = str(server.get("base_url") or "").rstrip("/").removesuffix("/v1")
         self._read_target(target, revision)  # the chat template and tokenizer the prompts are made with
         self.request_timeout_s = server.get("request_timeout_s") or self.request_timeout_s
+        self.use_load_generator(server)
         listed = models(self.url)
         if listed is None:
             raise DSparkError(f"--base-url {self.url}: no OpenAI-compatible server answers at {self.url}/v1/models; "
@@ -74,7 +75,8 @@ class OpenAIBackend(TargetFiles, ServedBackend):
         return {"engine": "OpenAI-compatible server (someone else's; streamed chat completions)",
                 "version": self.version, "base_url": self.url, "model": self.model, "models": self.listed,
                 "vllm_request_fields": self.vllm_extensions, "acceptance": dict(self.acceptance),
-                "metrics": ["server-metrics-start.prom", "server-metrics-end.prom"]}
+                "metrics": ["server-metrics-start.prom", "server-metrics-end.prom"],
+                "load_generator": self.load_generator()}
 
     def prepare(self, system: System) -> Prepared:
         """The server runs what it runs: the system names it, and its draft (the server's) is not ours to

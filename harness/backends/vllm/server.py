@@ -81,6 +81,7 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         check_engine_args(self._load_target(target, device, dtype, revision, engine_args), True, self.version)
         self.sends_ids = self.random  # (started without a tokenizer: completions of our ids)
         self.request_timeout_s = (server or {}).get("request_timeout_s") or self.request_timeout_s
+        self.use_load_generator(server or {})
         self.run_dir = Path(run_dir) if run_dir is not None else Path(".")
         self.servers: dict[str, dict] = {}  # per system: its command, port and what it said about itself
         self.live: Prepared | None = None
@@ -89,7 +90,8 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         sent = "streamed completions of our prompt ids (no tokenizer)" if self.sends_ids else "streamed chat completions"
         return {"engine": f"vllm serve (OpenAI-compatible, {sent})", "version": self.version,
                 "engine_args": SERVER_DEFAULTS | self.engine_args, "speculative_args": self.spec_args,
-                "parallel_environment": self.parallel_environment(), "servers": self.servers}
+                "parallel_environment": self.parallel_environment(), "servers": self.servers,
+                "load_generator": self.load_generator()}
 
     def _start_failure(self, prepared: Prepared, exc: DSparkError) -> DSparkError | None:
         """The warm-up's failure as a start-up failure: where the server died on it (else the request's own)."""
