@@ -89,6 +89,7 @@ def random_folder(source: str, revision: str | None = None) -> Path:
     at load. Written under $DSPARK_CACHE (default ~/.cache/dspark-bench)/random; vLLM reads it with
     load_format="dummy"."""
     import hashlib
+    from importlib import metadata
 
     from dspark.synthetic import presets
 
@@ -117,7 +118,10 @@ def random_folder(source: str, revision: str | None = None) -> Path:
     root = cache_root() / "random"
     out = root / f"{Path(source).name.replace(':', '-') or 'model'}-{digest}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(text)
+    # (the transformers that wrote it, as save_pretrained records: without it transformers 5 takes the folder's
+    # tokenizer for a Mistral one and warns of wrong tokenization; left out of the digest, the folder's name)
+    written = {"transformers_version": metadata.version("transformers")} | config
+    (out / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True))
     for name, content in files.items():
         (out / name).write_text(content)
     if tokenizer is not None:
