@@ -159,7 +159,11 @@ def streamed(record: dict, raw: dict | None) -> StreamResult:
         for packet in response.get("packets") or []:
             value = packet.get("value")
             if packet.get("name") == "data" and value and value != "[DONE]":
-                read_chunk(out, json.loads(value))
+                chunk = json.loads(value)
+                read_chunk(out, chunk)
+                for choice in chunk.get("choices") or []:  # (a completion's prompt ids ride on its choice)
+                    if choice.get("prompt_token_ids") is not None:
+                        out.prompt_token_ids = list(choice["prompt_token_ids"])
     metrics = record.get("metrics") or {}
     ttft = (metrics.get("time_to_first_token") or {}).get("value")
     out.ttft_s = None if ttft is None else ttft / 1e3
