@@ -9,7 +9,8 @@
   ids and the prompt ids it read (ours), vLLM's per-request speculative figures equal to AIPerf's own
   reading of them;
 - AIPerf absent, or not running, is one line naming the install (exit 2, before anything loads); the
-  options that cannot go with it are refused as the options are read;
+  options that cannot go with it are refused as the options are read; AIPerf's own failure (a real one:
+  no server at its address) is one line with what it said and its log's path;
 - end to end on a real vLLM CPU server of the demo target (n-gram, 2 prompts, concurrency 2): the run
   driven by AIPerf records the same requests, output tokens and ids and per-request acceptance as our
   client's run of the same prompts, each wave's requests add up to the server's counters, and the
@@ -33,7 +34,7 @@ import pytest
 from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
 from harness.analysis.records import read_requests, read_waves
-from harness.backends.base import RequestSpec
+from harness.backends.base import RequestSpec, Schedule
 from harness.backends.served import aiperf
 from tests.cli_runner import run_cli
 
@@ -166,3 +167,18 @@ def test_aiperf_run_records_the_requests_ours_does(ngram_server, tmp_path):
     assert json.loads((tmp_path / "ours" / "manifest.json").read_text())["backend"]["load_generator"]["name"] == "ours"
     assert "[load by AIPerf 0.13.0]" in (tmp_path / "aiperf" / "summary.md").read_text().splitlines()[0]
     assert len(list((tmp_path / "aiperf" / "aiperf").glob("ngram-c2-*/profile_export.jsonl"))) == 1
+
+
+@needs_aiperf
+def test_aiperf_failure_is_one_line_with_its_log(tmp_path):
+    """AIPerf against an address nobody serves: it exits with an error, which comes back as one line naming
+    what it said and its log."""
+    spec = RequestSpec(max_new_tokens=4, temperature=0.0, seed=1, stop_token_ids=())
+    with pytest.raises(DSparkError) as caught:
+        aiperf.run(AIPERF, "http://127.0.0.1:9", "M", str(DEMO_DIR / "target"), [[5, 6, 7]], [spec], Schedule(1),
+                   tmp_path, "plain-c1")
+    said = str(caught.value)
+    assert "\n" not in said and said.startswith("AIPerf failed (plain-c1, exit ")
+    assert "inference request(s) failed" in said
+    log = Path(said.split("its log: ")[1].split(" (")[0])
+    assert log.is_file() and log.parent.parent == tmp_path

@@ -23,6 +23,7 @@ Why this shape:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import uuid
@@ -119,7 +120,8 @@ def run(exe: str, url: str, model: str, tokenizer: str, prompts: list[list[int]]
                     proc.kill()
                     proc.wait()
     if code != 0:
-        raise DSparkError(f"AIPerf failed ({what}, exit {code}): {last_line(log)}; its log: {log}")
+        raise DSparkError(f"AIPerf failed ({what}, exit {code}): {last_line(log)}; its log: {log} (the finished "
+                          "waves are kept)")
     results = read_artifacts(artifacts)
     missing = sorted(set(range(len(prompts))) - set(results))
     if missing:
@@ -128,10 +130,15 @@ def run(exe: str, url: str, model: str, tokenizer: str, prompts: list[list[int]]
     return results
 
 
+ERROR = re.compile(r"\bERROR\s+(.*?)\s*(\([\w./]+:\d+\))?$")  # AIPerf's log line: time, level, text, (file:line)
+
+
 def last_line(log: Path) -> str:
-    """The last line of AIPerf's output that says something (its boxes' borders stripped)."""
+    """What AIPerf said last about its failure: its last ERROR line's text, else its last line that says
+    something (its boxes' borders stripped)."""
     lines = [line.strip(" │╭╮╰╯─") for line in log.read_text(errors="replace").splitlines()]
-    said = [line for line in lines if line]
+    errors = [m.group(1) for m in map(ERROR.search, lines) if m]
+    said = errors or [line for line in lines if line]
     return (said[-1] if said else "no output")[:300]
 
 

@@ -84,8 +84,14 @@ class ServedBackend:
             asyncio.run(self._wave(prepared, prompts, specs, schedule, kept, self.request_timeout_s))
         else:
             what = f"{prepared.system.name}-c{schedule.concurrency}"
-            done = aiperf.run(self.aiperf_exe, url, self.served_model(prepared), str(self.tokenizer_path), prompts,
-                              specs, schedule, self.run_dir / "aiperf", what)
+            try:
+                done = aiperf.run(self.aiperf_exe, url, self.served_model(prepared), str(self.tokenizer_path), prompts,
+                                  specs, schedule, self.run_dir / "aiperf", what)
+            except DSparkError:
+                why = self.dead(prepared)  # (the server's death, not AIPerf's: say so, and that a resume goes on)
+                if why is not None:
+                    raise self._died(prepared, why) from None
+                raise
             for i in sorted(done):
                 kept(i, self._result(prepared, prompts[i], done[i]))
         counters = delta(before, spec_counters(fetch(url)))
