@@ -9,7 +9,8 @@
   ids and the prompt ids it read (ours), vLLM's per-request speculative figures equal to AIPerf's own
   reading of them;
 - AIPerf absent, or not running, is one line naming the install (exit 2, before anything loads); the
-  options that cannot go with it are refused as the options are read; AIPerf's own failure (a real one:
+  options that cannot go with it are refused as the options are read, and a server that is not vLLM
+  (its payloads carry vLLM's request fields) when the run starts; AIPerf's own failure (a real one:
   no server at its address) is one line with what it said and its log's path;
 - end to end on a real vLLM CPU server of the demo target (n-gram, 2 prompts, concurrency 2): the run
   driven by AIPerf records the same requests, output tokens and ids and per-request acceptance as our
@@ -182,3 +183,33 @@ def test_aiperf_failure_is_one_line_with_its_log(tmp_path):
     assert "inference request(s) failed" in said
     log = Path(said.split("its log: ")[1].split(" (")[0])
     assert log.is_file() and log.parent.parent == tmp_path
+
+
+def test_aiperf_refuses_a_server_that_is_not_vllm(monkeypatch, capfd, tmp_path):
+    """AIPerf's payloads carry vLLM's request fields (token ids back, ignore_eos): against another server (here
+    one that lists its model as owned by someone else) the run is one line before any request."""
+    import http.server
+    import threading
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (http.server's name)
+            body = json.dumps({"data": [{"id": "m", "owned_by": "someone"}]}).encode()
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.end_headers()
+            self.wfile.write(body if self.path == "/v1/models" else b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    runnable = tmp_path / "aiperf"  # (a runnable aiperf, so the refusal is the server's, not AIPerf's absence)
+    runnable.write_text("#!/bin/sh\necho 0.13.0\n")
+    runnable.chmod(0o755)
+    try:
+        code, _, err = run_cli(monkeypatch, capfd, "run", "--backend", "openai", "--base-url",
+                               f"http://127.0.0.1:{server.server_port}", "--systems", "plain", "--num-prompts", "1",
+                               "--load-generator", "aiperf", "--aiperf", runnable, "--out", tmp_path / "r")
+    finally:
+        server.shutdown()
+    assert code == 2 and "is not vLLM (owned_by: someone)" in err and len(err.strip().splitlines()) == 1

@@ -61,6 +61,9 @@ class OpenAIBackend(TargetFiles, ServedBackend):
                               f"{', '.join(map(str, names)) or 'no model'}; give one of those")
         entry = next(m for m in listed["data"] if m.get("id") == self.model)
         self.vllm_extensions = entry.get("owned_by") == "vllm"
+        if self.aiperf_exe is not None and not self.vllm_extensions:  # (its payloads carry vLLM's fields)
+            raise DSparkError(f"--load-generator aiperf sends completions of our prompt ids with vLLM's request fields; "
+                              f"the server at {self.url} is not vLLM (owned_by: {entry.get('owned_by')}): use ours")
         self.version = _version(self.url)
         self.listed = listed
         self.acceptance: dict[str, str] = {}  # per system, where its acceptance comes from: its warm-up's answer
