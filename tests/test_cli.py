@@ -425,8 +425,8 @@ def test_commands_are_listed_in_the_order_a_user_needs_them(monkeypatch, capfd):
     listed = re.findall(r"^  ([a-z-]+)  ", out.split("Commands:")[1], re.M)
     assert code == 0 and listed[:6] == ["run", "report", "profile", "trace", "parity", "calibrate"]
     assert sorted(listed) == sorted(["run", "report", "profile", "trace", "parity", "calibrate", "generate",
-                                     "engine-bench", "train-draft", "inspect", "make-tiny"])
-    assert re.search(r"^  train-draft +Train a DSpark, DFlash, DFlash 2, EAGLE-3 or classic draft\.$", out, re.M)
+                                     "engine-bench", "train-draft", "inspect", "make-tiny", "fetch-tokenizer"])
+    assert re.search(r"^  train-draft +Train a DSpark, DFlash, DFlash 2, EAGLE-3 or draft model\.$", out, re.M)
 
 
 def test_systems_help_lists_the_demo_experiments_systems(monkeypatch, capfd):

@@ -73,7 +73,7 @@ def train_draft(
         "continue with --resume). Ctrl-C or SIGTERM does the same."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
 ):
-    """Train a DSpark, DFlash, DFlash 2, EAGLE-3 or classic draft.
+    """Train a DSpark, DFlash, DFlash 2, EAGLE-3 or draft model.
 
     For a Qwen3 target. DSpark, DFlash-mode and DFlash 2 drafts learn DeepSpec's block objective (DFlash 2's
     selector its cross-entropy beside it); an EAGLE-3 draft, its training-time test; a draft model (draft_model),
