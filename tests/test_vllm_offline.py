@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -114,3 +115,35 @@ def test_abi_check_names_the_shim_functions_the_other_torch_lacks_and_cxx_ties(t
                                     "cxx_torch_symbols": 0}
     assert rows["vllm/bad.so"]["missing"] == ["torch_new_stable_ivalue"]
     assert rows["vllm/cxx.so"]["cxx_torch_symbols"] == 1 and rows["vllm/cxx.so"]["missing"] == []
+
+
+def test_a_pin_matches_its_wheel_under_pep_503_names():
+    build = _load("build")
+    assert build.canonical("ruamel.yaml") == build.canonical("ruamel_yaml") == "ruamel-yaml"
+    assert build.canonical("PyYAML") == "pyyaml" and build.canonical("zope.interface") == "zope-interface"
+    pins = build.pinned(TOOLS / "wheels-aiperf-0.13.txt")
+    names = [build.canonical(p.split("==")[0]) for p in pins]
+    assert "aiperf==0.13.0" in pins and len(names) == len(set(names))
+    assert not {"vllm", "torch", "numpy"} & set(names)  # (the host image's, or vLLM's folder's, never AIPerf's)
+
+
+def test_the_aiperf_launcher_runs_aiperf_from_its_own_folder_alone(tmp_path):
+    """The launcher `install.py --check aiperf` writes runs the real AIPerf from its folder alone, before
+    the interpreter's own packages (vLLM's pins here), whatever PYTHONPATH the caller set."""
+    exe = shutil.which(os.environ.get("AIPERF") or "aiperf")
+    if exe is None:
+        pytest.skip("AIPerf is not installed (CI installs it and names it with AIPERF)")
+    sites = sorted(Path(exe).resolve().parents[1].glob(f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"))
+    if not sites:
+        pytest.skip(f"AIPerf's environment ({exe}) is not this Python's version")
+    target = tmp_path / "site"
+    target.mkdir()
+    for entry in sites[0].iterdir():  # (AIPerf's environment as the folder install.py would have filled)
+        if entry.name not in ("bin", "__pycache__"):
+            (target / entry.name).symlink_to(entry)
+    launcher = _load("install").aiperf_launcher(target)
+    assert launcher == target / "bin" / "aiperf"
+    env = dict(os.environ, PYTHONPATH="/nonexistent")
+    done = subprocess.run([str(launcher), "--version"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "0.13.0" in done.stdout + done.stderr, done.stderr[-500:]
+    assert launcher.read_text().splitlines()[1] == f'PYTHONPATH={target} exec {sys.executable} -m aiperf "$@"'

@@ -1,6 +1,8 @@
 """Build vLLM's offline wheelhouse here (where PyPI answers) and split it into parts small enough to travel
 to a GPU host with no network, one part per transfer: 0.26.0 by default, 0.32.0 with `--wheels
-tools/vllm_offline/wheels-0.32.txt`.
+tools/vllm_offline/wheels-0.32.txt`;
+NVIDIA AIPerf 0.13.0 the same way with `--wheels tools/vllm_offline/wheels-aiperf-0.13.txt` (no vLLM wheel in it: nothing
+is slimmed; `install.py --check aiperf` puts it in a folder of its own).
 
     python tools/vllm_offline/build.py [--wheels tools/vllm_offline/wheels-0.26.txt] [--out .carry/vllm]
         [--part-mb 52]
@@ -20,6 +22,7 @@ import argparse
 import hashlib
 import io
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -28,8 +31,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64",
-             "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux1_x86_64",
-             "manylinux_2_5_x86_64")
+             "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64",
+             "manylinux_2_35_x86_64", "manylinux1_x86_64", "manylinux_2_5_x86_64")
 # what the GPU host does not need of vLLM's wheel (path prefixes inside it): FlashAttention 2 (Hopper runs
 # FA3), the Rust front end, the SM100 kernels, the MoE kernels (41 MB; vLLM imports them only if present,
 # and a dense model such as Qwen3 calls none), DeepGEMM's bindings for Pythons other than 3.12 (0.26) or
@@ -47,6 +50,11 @@ def sha256(data: bytes) -> str:
 
 def pinned(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as PEP 503 compares them (`ruamel.yaml` is the wheel `ruamel_yaml-...`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def download(requirements: list[str], into: Path) -> None:
@@ -84,15 +92,16 @@ def main() -> None:
     requirements = pinned(args.wheels)
     download(requirements, wheels_dir)
     files = sorted(wheels_dir.glob("*.whl"))
-    names = {f.name.split("-")[0].lower().replace("_", "-") for f in files}
-    missing = [r for r in requirements if r.split("==")[0].lower().replace("_", "-") not in names]
+    names = {canonical(f.name.split("-")[0]) for f in files}
+    missing = [r for r in requirements if canonical(r.split("==")[0]) not in names]
     if missing or len(files) != len(requirements):
         raise SystemExit(f"the wheelhouse does not match the list: missing {missing}, {len(files)} wheels for "
                          f"{len(requirements)} pins (remove {wheels_dir} and build again)")
-    vllm = next(f for f in files if f.name.startswith("vllm-"))
-    with zipfile.ZipFile(vllm) as z:
-        if any(n.startswith(SLIM) for n in z.namelist()):
-            slim(vllm)
+    vllm = next((f for f in files if f.name.startswith("vllm-")), None)  # (AIPerf's list has none)
+    if vllm is not None:
+        with zipfile.ZipFile(vllm) as z:
+            if any(n.startswith(SLIM) for n in z.namelist()):
+                slim(vllm)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for f in files:

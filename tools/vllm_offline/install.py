@@ -1,8 +1,14 @@
 """On the GPU host: put `build.py`'s parts back together, check every hash, install the wheels into a
-folder, and check that vLLM imports at the pinned version and that its compiled ops load.
+folder, and check that vLLM imports at the pinned version and that its compiled ops load (or, with
+`--check aiperf`, that AIPerf runs from its own folder).
 
     python3 tools/vllm_offline/install.py PART_DIR [PART_DIR ...] [--target /tmp/site]
     export PYTHONPATH=/tmp/site:$PYTHONPATH
+    python3 tools/vllm_offline/install.py PART_DIR ... --target /tmp/aiperf --check aiperf   # then:
+    dspark-bench run ... --load-generator aiperf --aiperf /tmp/aiperf/bin/aiperf
+
+AIPerf's pins clash with vLLM's, so it gets a folder of its own and an `aiperf` launcher in its `bin/` that puts
+only that folder before the image's packages (whatever PYTHONPATH the harness runs under).
 
 Standard library only (it runs before anything is installed). Each PART_DIR holds `part-N` and
 `manifest.json` (a part copied to /tmp as it arrives is as good). A missing or altered part, or a vLLM
@@ -29,6 +35,16 @@ CHECK = ("import torch, vllm\n"
          "ops = [op for op in ('rms_norm', 'fused_add_rms_norm', 'silu_and_mul') if not hasattr(torch.ops._C, op)]\n"
          "assert not ops, f'compiled ops missing: {ops}'\n"
          "print(vllm.__version__, torch.__version__, torch.version.cuda)\n")
+
+
+def aiperf_launcher(target: Path) -> Path:
+    """`TARGET/bin/aiperf` (in place of pip's script): runs AIPerf with TARGET alone before the image's
+    packages (vLLM's folder, which the harness's own PYTHONPATH names, holds other versions of its pins)."""
+    launcher = target / "bin" / "aiperf"
+    launcher.parent.mkdir(parents=True, exist_ok=True)
+    launcher.write_text(f'#!/bin/sh\nPYTHONPATH={target} exec {sys.executable} -m aiperf "$@"\n')
+    launcher.chmod(0o755)
+    return launcher
 
 
 def fail(message: str) -> None:
@@ -64,6 +80,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("parts", type=Path, nargs="+")
     p.add_argument("--target", type=Path, default=Path("/tmp/site"))
+    p.add_argument("--check", choices=("vllm", "aiperf"), default="vllm", help="what the wheels must run")
     args = p.parse_args()
     if sys.version_info[:2] != (3, 12):
         fail(f"the wheels are for CPython 3.12, this is {sys.version.split()[0]}; run it with the host's python3.12")
@@ -80,6 +97,14 @@ def main() -> None:
                               *map(str, wheels)], capture_output=True, text=True)
         if pip.returncode != 0:
             fail(f"pip could not install the wheels: {(pip.stderr.strip().splitlines() or ['?'])[-1]}")
+    if args.check == "aiperf":
+        launcher = aiperf_launcher(args.target)
+        proc = subprocess.run([str(launcher), "--version"], capture_output=True, text=True)
+        said = (proc.stdout + proc.stderr).strip().splitlines() or ["?"]
+        if proc.returncode != 0:
+            fail(f"AIPerf does not run from {args.target}: {said[-1]}")
+        print(f"installed {len(wheels)} wheels into {args.target}: aiperf {said[-1]}; give --aiperf {launcher}")
+        return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(args.target), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
