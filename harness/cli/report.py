@@ -18,7 +18,8 @@ from harness.cli.run import print_summary
 
 
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="Run folders written by `dspark-bench run`."),
+    run_dirs: list[Path] = typer.Argument(..., help="Run folders written by `dspark-bench run` (with --aiperf: two "
+                                          "AIPerf artifact folders, plain decoding's first)."),
     category: str = typer.Option("overall", help="Which category's rows to show (overall: the macro average)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
     together: bool = typer.Option(False, "--together", help="One table of every run's systems (rows run x "
@@ -32,10 +33,16 @@ def report(
     engine_bench: Optional[Path] = typer.Option(None, "--engine-bench", help="With --html: an `engine-bench --json` "
                                                 "file; the speed notebook draws, per system of a method it timed, the speedup "
                                                 "its own round cost predicts."),
+    aiperf: bool = typer.Option(False, "--aiperf", help="The two folders are `aiperf profile` artifact folders "
+                                "made without dspark-bench, a plain server's then a speculative one's, of the same "
+                                "prompts: read as one run of two systems (paired by conversation and prompt)."),
 ):
     """Print the comparison tables of saved runs again (recomputed from their requests); --html writes the
     report notebooks' figures for them."""
     _each_once(run_dirs)
+    if aiperf:
+        _aiperf_pair(run_dirs, category, as_json, html, together or bool(profile) or engine_bench is not None)
+        return
     if together and html is not None:
         raise DSparkError("--together is the terminal's (and --json's) one table; the HTML report keeps its own "
                           "(each engine's AL as it counts it): drop --together or --html")
@@ -56,6 +63,9 @@ def report(
     summaries = {}
     for d in run_dirs:
         if not (d / "manifest.json").is_file() and not (d / "requests.jsonl").is_file():
+            if (d / "profile_export_aiperf.json").is_file():
+                raise DSparkError(f"{d}: an AIPerf artifact folder, not a run folder; give two with --aiperf "
+                                  "(plain decoding's first): dspark-bench report --aiperf PLAIN_DIR SPEC_DIR")
             raise DSparkError(f"{d}: {not_a_run(d)}; give a folder written by dspark-bench run")
         summaries[str(d)] = summarize_folder(d)
     present = sorted({r["category"] for s in summaries.values() for r in s["rows"]} - {"overall"})
@@ -78,6 +88,45 @@ def report(
         print_summary(summary, f"{label + ': ' if len(summaries) > 1 else ''}{name} ({category})", category)
     for label, d in zip(names[1:], run_dirs[1:]):
         print_deltas(run_dirs[0], d, summaries[str(run_dirs[0])], summaries[str(d)], (names[0], label), category)
+
+
+def _aiperf_pair(dirs: list[Path], category: str, as_json: bool, html: Path | None, others: bool) -> None:
+    """Two AIPerf folders as one run of ours (`runs.aiperf_import`, in a folder that goes when the report is
+    done): the settings that differ, the requests that did not pair, then the run's tables (or its HTML)."""
+    import tempfile
+
+    from harness.analysis.compare_runs import settings_line
+    from harness.analysis.summary import summarize_folder
+    from harness.runs import aiperf_import
+
+    if len(dirs) != 2:
+        raise DSparkError(f"--aiperf reads two AIPerf folders, plain decoding's then the speculative run's; got "
+                          f"{len(dirs)}")
+    if others:
+        raise DSparkError("--aiperf reads one pair of AIPerf folders: drop --together, --profile and --engine-bench")
+    if html is not None:
+        paths.output_file(html, "--html", "report.html", suffixes=paths.HTML_SUFFIXES)
+    plain, spec = (aiperf_import.read_folder(d) for d in dirs)
+    with tempfile.TemporaryDirectory(prefix="dspark-aiperf-") as tmp:
+        run_dir = Path(tmp) / "aiperf-pair"
+        unpaired = aiperf_import.write_run(plain, spec, run_dir)
+        summary = summarize_folder(run_dir)
+        present = sorted({r["category"] for r in summary["rows"]} - {"overall"})
+        if category != "overall" and category not in present:
+            raise DSparkError(f"--category {category}: not in these AIPerf runs; they have overall, {', '.join(present)}")
+        diff = aiperf_import.settings_differ(plain, spec)
+        if html is not None:
+            _html([run_dir], [], None, html)
+        elif as_json:
+            print(json.dumps(summary | {"aiperf": {"folders": [str(d) for d in dirs], "unpaired": unpaired,
+                                                   "settings_differ": diff}}))
+        else:
+            line = settings_line(diff, ("plain", "speculative"))
+            out.print(f"AIPerf {plain.version} runs: {dirs[0]} (plain), {dirs[1]} (speculative); {line}",
+                      highlight=False, markup=False, soft_wrap=True)
+            for said in unpaired:
+                out.print(f"not paired: {said}", style="yellow", highlight=False, markup=False, soft_wrap=True)
+            print_summary(summary, f"{dirs[1]} against {dirs[0]} ({category})", category)
 
 
 def run_labels(n: int) -> list[str]:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from dspark.errors import DSparkError
 from harness.backends.base import RequestSpec, Schedule
+from harness.backends.served.metrics import exported_counters
 from harness.backends.served.stream import StreamResult, completion_body, read_chunk
 
 INSTALL = ("python3 -m venv ~/.aiperf-venv && ~/.aiperf-venv/bin/pip install aiperf==0.13.0, then give --aiperf "
@@ -38,6 +39,9 @@ INSTALL = ("python3 -m venv ~/.aiperf-venv && ~/.aiperf-venv/bin/pip install aip
 NAMES = ("ours", "aiperf")  # --load-generator: our client (the default) or AIPerf
 OURS = {"name": "ours", "client": "dspark-bench's own client (asyncio and aiohttp, vllm bench serve's definitions)"}
 RECORDS, RAW, OUTPUT = "profile_export.jsonl", "profile_export_raw.jsonl", "aiperf-output.log"
+SERVER_METRICS = "server_metrics_export.json"  # AIPerf's scrapes of the server's /metrics over its run
+OUR_SCRAPE = "dspark-bench's reads of /metrics before and after the AIPerf process"
+THEIR_SCRAPE = f"AIPerf's {SERVER_METRICS} (its last scrape before its profiling phase to its last in it)"
 
 
 def executable(given: str | None) -> str:
@@ -98,9 +102,10 @@ def template() -> list[str]:
 
 
 def run(exe: str, url: str, model: str, tokenizer: str, prompts: list[list[int]], specs: list[RequestSpec],
-        schedule: Schedule, folder: Path, what: str) -> dict[int, StreamResult]:
-    """One wave through AIPerf, its artifacts in a new folder under `folder`; each request's result by its
-    index in the wave. AIPerf's failure is one line with its log; Ctrl-C stops it with the run."""
+        schedule: Schedule, folder: Path, what: str) -> tuple[dict[int, StreamResult], Path]:
+    """One wave through AIPerf, its artifacts in a new folder under `folder`: each request's result by its
+    index in the wave, and that folder. AIPerf's failure is one line with its log; Ctrl-C stops it with
+    the run."""
     artifacts = folder / f"{what}-{uuid.uuid4().hex[:8]}"
     artifacts.mkdir(parents=True)
     inputs = artifacts / "inputs.json"
@@ -127,7 +132,27 @@ def run(exe: str, url: str, model: str, tokenizer: str, prompts: list[list[int]]
     if missing:
         raise DSparkError(f"AIPerf ({what}) recorded no result for {len(missing)} of the wave's {len(prompts)} "
                           f"requests; its log: {log}; the finished waves are kept: resume the run")
-    return results
+    return results, artifacts
+
+
+def wave_counters(ours: dict | None, artifacts: Path) -> tuple[dict | None, dict]:
+    """The counters a wave of AIPerf's keeps (`spec_counters`), and what its record says of them: ours
+    where we read them (our reads bracket the whole AIPerf process, so they hold the wave and nothing of
+    AIPerf's is outside them), AIPerf's export kept beside with whether it agrees; AIPerf's alone where we
+    read none. AIPerf's window is narrower, from scrape to scrape (about every 0.3-1 s), so it can miss
+    the wave's last steps (a final scrape before the server counted them) or, on a shared server, hold
+    fewer of another client's requests: a demanding reader needs both figures and where they part, not
+    one silently chosen."""
+    theirs = exported_counters(_json(artifacts / SERVER_METRICS))
+    if ours is None:
+        return theirs, ({} if theirs is None else {"counters_source": THEIR_SCRAPE})
+    said: dict = {"counters_source": OUR_SCRAPE}
+    if theirs is None:
+        return ours, said | {"aiperf_counters": None}
+    agrees = theirs == ours
+    return ours, said | {"aiperf_counters": {"spec_counters": theirs, "agrees": agrees, **({} if agrees else {
+        "why": "AIPerf's scrapes cover less than our reads around its process: a scrape that came before the "
+               "server counted the wave's last steps, or another client's requests outside AIPerf's window"})}}
 
 
 ERROR = re.compile(r"\bERROR\s+(.*?)\s*(\([\w./]+:\d+\))?$")  # AIPerf's log line: time, level, text, (file:line)
@@ -188,6 +213,13 @@ def streamed(record: dict, raw: dict | None) -> StreamResult:
 
 def _timed(record: dict) -> bool:
     return record.get("metadata", {}).get("benchmark_phase", "profiling") == "profiling"
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:  # (a damaged export: no counters from it, ours stand)
+        return None
 
 
 def _lines(path: Path) -> list[dict]:

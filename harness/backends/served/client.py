@@ -80,12 +80,13 @@ class ServedBackend:
             totals.append(result.acceptance_totals)
 
         before = spec_counters(fetch(url))
+        artifacts = None
         if self.aiperf_exe is None:
             asyncio.run(self._wave(prepared, prompts, specs, schedule, kept, self.request_timeout_s))
         else:
             what = f"{prepared.system.name}-c{schedule.concurrency}"
             try:
-                done = aiperf.run(self.aiperf_exe, url, self.served_model(prepared), str(self.tokenizer_path), prompts,
+                done, artifacts = aiperf.run(self.aiperf_exe, url, self.served_model(prepared), str(self.tokenizer_path), prompts,
                                   specs, schedule, self.run_dir / "aiperf", what)
             except DSparkError:
                 why = self.dead(prepared)  # (the server's death, not AIPerf's: say so, and that a resume goes on)
@@ -94,10 +95,12 @@ class ServedBackend:
                 raise
             for i in sorted(done):
                 kept(i, self._result(prepared, prompts[i], done[i]))
-        counters = delta(before, spec_counters(fetch(url)))
+        counters, said = delta(before, spec_counters(fetch(url))), {}
+        if artifacts is not None:  # (AIPerf's own scrapes of the counters, held against ours)
+            counters, said = aiperf.wave_counters(counters, artifacts)
         check = wave_check(totals, counters)
-        return ({} if counters is None else {"spec_counters": counters}) | ({} if check is None else
-                                                                            {"acceptance_check": check})
+        return ({} if counters is None else {"spec_counters": counters}) | said | ({} if check is None else
+                                                                                    {"acceptance_check": check})
 
     async def _wave(self, prepared: Prepared, prompts, specs, schedule: Schedule, on_result: OnResult,
                     timeout_s: float) -> None:

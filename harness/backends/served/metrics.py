@@ -67,6 +67,29 @@ def engine_counters(metrics: list) -> dict | None:
     return totals
 
 
+def exported_counters(export: dict | None) -> dict | None:
+    """What vLLM's speculative counters grew by over AIPerf's profiling phase, as AIPerf's server-metrics
+    export (`server_metrics_export.json`, 0.13.0) holds it: each counter series' `stats.total` is its last
+    scrape in the phase less its last scrape before it; series summed over engines and models, as
+    `spec_counters` sums them. `delta`'s shape; None where the export holds none (no drafts configured,
+    `--no-server-metrics`, no scrape fell in the phase)."""
+    metrics = (export or {}).get("metrics") or {}
+    totals: dict = {}
+    per_pos: dict[int, float] = {}
+    for name, key in SPEC_COUNTERS.items():
+        for series in (metrics.get(name) or {}).get("series") or []:
+            totals[key] = totals.get(key, 0.0) + float((series.get("stats") or {}).get("total") or 0.0)
+    for series in (metrics.get(PER_POS) or {}).get("series") or []:
+        pos = int((series.get("labels") or {}).get("position", -1))
+        if pos >= 0:
+            per_pos[pos] = per_pos.get(pos, 0.0) + float((series.get("stats") or {}).get("total") or 0.0)
+    if not totals:
+        return None
+    out = {k: round(totals.get(k, 0.0)) for k in SPEC_COUNTERS.values()}
+    out["accepted_per_pos"] = [round(per_pos.get(k, 0.0)) for k in range(max(per_pos) + 1)] if per_pos else []
+    return out
+
+
 def delta(before: dict | None, after: dict | None) -> dict | None:
     """What the counters grew by between two reads (whole numbers: they count tokens and steps)."""
     if before is None or after is None:

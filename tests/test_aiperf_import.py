@@ -1,0 +1,133 @@
+"""AIPerf's artifacts imported (issue 56), from recorded real AIPerf 0.13.0 runs, no server:
+
+- its server-metrics export (`server_metrics_export.json`) gives the same speculative counters as our own
+  reads of /metrics around the same wave (`tests/fixtures/aiperf-counters/`: a `run --load-generator
+  aiperf` sweep at c=1 and c=2, its `waves.jsonl` and each wave's export trimmed to vLLM's spec-decode
+  counters); the wave record says which scrape its counters came from, and where the two part, keeps
+  ours, AIPerf's beside, and says why;
+- `report --aiperf PLAIN SPEC` reads two folders `aiperf profile` wrote without dspark-bench
+  (`tests/fixtures/aiperf-pair/`, its README has the commands): our tables with AIPerf named in every
+  title, per-request acceptance as vLLM sent it, SPEED-Bench's category, the settings that differ, the
+  warm-up left out, requests paired by conversation and prompt (one that does not pair is one line), and
+  bad input one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.backends.served import aiperf
+from harness.backends.served.metrics import exported_counters
+from tests.cli_runner import run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures"
+COUNTERS, PAIR = FIXTURES / "aiperf-counters", FIXTURES / "aiperf-pair"
+
+
+def _waves() -> list[dict]:
+    return [json.loads(line) for line in (COUNTERS / "waves.jsonl").read_text().splitlines()]
+
+
+def test_aiperf_export_gives_our_scrapes_counters():
+    waves = _waves()
+    assert [w["max_concurrency"] for w in waves] == [1, 2]
+    for wave in waves:
+        folder = COUNTERS / f"ngram-c{wave['max_concurrency']}"
+        theirs = exported_counters(json.loads((folder / aiperf.SERVER_METRICS).read_text()))
+        assert theirs == wave["spec_counters"] == wave["acceptance_check"]["per_request_sums"]
+        assert theirs["num_spec_steps"] > 0 and len(theirs["accepted_per_pos"]) == 7
+        kept, said = aiperf.wave_counters(wave["spec_counters"], folder)
+        assert kept == wave["spec_counters"]
+        assert said == {"counters_source": aiperf.OUR_SCRAPE,
+                        "aiperf_counters": {"spec_counters": theirs, "agrees": True}}
+        alone, said = aiperf.wave_counters(None, folder)  # (we read none: AIPerf's, and the record says so)
+        assert alone == theirs and said == {"counters_source": aiperf.THEIR_SCRAPE}
+
+
+def test_counters_that_part_keep_ours_and_say_why(tmp_path):
+    wave = _waves()[1]
+    ours = dict(wave["spec_counters"], num_spec_steps=wave["spec_counters"]["num_spec_steps"] + 1)
+    kept, said = aiperf.wave_counters(ours, COUNTERS / "ngram-c2")
+    assert kept == ours and said["counters_source"] == aiperf.OUR_SCRAPE
+    assert said["aiperf_counters"]["agrees"] is False and "scrape" in said["aiperf_counters"]["why"]
+    assert said["aiperf_counters"]["spec_counters"] == wave["spec_counters"]
+    assert aiperf.wave_counters(ours, tmp_path) == (ours, {"counters_source": aiperf.OUR_SCRAPE,
+                                                          "aiperf_counters": None})  # (no export)
+
+
+def _records(folder: Path) -> dict[str, dict]:
+    rows = [json.loads(line) for line in (folder / "profile_export.jsonl").read_text().splitlines()]
+    return {r["metadata"]["conversation_id"]: r for r in rows if r["metadata"]["benchmark_phase"] == "profiling"}
+
+
+def test_report_reads_two_aiperf_folders(monkeypatch, capfd):
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(PAIR / "ngram"), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    rows = {(r["system"], r["category"]): r for r in summary["rows"]}
+    assert set(rows) == {("plain", "coding"), ("plain", "overall"), ("ngram", "coding"), ("ngram", "overall")}
+    assert summary["load_generator"] == "load by AIPerf 0.13.0"
+    ngram = rows[("ngram", "coding")]
+    assert ngram["requests"] == 2  # (AIPerf's warm-up request of that run left out)
+    assert ngram["speedup_pairs"] == 2 and ngram["speedup"] is not None
+    theirs = _records(PAIR / "ngram")
+    steps = sum(r["spec_decode_acceptance"]["num_spec_steps"] for r in theirs.values())
+    accepted = sum(r["spec_decode_acceptance"]["num_accepted_draft_tokens"] for r in theirs.values())
+    assert ngram["spec_decode_acceptance_length"] == pytest.approx(1 + accepted / steps) and steps > 0
+    assert ngram["num_rounds"] == steps and ngram["spec_decode_num_accepted_tokens"] == accepted
+    assert summary["aiperf"]["unpaired"] == []
+    assert ["endpoint.urls", "[http://127.0.0.1:8411]", "[http://127.0.0.1:8412]"] in summary["aiperf"]["settings_differ"]
+
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(PAIR / "ngram"))
+    assert code == 0, err
+    said = " ".join(out.split())  # (a title too wide for the terminal wraps)
+    assert "ngram against " in said and "plain (overall) [load by AIPerf 0.13.0]" in said
+    assert "concurrency sweep (overall rows) [load by AIPerf 0.13.0]" in said
+    assert "settings differ (plain vs speculative): endpoint.urls" in said
+
+
+def test_requests_pair_by_what_they_sent(monkeypatch, capfd, tmp_path):
+    spec = tmp_path / "ngram"
+    shutil.copytree(PAIR / "ngram", spec)
+    inputs = json.loads((spec / "inputs.json").read_text())
+    changed = inputs["data"][0]["session_id"]
+    inputs["data"][0]["payloads"][0]["messages"][0]["content"] += " (edited)"
+    (spec / "inputs.json").write_text(json.dumps(inputs))
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(spec), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["aiperf"]["unpaired"] == [(f"conversation {changed}: the two runs sent different prompts under "
+                                              "this id; left out")]
+    assert {r["requests"] for r in summary["rows"] if r["category"] == "coding"} == {1}
+
+    records = (spec / "profile_export.jsonl").read_text().splitlines()  # a request the speculative run lacks
+    kept = [line for line in records if changed not in line]
+    (spec / "profile_export.jsonl").write_text("\n".join(kept) + "\n")
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(spec), "--json")
+    assert code == 0, err
+    assert json.loads(out)["aiperf"]["unpaired"] == [f"conversation {changed}: only in the plain run "
+                                                     f"({PAIR / 'plain'}); left out"]
+
+    for session in inputs["data"]:  # every prompt differs: not two runs of the same prompts
+        session["payloads"][0]["messages"][0]["content"] += " (edited)"
+    (spec / "inputs.json").write_text(json.dumps(inputs))
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(spec))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "the two runs sent different prompts" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("case, said", [
+    ("no export", "no AIPerf export (profile_export_aiperf.json)"),
+    ("one folder", "--aiperf reads two AIPerf folders"),
+    ("without --aiperf", "an AIPerf artifact folder, not a run folder; give two with --aiperf"),
+])
+def test_bad_aiperf_input_is_one_line(monkeypatch, capfd, tmp_path, case, said):
+    args = {"no export": ["--aiperf", str(PAIR / "plain"), str(tmp_path)],
+            "one folder": ["--aiperf", str(PAIR / "plain")],
+            "without --aiperf": [str(PAIR / "plain"), str(PAIR / "ngram")]}[case]
+    code, _, err = run_cli(monkeypatch, capfd, "report", *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and said in err, err
