@@ -131,3 +131,12 @@ def test_bad_aiperf_input_is_one_line(monkeypatch, capfd, tmp_path, case, said):
             "without --aiperf": [str(PAIR / "plain"), str(PAIR / "ngram")]}[case]
     code, _, err = run_cli(monkeypatch, capfd, "report", *args)
     assert code == 2 and len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_report_html_of_two_aiperf_folders(monkeypatch, capfd, tmp_path):
+    page = tmp_path / "r.html"
+    code, _, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(PAIR / "ngram"),
+                           "--html", str(page))
+    assert code == 0, err
+    assert "could not be drawn" not in err and f"wrote {page}" in " ".join(err.split())
+    assert "DSpark benchmark report: aiperf plain vs ngram" in page.read_text()

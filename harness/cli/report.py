@@ -108,7 +108,7 @@ def _aiperf_pair(dirs: list[Path], category: str, as_json: bool, html: Path | No
         paths.output_file(html, "--html", "report.html", suffixes=paths.HTML_SUFFIXES)
     plain, spec = (aiperf_import.read_folder(d) for d in dirs)
     with tempfile.TemporaryDirectory(prefix="dspark-aiperf-") as tmp:
-        run_dir = Path(tmp) / "aiperf-pair"
+        run_dir = Path(tmp) / f"aiperf {dirs[0].resolve().name} vs {dirs[1].resolve().name}"  # (the HTML's title)
         unpaired = aiperf_import.write_run(plain, spec, run_dir)
         summary = summarize_folder(run_dir)
         present = sorted({r["category"] for r in summary["rows"]} - {"overall"})

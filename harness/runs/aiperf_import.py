@@ -197,7 +197,13 @@ def write_run(plain: Folder, spec: Folder, out: Path) -> list[str]:
                       "turn": 0, "requests": len(mine), **({"spec_counters": counters, "counters_source": THEIR_SCRAPE}
                                                            if counters else {}),
                       **({"acceptance_check": check} if check else {})})
-    manifest = {"settings": {"load_generator": "aiperf", **settings(plain.config)},
+    config = plain.config
+    dataset = (config.get("datasets") or [{}])[0] or {}
+    named = {"backend": "served (AIPerf artifact folders)", "device": "the server's (AIPerf records none)",
+             "target": ((config.get("models") or {}).get("items") or [{}])[0].get("name"),
+             "split": dataset.get("format") or dataset.get("dataset") or dataset.get("path"),
+             "categories": sorted({r["category"] for r in requests})}  # (what the report's captions name)
+    manifest = {"settings": {"load_generator": "aiperf", **named, **settings(config)},
                 "options": {"systems": ["plain", name]},
                 "backend": {"name": "aiperf artifact folders (no dspark-bench run)",
                             "load_generator": {"name": "aiperf", "version": plain.version,
