@@ -12,9 +12,11 @@
   options that cannot go with it are refused as the options are read, and a server that is not vLLM
   (its payloads carry vLLM's request fields) when the run starts; AIPerf's own failure (a real one:
   no server at its address) is one line with what it said and its log's path;
-- end to end on a real vLLM CPU server of the demo target (n-gram, 2 prompts, concurrency 2): the run
-  driven by AIPerf records the same requests, output tokens and ids and per-request acceptance as our
-  client's run of the same prompts, each wave's requests add up to the server's counters, and the
+- end to end on a real vLLM CPU server of the demo target (n-gram, 2 prompts, concurrency 1 and 2): the
+  run driven by AIPerf records the same requests, output tokens and ids and per-request acceptance as our
+  client's run of the same prompts, at each level the same request and token counts and counter-based
+  acceptance (issue 56's agreement, `harness/analysis/agreement.py`), each wave's requests add up to the
+  server's counters, and the
   manifest and table titles name AIPerf. Skipped where AIPerf is not installed (CI installs it in its
   own environment and names it with AIPERF).
 """
@@ -34,6 +36,7 @@ import pytest
 
 from dspark.checkpoint import DEMO_DIR
 from dspark.errors import DSparkError
+from harness.analysis.agreement import mismatches, run_figures
 from harness.analysis.records import read_requests, read_waves
 from harness.backends.base import RequestSpec, Schedule
 from harness.backends.served import aiperf
@@ -140,16 +143,16 @@ def test_aiperf_run_records_the_requests_ours_does(ngram_server, tmp_path):
     script = Path(sys.executable).with_name("dspark-bench")
     common = [script, "run", "--backend", "openai", "--base-url", ngram_server.base_url, "--systems", "ngram",
               "--category", "coding", "--num-prompts", "2", "--output-len", "8", "--temperature", "0",
-              "--disable-shuffle", "--max-concurrency", "2", "--json"]
+              "--disable-shuffle", "--max-concurrency", "1,2", "--json"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | ENV
     runs = {}
     for name, extra in (("ours", []), ("aiperf", ["--load-generator", "aiperf", "--aiperf", AIPERF])):
         done = subprocess.run(list(map(str, [*common, *extra, "--out", tmp_path / name])), capture_output=True,
                               text=True, env=env, timeout=1200)
         assert done.returncode == 0, done.stderr[-3000:]
-        runs[name] = {r["question_id"]: r for r in read_requests(tmp_path / name)}
+        runs[name] = {(r["question_id"], r["max_concurrency"]): r for r in read_requests(tmp_path / name)}
     ours, theirs = runs["ours"], runs["aiperf"]
-    assert sorted(ours) == sorted(theirs) and len(ours) == 2
+    assert sorted(ours) == sorted(theirs) and len(ours) == 4  # 2 prompts at each of 2 levels
     for qid, r in theirs.items():
         assert not r.get("failed")
         assert (r["prompt_sha256"], r["output_tokens"], r["output_ids"]) == (
@@ -160,7 +163,11 @@ def test_aiperf_run_records_the_requests_ours_does(ngram_server, tmp_path):
                                                                   ours[qid]["acceptance_totals"])
         assert len(r["itl_ms"]) >= 1 and r["ttft_ms"] > 0
     waves = read_waves(tmp_path / "aiperf")
-    assert len(waves) == 1 and waves[0]["acceptance_check"]["agrees"]  # AIPerf's requests were the wave's only ones
+    assert len(waves) == 2 and all(w["acceptance_check"]["agrees"] for w in waves)  # AIPerf's were the waves' only ones
+    for level in (1, 2):  # the agreement per level (benchmarks/load_generators.py's): counts and counter acceptance
+        figures = [level_figures(tmp_path / name, level) for name in ("ours", "aiperf")]
+        assert mismatches(figures[:1], figures[1:]) == [], figures
+        assert figures[0]["requests"] == 2 and figures[0]["output_tokens"] == 16 and figures[0]["counter_acceptance"]
     manifest = json.loads((tmp_path / "aiperf" / "manifest.json").read_text())
     generator = manifest["backend"]["load_generator"]
     assert (generator["name"], generator["version"], manifest["settings"]["load_generator"]) == ("aiperf", "0.13.0",
@@ -168,6 +175,14 @@ def test_aiperf_run_records_the_requests_ours_does(ngram_server, tmp_path):
     assert json.loads((tmp_path / "ours" / "manifest.json").read_text())["backend"]["load_generator"]["name"] == "ours"
     assert "[load by AIPerf 0.13.0]" in (tmp_path / "aiperf" / "summary.md").read_text().splitlines()[0]
     assert len(list((tmp_path / "aiperf" / "aiperf").glob("ngram-c2-*/profile_export.jsonl"))) == 1
+
+
+def level_figures(run_dir: Path, level: int) -> dict:
+    """The agreement's figures of a run folder at one level (its summary row, waves and records)."""
+    row = next(r for r in json.loads((run_dir / "summary.json").read_text())["rows"]
+               if r["category"] == "overall" and r["max_concurrency"] == level)
+    return run_figures(row, [w for w in read_waves(run_dir) if w["max_concurrency"] == level],
+                       [r for r in read_requests(run_dir) if r["max_concurrency"] == level])
 
 
 @needs_aiperf

@@ -18,6 +18,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from dspark.checkpoint import random_weights
 from dspark.errors import DSparkError
 from harness.backends.base import Capabilities, Prepared, RequestSpec
 from harness.backends.fingerprints import model_record
@@ -48,6 +49,9 @@ class OpenAIBackend(TargetFiles, ServedBackend):
         server = server or {}
         self.url = str(server.get("base_url") or "").rstrip("/").removesuffix("/v1")
         self._read_target(target, revision)  # the chat template and tokenizer the prompts are made with
+        # a random-weight target's server has no tokenizer (vLLM's dummy loader, skip_tokenizer_init, as
+        # `vllm-server` starts it): it takes completions of our prompt ids, as `vllm-server` sends them
+        self.sends_ids = random_weights(self.path) is not None
         self.request_timeout_s = server.get("request_timeout_s") or self.request_timeout_s
         self.use_load_generator(server)
         listed = models(self.url)
@@ -75,7 +79,8 @@ class OpenAIBackend(TargetFiles, ServedBackend):
                                                                  "serves its own weights)"}}
 
     def record(self) -> dict:
-        return {"engine": "OpenAI-compatible server (someone else's; streamed chat completions)",
+        sent = "streamed completions of our prompt ids" if self.sends_ids else "streamed chat completions"
+        return {"engine": f"OpenAI-compatible server (someone else's; {sent})",
                 "version": self.version, "base_url": self.url, "model": self.model, "models": self.listed,
                 "vllm_request_fields": self.vllm_extensions, "acceptance": dict(self.acceptance),
                 "metrics": ["server-metrics-start.prom", "server-metrics-end.prom"],
