@@ -2,14 +2,17 @@
 # The write-up's study at Qwen3-8B shapes on the H200 (issue 42): random weights, synthetic acceptance at
 # published profiles (experiments/qwen3-8b-random.toml), our engine and vLLM 0.32 (offline and served), kernel
 # profiles. One device call's work per invocation, after vLLM 0.32's parts were copied to /tmp/vp32 (one part a
-# call: docs/gpu.md). Usage, from the project root on the GPU machine:
+# call: docs/gpu.md; AIPerf's to /tmp/ap for the agreement). Usage, from the project root on the GPU machine:
 #   bash benchmarks/study_h200.sh REVISION STAGE...
 # Stages: install (vLLM 0.32 into /tmp/site32), native (our engine, every system, one request at a time),
 # writeup (plain and DSpark at the write-up's own settings: 3 prompts, 64 output tokens), bench (engine-bench
 # --json: the step costs the derived speedups divide by), vllm-a / vllm-b (vLLM offline, the systems in two
 # calls), serve (vllm serve at concurrency 1, 4, 16, 32), profile-native, profile-vllm (nsys, the lean preset:
-# graph nodes traced). Results go to /tmp/r (kept while the machine stays warm) and, packed, to $OUT. Each stage
-# runs under its own time limit; a failed one does not stop the next.
+# graph nodes traced), install-aiperf (AIPerf 0.13.0 into /tmp/aiperf), agreement (issue 56: our client and AIPerf
+# alternated on one server per system, AGREE_SYSTEMS), crossover-ab / crossover-ba (issue 57: plain against DSpark
+# served at concurrency 16 to 256 on 512 filled prompts, the systems in one order, then the other). Results go to
+# /tmp/r (kept while the machine stays warm) and, packed, to $OUT. Each stage runs under its own time limit; a
+# failed one does not stop the next.
 set -u
 revision=$1
 shift
@@ -42,6 +45,19 @@ for s in "$@"; do
                       --systems plain,dspark-official --num-prompts 2 --output-len 256 --out "$R/profile-native" ;;
     profile-vllm) stage profile-vllm 330 "${CLI[@]}" profile --nsys "${STUDY[@]}" --backend vllm \
                     --systems plain,dspark-official --num-prompts 2 --output-len 256 --out "$R/profile-vllm" ;;
+    install-aiperf) stage install-aiperf 120 python3 tools/vllm_offline/install.py /tmp/ap/ap-* --target /tmp/aiperf \
+                      --check aiperf ;;
+    agreement) stage "agreement-${AGREE_SYSTEMS:-plain}" "${AGREE_S:-560}" python3 benchmarks/load_generators.py \
+                 --experiment qwen3-8b-random --device cuda --split qualitative --category coding \
+                 --systems "${AGREE_SYSTEMS:-plain}" --levels "${AGREE_LEVELS:-1,4,16,32}" --pairs "${AGREE_PAIRS:-2}" \
+                 --output-len "${AGREE_LEN:-128}" --aiperf /tmp/aiperf/bin/aiperf \
+                 --out "$R/agreement-${AGREE_SYSTEMS:-plain}" ;;
+    crossover-ab|crossover-ba)
+      [ -f /tmp/filled/qualitative.jsonl ] || python3 benchmarks/filled_split.py --rows 512 --out /tmp/filled/qualitative.jsonl
+      order=plain,dspark-official; [ "$s" = crossover-ba ] && order=dspark-official,plain
+      stage "$s" "${CROSS_S:-400}" "${CLI[@]}" run --experiment qwen3-8b-random --device cuda --split qualitative \
+        --dataset-path /tmp/filled/qualitative.jsonl --ignore-eos --backend vllm-server --systems "$order" \
+        --num-prompts 512 --max-concurrency "${CROSS_LEVELS:-16,32,64,128,256}" --output-len 128 --out "$R/$s" ;;
     *) echo "unknown stage $s" | tee -a "$R/stages.txt" ;;
   esac
 done
