@@ -9,7 +9,9 @@
   (`tests/fixtures/aiperf-pair/`, its README has the commands): our tables with AIPerf named in every
   title, per-request acceptance as vLLM sent it, SPEED-Bench's category, the settings that differ, the
   warm-up left out, requests paired by conversation and prompt (one that does not pair is one line), and
-  bad input one line, exit 2.
+  bad input one line, exit 2;
+- and (item 4's console hint) a `random:qwen3-*` run that falls back to shaped prompts (no hub, no fetched
+  Qwen3 tokenizer) says once, in one line, that `dspark-bench fetch-tokenizer qwen3` gives the real one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 from harness.backends.served import aiperf
 from harness.backends.served.metrics import exported_counters
 from tests.cli_runner import run_cli
+from tests.test_qwen3_tokenizer import RUN as QWEN3_RUN
 
 FIXTURES = Path(__file__).parent / "fixtures"
 COUNTERS, PAIR = FIXTURES / "aiperf-counters", FIXTURES / "aiperf-pair"
@@ -140,3 +143,40 @@ def test_report_html_of_two_aiperf_folders(monkeypatch, capfd, tmp_path):
     assert code == 0, err
     assert "could not be drawn" not in err and f"wrote {page}" in " ".join(err.split())
     assert "DSpark benchmark report: aiperf plain vs ngram" in page.read_text()
+
+
+def test_a_qwen3_preset_without_its_tokenizer_says_how_to_fetch_it_once(tmp_path, monkeypatch, capfd):
+    """A run of `random:qwen3-8b` at the 1k bucket on a machine with neither the hub's Qwen3 tokenizer nor a
+    fetched copy (an empty cache of ours, an empty offline hub cache; the preset's layers shrunk: its
+    vocabulary stays Qwen3's): one line says the prompts are shaped and which command gives the real tokenizer."""
+    from dataclasses import replace
+
+    import huggingface_hub.constants
+
+    from dspark.synthetic import presets
+    from harness.specs import shaped
+
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(shaped, "_hinted", set())
+    small = replace(presets.QWEN3_8B.backbone, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
+                    num_kv_heads=1, head_dim=32)
+    monkeypatch.setitem(presets.TARGETS, "qwen3-8b", replace(presets.QWEN3_8B, backbone=small))
+    exp = tmp_path / "qwen3-shapes.toml"
+    exp.write_text(QWEN3_RUN)  # (test_qwen3_tokenizer's run of the preset, plain decoding, 2 tokens)
+    code, out, err = run_cli(monkeypatch, capfd, "run", "--experiment", str(exp), "--split", "throughput_1k",
+                             "--num-prompts", "2", "--disable-shuffle", "--ignore-eos", "--device", "cpu",
+                             "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    said = [line for line in (out + err).splitlines() if "fetch-tokenizer" in line]
+    assert len(said) == 1, out + err
+    assert said[0].startswith("notice: random:qwen3-8b: no Qwen3 tokenizer here") and "shaped" in said[0]
+    assert "`dspark-bench fetch-tokenizer qwen3` gives the real tokenizer" in said[0]
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["tokenizer"]["shaped"]["split"] == "throughput_1k"
+    tokenizer = shaped.ShapedTokenizer("throughput_1k", 151936)
+    assert shaped.fetch_hint("random:qwen3-8b", tokenizer) is None  # (once a process)
+    assert shaped.fetch_hint("random:qwen3-4b", tokenizer) is not None
+    assert shaped.fetch_hint("random:demo", tokenizer) is None  # (not a Qwen3 preset: nothing to fetch)
+    assert shaped.fetch_hint("random:qwen3-0.6b", object()) is None  # (a real tokenizer: no hint)

@@ -61,7 +61,7 @@ from harness.runs.provenance import provenance
 from harness.runs.synthetic import with_synthetic
 from harness.specs import datasets
 from harness.specs.experiments import load_experiment
-from harness.specs.shaped import ShapedTokenizer, run_tokenizer
+from harness.specs.shaped import ShapedTokenizer, fetch_hint, run_tokenizer
 
 
 def run(opts: RunOptions, console: Console, data: datasets.Dataset | None = None) -> tuple[Path, dict]:
@@ -165,6 +165,8 @@ class Session:
         n_threads, threads_by = threads.choose(opts.threads, opts.device, backend.tokenizer_path)
         threads.apply(n_threads)
         tokenizer = run_tokenizer(backend.tokenizer_path, exp.target, opts.split)
+        if (hint := fetch_hint(exp.target, tokenizer)) is not None:
+            console.print(hint, style="yellow", highlight=False, markup=False, soft_wrap=True)
         turns_of = user_turns(rows, settings["turns"])
         jobs = plan_jobs(settings, rows, turns_of, backend.capabilities.interleaves)
         prepared = {name: backend.prepare(with_synthetic(exp.system(name), settings)) for name in settings["systems"]}

@@ -28,6 +28,24 @@ QWEN3_SPECIALS_FROM = 151643  # Qwen3's first special token id: the ids drawn st
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+FETCH = "dspark-bench fetch-tokenizer qwen3"
+_hinted: set[str] = set()  # the targets this process has given the fetch hint for (a line once, not per run)
+
+
+def fetch_hint(target: str, tokenizer) -> str | None:
+    """The console's one line where a `random:qwen3-*` preset fell back to shaped prompts (the hub's Qwen3
+    tokenizer not cached, no fetched copy): the shapes are lengths only, and one command gives the real
+    tokenizer, whose counts and chat template the 1k/8k buckets and the real-shape experiment are meant to
+    use. None elsewhere, and for a target already told in this process (a profile opens several runs)."""
+    from dspark.qwen3_tokenizer import HUB_IDS
+    from dspark.synthetic.presets import TOKENIZERS
+
+    preset = target.removeprefix("random:") if target.startswith("random:") else None
+    if not isinstance(tokenizer, ShapedTokenizer) or TOKENIZERS.get(preset) not in HUB_IDS or target in _hinted:
+        return None
+    _hinted.add(target)
+    return (f"notice: {target}: no Qwen3 tokenizer here (the hub's is not cached, none fetched), so its prompts are "
+            f"shaped to lengths, not Qwen3's tokens and chat template; `{FETCH}` gives the real tokenizer")
 
 
 def run_tokenizer(path: Path, target: str, split: str):
