@@ -47,6 +47,7 @@ def test_aiperf_export_gives_our_scrapes_counters():
         assert kept == wave["spec_counters"]
         assert said == {"counters_source": aiperf.OUR_SCRAPE,
                         "aiperf_counters": {"spec_counters": theirs, "agrees": True}}
+        assert {k: wave[k] for k in said} == said  # (what the run wrote)
         alone, said = aiperf.wave_counters(None, folder)  # (we read none: AIPerf's, and the record says so)
         assert alone == theirs and said == {"counters_source": aiperf.THEIR_SCRAPE}
 
@@ -134,6 +135,31 @@ def test_bad_aiperf_input_is_one_line(monkeypatch, capfd, tmp_path, case, said):
             "without --aiperf": [str(PAIR / "plain"), str(PAIR / "ngram")]}[case]
     code, _, err = run_cli(monkeypatch, capfd, "report", *args)
     assert code == 2 and len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_a_whole_splits_categories_come_from_its_input_file(monkeypatch, capfd, tmp_path):
+    """Runs of the whole qualitative split (`speed_bench_qualitative`): AIPerf's records name no category, so
+    each prompt's comes from the input file its config names, found beside the artifact folders; without
+    that file, `all`."""
+    rows = [json.loads(line) for line in (PAIR / "qualitative.jsonl").read_text().splitlines()]
+    rows[1]["category"] = "python"  # (the second coding prompt, under a category of its own)
+    for name in ("plain", "ngram"):
+        shutil.copytree(PAIR / name, tmp_path / name)
+        profile = json.loads((tmp_path / name / "profile_export_aiperf.json").read_text())
+        profile["input_config"]["datasets"][0]["format"] = "speed_bench_qualitative"
+        (tmp_path / name / "profile_export_aiperf.json").write_text(json.dumps(profile))
+    (tmp_path / "qualitative.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(tmp_path / "plain"), str(tmp_path / "ngram"),
+                             "--json")
+    assert code == 0, err
+    cats = {(r["system"], r["category"]): r["requests"] for r in json.loads(out)["rows"]}
+    assert {k: v for k, v in cats.items() if k[1] != "overall"} == {("plain", "coding"): 1, ("plain", "python"): 1,
+                                                                     ("ngram", "coding"): 1, ("ngram", "python"): 1}
+    (tmp_path / "qualitative.jsonl").unlink()
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(tmp_path / "plain"), str(tmp_path / "ngram"),
+                             "--json")
+    assert code == 0, err
+    assert {r["category"] for r in json.loads(out)["rows"]} == {"all", "overall"}
 
 
 def test_report_html_of_two_aiperf_folders(monkeypatch, capfd, tmp_path):

@@ -67,8 +67,8 @@ def acceptance_from_totals(totals: Sequence[dict]) -> dict:
     accepted = sum(t.get("num_accepted_draft_tokens") or 0 for t in totals)
     per_pos: list[float] = []
     if totals and all(t.get("accepted_per_pos") or not t.get("num_spec_steps") for t in totals):  # (no step: none)
-        width = max(len(t["accepted_per_pos"]) for t in totals)
-        per_pos = [sum((t["accepted_per_pos"] + [0] * width)[k] for t in totals) for k in range(width)]
+        width = max(len(t.get("accepted_per_pos") or []) for t in totals)  # (a step-less request's may be absent)
+        per_pos = [sum(((t.get("accepted_per_pos") or []) + [0] * width)[k] for t in totals) for k in range(width)]
     return {"num_rounds": steps, "spec_decode_acceptance_length": 1 + accepted / steps if steps else None,
             "spec_decode_acceptance_rate": accepted / drafts if drafts else None,
             "spec_decode_num_draft_tokens": drafts, "spec_decode_num_accepted_tokens": accepted,

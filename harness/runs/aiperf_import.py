@@ -14,7 +14,8 @@ Why this shape:
   (`spec_decode_acceptance`, read by our one reader of vLLM's per-request metrics); the wave's counters
   are AIPerf's server-metrics export (`metrics.exported_counters`), the only scrape there is.
 - The category is SPEED-Bench's where AIPerf loaded one (`--custom-dataset-type speed_bench_<category>`,
-  as AIPerf's own `speed-bench-report` reads it), else `all`: AIPerf's records carry none.
+  as AIPerf's own `speed-bench-report` reads it); for a whole split, each row's from the input file where
+  it is still there; else `all`: AIPerf's records carry none.
 """
 
 from __future__ import annotations
@@ -87,15 +88,33 @@ def read_folder(path: Path) -> Folder:
     return Folder(path, profile, timed, sent, server)
 
 
-def category(config: dict) -> str:
+def category(config: dict) -> str | None:
     """SPEED-Bench's category of the run (`speed_bench_coding`: coding), as AIPerf's speed-bench-report
-    reads it from the input config, else `all`."""
+    reads it from the input config; None for a whole split (`speed_bench_qualitative`, a throughput
+    bucket) or another dataset."""
     for entry in config.get("datasets") or []:
         name = (entry or {}).get("format") or (entry or {}).get("dataset")
         for prefix in CATEGORY_PREFIXES:
             if isinstance(name, str) and name.startswith(prefix):
-                return name.removeprefix(prefix)
-    return "all"
+                rest = name.removeprefix(prefix)
+                return None if rest == "qualitative" or rest.startswith("throughput_") else rest
+    return None
+
+
+def file_categories(config: dict, folder: Path) -> dict[str, str]:
+    """Each prompt's category by its question id (AIPerf's conversation id for SPEED-Bench rows) from the
+    input file AIPerf read, where it is still there (as given, or beside the artifact folder) and its rows
+    carry one: a whole split's run keeps its categories, though AIPerf's records name none."""
+    for entry in config.get("datasets") or []:
+        given = (entry or {}).get("path")
+        for path in ([Path(given), folder.parent / given] if isinstance(given, str) else []):
+            try:
+                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            except (OSError, ValueError):
+                continue
+            return {str(r["question_id"]): str(r["category"]) for r in rows
+                    if isinstance(r, dict) and r.get("question_id") and r.get("category")}
+    return {}
 
 
 def settings(config: dict) -> dict:
@@ -187,8 +206,9 @@ def write_run(plain: Folder, spec: Folder, out: Path) -> list[str]:
         temperature = float(((config.get("endpoint") or {}).get("extra") or {}).get("temperature", 1.0))
         concurrency = int(((config.get("phases") or [{}])[0] or {}).get("concurrency") or 1)
         cat, wave = category(config), f"aiperf-{system}"
-        mine = [request(r, system, method, cat, temperature, concurrency, folder.sent.get(key(r)), wave)
-                for r in folder.records if key(r) in same]
+        of_row = {} if cat else file_categories(config, folder.path)
+        mine = [request(r, system, method, of_row.get(key(r)[0], cat or "all"), temperature, concurrency,
+                        folder.sent.get(key(r)), wave) for r in folder.records if key(r) in same]
         requests += mine
         counters = exported_counters(folder.server)
         check = wave_check([r["acceptance_totals"] for r in mine if not r.get("failed")], counters) \
