@@ -63,6 +63,20 @@ def test_counters_that_part_keep_ours_and_say_why(tmp_path):
                                                           "aiperf_counters": None})  # (no export)
 
 
+def test_a_wave_whose_aiperf_counters_part_from_ours_is_a_warning():
+    from harness.analysis.summary import acceptance_disagreements, warnings
+
+    wave = _waves()[1]
+    ours = dict(wave["spec_counters"], num_spec_steps=wave["spec_counters"]["num_spec_steps"] + 1)
+    kept, said = aiperf.wave_counters(ours, COUNTERS / "ngram-c2")
+    lines = acceptance_disagreements([wave, wave | {"spec_counters": kept} | said])
+    steps = wave["spec_counters"]["num_spec_steps"]
+    assert lines == [f"ngram T=0 c=2 (wave {wave['wave']}): num_spec_steps {steps} by AIPerf's scrape, {steps + 1} by "
+                     f"ours ({said['aiperf_counters']['why']})"]
+    (warning,) = [w for w in warnings({"acceptance_disagreements": lines, "rows": []}) if "acceptance check" in w]
+    assert "AIPerf's scrape of the counters parts from ours" in warning and lines[0] in warning
+
+
 def _records(folder: Path) -> dict[str, dict]:
     rows = [json.loads(line) for line in (folder / "profile_export.jsonl").read_text().splitlines()]
     return {r["metadata"]["conversation_id"]: r for r in rows if r["metadata"]["benchmark_phase"] == "profiling"}

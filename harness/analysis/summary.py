@@ -307,13 +307,18 @@ def widenings(rows: list[dict]) -> dict:
 def acceptance_disagreements(waves: list[dict]) -> list[str]:
     """Each served wave whose `acceptance_check` failed (its requests' own figures, which the tables read,
     do not add up to what the server's counters grew by): which wave, each figure both ways. The check
-    is what says the two sources are one measurement; a reader must see where it did not hold."""
+    is what says the two sources are one measurement; a reader must see where it did not hold. So too an
+    AIPerf wave whose own scrape of the counters (`aiperf_counters`) parts from ours, which the wave kept."""
     out = []
     for w in waves:
-        check = w.get("acceptance_check") or {}
+        check, theirs = w.get("acceptance_check") or {}, w.get("aiperf_counters") or {}
         if check.get("checked") and check.get("agrees") is False:
             differ = "; ".join(f"{k} {a} by the requests, {b} by the counters" for k, (a, b) in check["differs"].items())
             out.append(f"{row_name(w)} (wave {w['wave']}): {differ}")
+        if theirs.get("agrees") is False:
+            differ = "; ".join(f"{k} {v} by AIPerf's scrape, {w['spec_counters'].get(k)} by ours" for k, v in
+                               theirs["spec_counters"].items() if v != w["spec_counters"].get(k))
+            out.append(f"{row_name(w)} (wave {w['wave']}): {differ} ({theirs.get('why')})")
     return out
 
 
@@ -356,7 +361,8 @@ def warnings(summary: dict) -> list[str]:
     if summary.get("acceptance_disagreements"):
         out.append("acceptance check failed: the requests' own acceptance figures (what the tables read) do not add "
                    "up to the server's counters over the wave (another client's requests on the same server, or "
-                   "vLLM counting them apart); acceptance_check in waves.jsonl:\n" +
+                   "vLLM counting them apart), or AIPerf's scrape of the counters parts from ours; acceptance_check "
+                   "and aiperf_counters in waves.jsonl:\n" +
                    "\n".join(f"- {line}" for line in summary["acceptance_disagreements"]))
     few = [r for r in summary.get("rows", []) if r["category"] == "overall" and r.get("speedup_ci95_reason")]
     if few:
