@@ -94,3 +94,24 @@ def test_openai_backend_sends_ids_to_a_random_weight_server(target, sends_ids):
         server.shutdown()
     assert backend.sends_ids is sends_ids
     assert ("completions of our prompt ids" in backend.record()["engine"]) is sends_ids
+
+
+def test_the_benchmark_assembles_a_level_and_its_table():
+    """`benchmarks/load_generators.py`'s own bookkeeping on readings as its runs give them: AIPerf's worker
+    formula, a level's result (its mismatches, mean CPU, cause) and the CSV's rows (AIPerf - ours in %)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "load_generators.py"
+    spec = importlib.util.spec_from_file_location("load_generators", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert [bench.aiperf_workers(n) for n in (1, 2, 16, 64)] == [1, 1, 11, 32]
+    readings = {"client_cores": 0.2, "server_cores": 1.0, "load_avg": 1.5, "run_cpu_s": 5.0}
+    pairs = [{"ours": figures() | {"cpu": readings}, "aiperf": figures(tput=880.0) | {"cpu": readings}}] * 2
+    level = bench.level_result(pairs, 16)
+    assert level["mismatches"] == [] and level["cpu"]["aiperf"] == readings
+    assert level["cause"].startswith("not found")  # throughput 10 % apart, nothing in the readings to say why
+    rows = bench.rows({"systems": {"ngram": {"4": level}}})
+    tput = next(r for r in rows if r["figure"] == "output_throughput")
+    assert (tput["ours"], tput["aiperf"], tput["diff_pct"], tput["pairs"]) == (800.0, 880.0, pytest.approx(10.0), 2)
