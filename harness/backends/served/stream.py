@@ -147,5 +147,11 @@ async def stream_chat(session, url: str, body: dict, timeout_s: float) -> Stream
         out.error = f"timed out after {timeout_s:g} s"
     except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a chunk that is not JSON
         out.error = f"{type(exc).__name__}: {exc}"[:300]
+    # aiohttp's limit misses a request whose end we see late: it drops its timer once the response's last byte
+    # is read, and the event loop reads sockets before it runs the timers that fell due. A client descheduled
+    # past the limit (a loaded machine) while the server finished reads all the rest at once: the timer never
+    # fires, and the request would be a success that took longer than it may. The end we saw decides.
+    if out.error is None and time.perf_counter() - start > timeout_s:
+        out.error = f"timed out after {timeout_s:g} s"
     out.e2el_s = (last if out.ttft_s is not None else time.perf_counter()) - start
     return out
