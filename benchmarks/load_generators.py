@@ -7,7 +7,8 @@ for an interval.
         --aiperf /work/aiperf-venv/bin/aiperf --out benchmarks/results/aiperf_agreement_cpu
     # the GPU study's shapes (benchmarks/study_h200.sh's serve stage):
     python benchmarks/load_generators.py --experiment qwen3-8b-random --device cuda --split qualitative \
-        --category coding --systems plain,dspark-official --levels 1,4,16,32 --output-len 128 --aiperf ...
+        --category coding --systems plain,dspark-official --levels 1,4,16,32 --output-len 128 --min-prompts 32 \
+        --budget-s 420 --aiperf ...   # again, until it no longer says "partial": finished runs are reused
 
 Per system the script starts one `vllm serve` through the harness's own server code (the `vllm-server`
 backend's `_start`: its engine options, speculative config, per-request metrics) and stops it at the end;
@@ -42,6 +43,8 @@ from harness.analysis.records import read_requests, read_waves
 from harness.runs.provenance import provenance
 
 GENERATORS = ("ours", "aiperf")
+FIGURES = "agreement.json"  # a finished run's figures and CPU readings, in its folder: a later call reuses them
+START = time.monotonic()
 SHOWN = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
          "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "output_throughput", "chunks_per_request", "gaps_together")
 
@@ -152,20 +155,42 @@ def level_result(pairs: list[dict], cores: int) -> dict:
             "cause": cause(comparison, mean_cpu, cores)}
 
 
-def measure(args, system: str, url: str, server_pid: int | None, cores: int) -> dict:
+def run_folder(args, system: str, level: int, pair: int, generator: str) -> Path:
+    return args.out / "runs" / system / f"c{level}-p{pair + 1}-{generator}"
+
+
+def finished(folder: Path) -> dict | None:
+    """A run an earlier call of the same command finished (its figures saved last), else None; a folder
+    an interrupted call left is moved aside (kept, never reused: its wave may be cut)."""
+    if (folder / FIGURES).is_file():
+        return json.loads((folder / FIGURES).read_text())
+    if folder.exists():
+        folder.rename(folder.with_name(f"{folder.name}-interrupted-{int(time.time())}"))
+    return None
+
+
+def measure(args, system: str, url: str | None, server_pid: int | None, cores: int) -> dict:
+    """Every pair of every level, reusing the runs an earlier call finished; past `--budget-s` no new pair
+    starts (the levels so far are returned, `args.partial` set: the same command goes on from there)."""
     levels = {}
     for level in args.levels:
         pairs = []
         for i in range(args.pairs):
-            pair = {}
+            pair = {g: finished(run_folder(args, system, level, i, g)) for g in GENERATORS}
+            if None in pair.values() and (url is None or time.monotonic() - START > args.budget_s):
+                args.partial = True
+                break
             for generator in GENERATORS:
-                folder = args.out / "runs" / system / f"c{level}-p{i + 1}-{generator}"
-                folder.parent.mkdir(parents=True, exist_ok=True)
-                pair[generator] = one_run(args, url, system, level, generator, folder, server_pid)
+                folder = run_folder(args, system, level, i, generator)
+                if pair[generator] is None:
+                    folder.parent.mkdir(parents=True, exist_ok=True)
+                    pair[generator] = one_run(args, url, system, level, generator, folder, server_pid)
+                    (folder / FIGURES).write_text(json.dumps(pair[generator]))
                 print(f"{system} c={level} pair {i + 1} {generator}: {pair[generator]['output_throughput']:.1f} "
                       f"out tok/s, TPOT {pair[generator]['mean_tpot_ms']:.2f} ms", flush=True)
             pairs.append(pair)
-        levels[str(level)] = level_result(pairs, cores)
+        if pairs:
+            levels[str(level)] = level_result(pairs, cores)
     return levels
 
 
@@ -230,10 +255,12 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=8192, help="the server's, capped at the target's context")
     p.add_argument("--base-url", default=None, help="measure this server (one system) instead of starting one")
     p.add_argument("--server-pid", type=int, default=None, help="with --base-url: its process, to read its CPU")
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="start no new pair past this many seconds (a device call's limit); rerun to go on")
     p.add_argument("--aiperf", default=os.environ.get("AIPERF") or "aiperf")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/aiperf_agreement"))
     args = p.parse_args()
-    args.levels = [int(x) for x in args.levels.split(",")]
+    args.levels, args.partial = [int(x) for x in args.levels.split(",")], False
     systems = args.systems.split(",")
     if args.base_url and len(systems) != 1:
         sys.exit("--base-url measures one server: give the one system it serves with --systems")
@@ -255,6 +282,11 @@ def main() -> None:
         if args.base_url:
             results["systems"][system] = measure(args, system, args.base_url, args.server_pid, cores)
             continue
+        done = measure(args, system, None, None, cores)  # (all finished before: no server to start)
+        if not args.partial or time.monotonic() - START > args.budget_s:
+            results["systems"][system] = done
+            continue
+        args.partial = False
         backend, server = start_server(args, system, args.out / "runs" / system)
         try:
             results["systems"][system] = measure(args, system, server.base_url, server.proc.pid, cores)
@@ -262,10 +294,11 @@ def main() -> None:
         finally:
             from harness.backends.vllm import process as vllm_process
             vllm_process.stop(server)
+    results["partial"] = args.partial
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     flat = rows(results)
     with open(args.out / "table.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(flat[0]))
+        writer = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["system"])
         writer.writeheader()
         writer.writerows(flat)
     console = Console(width=220, record=True)
@@ -273,6 +306,9 @@ def main() -> None:
     console.print("cells: ours | AIPerf, then AIPerf - ours as % of ours [95 % interval of the difference over the "
                   "pairs, in the figure's unit]; cores: CPU seconds / wall seconds during the wave")
     (args.out / "table.txt").write_text(console.export_text())
+    if args.partial:
+        print(f"partial: --budget-s {args.budget_s:g} s spent before every pair ran; run the same command again "
+              "to go on (finished runs are reused)")
 
 
 if __name__ == "__main__":
