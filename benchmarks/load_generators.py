@@ -138,7 +138,14 @@ def start_server(args, system: str, folder: Path):
     from harness.specs.experiments import load_experiment
 
     exp = load_experiment(args.experiment)
-    backend = VllmServerBackend(exp.target, args.device, args.dtype, engine_args=dict(exp.engine_args), run_dir=folder)
+    engine_args = dict(exp.engine_args)
+    backend = VllmServerBackend(exp.target, args.device, args.dtype, engine_args=engine_args, run_dir=folder)
+    if backend.random and "skip_tokenizer_init" not in engine_args:
+        # A random-weight server starts without a tokenizer: its chunks carry token ids and no text, and
+        # AIPerf 0.13.0 fails every such request ("No responses with actual content"). With the target's
+        # tokenizer the server detokenizes (for both load generators alike); the prompts stay our ids.
+        backend = VllmServerBackend(exp.target, args.device, args.dtype, run_dir=folder,
+                                    engine_args=engine_args | {"skip_tokenizer_init": False})
     prepared = backend.prepare(with_synthetic(exp.system(system), {"acceptance": synthetic_settings(None, exp,
                                                                                                     [system])}))
     return backend, backend._start(prepared, args.max_model_len)
