@@ -7,7 +7,7 @@ for an interval.
         --aiperf /work/aiperf-venv/bin/aiperf --out benchmarks/results/aiperf_agreement_cpu
     # the GPU study's shapes (benchmarks/study_h200.sh's serve stage):
     python benchmarks/load_generators.py --experiment qwen3-8b-random --device cuda --split qualitative \
-        --systems plain,dspark-official --levels 1,4,16,32 --output-len 128 --min-prompts 32 \
+        --systems plain,dspark-official --levels 1,4,16,32 --output-len 128 --min-prompts 8 \
         --budget-s 420 --aiperf ...   # again, until it no longer says "partial": finished runs are reused
 
 Per system the script starts one `vllm serve` through the harness's own server code (the `vllm-server`
