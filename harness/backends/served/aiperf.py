@@ -23,6 +23,7 @@ Why this shape:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -113,7 +114,7 @@ def run(exe: str, url: str, model: str, tokenizer: str, prompts: list[list[int]]
     log = artifacts / OUTPUT
     with open(log, "w") as out:
         proc = subprocess.Popen(command(exe, url, model, tokenizer, inputs, len(prompts), schedule, artifacts),
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment())
         try:
             code = proc.wait()
         finally:
@@ -153,6 +154,13 @@ def wave_counters(ours: dict | None, artifacts: Path) -> tuple[dict | None, dict
     return ours, said | {"aiperf_counters": {"spec_counters": theirs, "agrees": agrees, **({} if agrees else {
         "why": "AIPerf's scrapes cover less than our reads around its process: a scrape that came before the "
                "server counted the wave's last steps, or another client's requests outside AIPerf's window"})}}
+
+
+def environment() -> dict[str, str]:
+    """AIPerf's environment: ours without the hub's offline switches. AIPerf 0.13.0 in offline mode reads
+    every tokenizer name as a hub id (its `_resolve_local_snapshot`), so the local folder we give it fails
+    there; a local folder needs no network either way (its alias lookup skips absolute paths)."""
+    return {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
 
 
 ERROR = re.compile(r"\bERROR\s+(.*?)\s*(\([\w./]+:\d+\))?$")  # AIPerf's log line: time, level, text, (file:line)
