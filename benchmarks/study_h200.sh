@@ -48,9 +48,9 @@ for s in "$@"; do
     install-aiperf) stage install-aiperf 120 python3 tools/vllm_offline/install.py /tmp/ap/ap-* --target /tmp/aiperf \
                       --check aiperf ;;
     agreement) stage "agreement-${AGREE_SYSTEMS:-plain}" "${AGREE_S:-560}" python3 benchmarks/load_generators.py \
-                 --experiment qwen3-8b-random --device cuda --split qualitative --category coding \
+                 --experiment qwen3-8b-random --device cuda --split qualitative --min-prompts 16 \
                  --systems "${AGREE_SYSTEMS:-plain}" --levels "${AGREE_LEVELS:-1,4,16,32}" --pairs "${AGREE_PAIRS:-2}" \
-                 --output-len "${AGREE_LEN:-128}" --aiperf /tmp/aiperf/bin/aiperf \
+                 --output-len "${AGREE_LEN:-128}" --budget-s "${AGREE_BUDGET_S:-400}" --aiperf /tmp/aiperf/bin/aiperf \
                  --out "$R/agreement-${AGREE_SYSTEMS:-plain}" ;;
     crossover-ab|crossover-ba)
       [ -f /tmp/filled/qualitative.jsonl ] || python3 benchmarks/filled_split.py --rows 512 --out /tmp/filled/qualitative.jsonl
