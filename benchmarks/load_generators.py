@@ -1,5 +1,5 @@
 """Issue 56's agreement: our client and NVIDIA's AIPerf on ONE server, the same prompts, alternated level by
-level (ours, AIPerf, ours, AIPerf ... `--pairs` times), each wave a real `dspark-bench run --backend openai
+level (ours, AIPerf, then AIPerf, ours ... `--pairs` times), each wave a real `dspark-bench run --backend openai
 --base-url URL --load-generator ours|aiperf` (what users run), so the comparison is interleaved and has pairs
 for an interval.
 
@@ -38,7 +38,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from harness.analysis.agreement import TIMINGS, cause, compare, mismatches, run_figures
+from harness.analysis.agreement import cause, compare, mismatches, run_figures
 from harness.analysis.records import read_requests, read_waves
 from harness.runs.provenance import provenance
 
@@ -139,13 +139,10 @@ def start_server(args, system: str, folder: Path):
 
     exp = load_experiment(args.experiment)
     engine_args = dict(exp.engine_args)
-    backend = VllmServerBackend(exp.target, args.device, args.dtype, engine_args=engine_args, run_dir=folder)
-    if backend.random and "skip_tokenizer_init" not in engine_args:
-        # A random-weight server starts without a tokenizer: its chunks carry token ids and no text, and
-        # AIPerf 0.13.0 fails every such request ("No responses with actual content"). With the target's
-        # tokenizer the server detokenizes (for both load generators alike); the prompts stay our ids.
-        backend = VllmServerBackend(exp.target, args.device, args.dtype, run_dir=folder,
-                                    engine_args=engine_args | {"skip_tokenizer_init": False})
+    # (as AIPerf's load generator: a random-weight server then starts with the target's tokenizer, for both
+    # load generators alike; the prompts stay our ids)
+    backend = VllmServerBackend(exp.target, args.device, args.dtype, engine_args=engine_args, run_dir=folder,
+                                server={"load_generator": "aiperf", "aiperf": args.aiperf})
     prepared = backend.prepare(with_synthetic(exp.system(system), {"acceptance": synthetic_settings(None, exp,
                                                                                                     [system])}))
     return backend, backend._start(prepared, args.max_model_len)
@@ -178,7 +175,10 @@ def finished(folder: Path) -> dict | None:
 
 def measure(args, system: str, url: str | None, server_pid: int | None, cores: int) -> dict:
     """Every pair of every level, reusing the runs an earlier call finished; past `--budget-s` no new pair
-    starts (the levels so far are returned, `args.partial` set: the same command goes on from there)."""
+    starts (the levels so far are returned, `args.partial` set: the same command goes on from there). The
+    pairs alternate who goes first (ours, AIPerf, AIPerf, ours ...): a wave the server runs slower for a reason
+    of its own (on the H100 our c=32 wave, the first at that level after a server start, streamed its tokens
+    slower while neither client read late) would otherwise be pinned on whichever generator always goes first."""
     levels = {}
     for level in args.levels:
         pairs = []
@@ -187,7 +187,7 @@ def measure(args, system: str, url: str | None, server_pid: int | None, cores: i
             if None in pair.values() and (url is None or time.monotonic() - START > args.budget_s):
                 args.partial = True
                 break
-            for generator in GENERATORS:
+            for generator in (GENERATORS if i % 2 == 0 else GENERATORS[::-1]):  # (ours first, then AIPerf first)
                 folder = run_folder(args, system, level, i, generator)
                 if pair[generator] is None:
                     folder.parent.mkdir(parents=True, exist_ok=True)

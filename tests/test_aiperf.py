@@ -186,9 +186,16 @@ def level_figures(run_dir: Path, level: int) -> dict:
 
 
 @needs_aiperf
-def test_aiperf_failure_is_one_line_with_its_log(tmp_path):
+@pytest.mark.parametrize("offline", [False, True])
+def test_aiperf_failure_is_one_line_with_its_log(tmp_path, monkeypatch, offline):
     """AIPerf against an address nobody serves: it exits with an error, which comes back as one line naming
-    what it said and its log."""
+    what it said and its log. With the hub's offline switches set (a GPU host with no network) AIPerf still
+    reads our local tokenizer folder and gets as far as sending (0.13.0 in offline mode takes every tokenizer
+    name for a hub id: the harness starts it without them)."""
+    monkeypatch.setenv("AIPERF_DATASET_MMAP_CACHE_DIR", str(tmp_path / "cache"))  # (a cached dataset skips the tokenizer)
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     spec = RequestSpec(max_new_tokens=4, temperature=0.0, seed=1, stop_token_ids=())
     with pytest.raises(DSparkError) as caught:
         aiperf.run(AIPERF, "http://127.0.0.1:9", "M", str(DEMO_DIR / "target"), [[5, 6, 7]], [spec], Schedule(1),
@@ -198,6 +205,23 @@ def test_aiperf_failure_is_one_line_with_its_log(tmp_path):
     assert "inference request(s) failed" in said
     log = Path(said.split("its log: ")[1].split(" (")[0])
     assert log.is_file() and log.parent.parent == tmp_path
+
+
+@needs_aiperf
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_a_random_weight_server_detokenizes_for_aiperf_alone():
+    """A random-weight target's server starts without a tokenizer (its chunks carry ids, no text); AIPerf 0.13.0
+    fails every such request, so with AIPerf as the load generator the server detokenizes, unless the user's
+    own engine options say otherwise. (Nothing starts here: the server's options are read.)"""
+    from harness.backends.vllm.server import VllmServerBackend
+
+    def options(engine_args=None, server=None):
+        return VllmServerBackend("random:demo", "cpu", "float32", engine_args=engine_args, server=server).engine_args
+
+    with_aiperf = {"load_generator": "aiperf", "aiperf": AIPERF}
+    assert options()["skip_tokenizer_init"] is True
+    assert options(server=with_aiperf)["skip_tokenizer_init"] is False
+    assert options({"skip_tokenizer_init": True}, with_aiperf)["skip_tokenizer_init"] is True
 
 
 def test_aiperf_refuses_a_server_that_is_not_vllm(monkeypatch, capfd, tmp_path):
