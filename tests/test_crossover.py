@@ -65,7 +65,8 @@ def test_pooled_over_orders_and_throughput_over_runs(tmp_path):
     tpots = {("plain", 16): 10.0, ("dspark", 16): 5.0, ("plain", 64): 12.0, ("dspark", 64): 12.5}
     runs = [_sweep(tmp_path, "ab", ["plain", "dspark"], tpots), _sweep(tmp_path, "ba", ["dspark", "plain"], tpots)]
     bench = {"against_vllm": {"levels": [{"concurrency": 16, "plain_ms": {"median": 6.0},
-                                          "dspark_round_ms": {"median": 9.0}}]}}
+                                          "dspark_round_ms": {"median": 9.0}}]},
+             "device_name": None, "shapes": {"target": {"name": "demo"}}}  # (the built runs: target demo, no GPU)
     rows = levels(read_sweeps(runs), "dspark", bench)
     assert [r["concurrency"] for r in rows] == [16, 64]
     low, high = rows
@@ -102,9 +103,13 @@ def test_measured_over_derived_is_flagged_past_ten_percent(tmp_path):
             if r["system"] == "dspark":
                 r["spec_decode_acceptance_length"] = 3.0
     bench = {"against_vllm": {"levels": [{"concurrency": 16, "plain_ms": {"median": 6.0},
-                                          "dspark_round_ms": {"median": 9.0}}]}}
+                                          "dspark_round_ms": {"median": 9.0}}]},
+             "device_name": None, "shapes": {"target": {"name": "demo"}}}
     row = levels(sweeps, "dspark", bench)[0]
     assert row["derived"] == pytest.approx(2.0) and row["tpot_over_derived"] == pytest.approx(1.0)
     assert "tpot_over_derived" not in row["off"]
     bench["against_vllm"]["levels"][0]["dspark_round_ms"]["median"] = 7.0  # derived 2.57: measured 22 % under
     assert "tpot_over_derived" in levels(sweeps, "dspark", bench)[0]["off"]
+    other = bench | {"device_name": "NVIDIA H200", "shapes": {"target": {"name": "qwen3-8b"}}}
+    row = levels(sweeps, "dspark", other)[0]  # (step costs of another machine and model derive nothing here)
+    assert row["derived"] is None and row["derived_note"].startswith("no derivation: the step costs are qwen3-8b")

@@ -110,10 +110,26 @@ def throughput_ratio(sweeps: list[Sweep], system: str, level: int) -> dict:
     return {"ratio": fit["centre"], "ci": fit["ci"], "per_run": ratios, "note": note}
 
 
+def unfit(sweeps: list[Sweep], bench: dict) -> str | None:
+    """Why `bench`'s step costs cannot derive these runs' speedups, or None: they must come from the runs' GPU
+    at the runs' target shapes (a derivation from another machine or model says nothing of these runs)."""
+    shape = ((bench.get("shapes") or {}).get("target") or {}).get("name")
+    for sw in sweeps:
+        manifest = read_manifest(sw.path) or {}
+        gpu = (manifest.get("provenance") or {}).get("gpu")
+        target = str((manifest.get("settings") or {}).get("target"))
+        if gpu != bench.get("device_name") or not shape or target.split(":")[-1] != shape:
+            return (f"no derivation: the step costs are {shape} on {bench.get('device_name')}, "
+                    f"{sw.path.name} ran {target} on {gpu or 'no GPU'}")
+    return None
+
+
 def levels(sweeps: list[Sweep], system: str, bench: dict | None = None) -> list[dict]:
     """One row per concurrency level the system ran at: TPOT speedup (pooled), throughput ratio, AL, and
-    with `bench` (`engine-bench --against vllm --json`) the derived speedup and measured over derived."""
-    costs = vllm_level_costs(bench) if bench else {}
+    with `bench` (`engine-bench --against vllm --json` on the runs' GPU at their target's shapes: `unfit`)
+    the derived speedup and measured over derived."""
+    refused = unfit(sweeps, bench) if bench else "no engine-bench step costs given"
+    costs = {} if refused else vllm_level_costs(bench)
     found = sorted({r["max_concurrency"] for sw in sweeps for r in sw.summary["rows"] if r["system"] == system})
     out = []
     for c in found:
@@ -122,7 +138,7 @@ def levels(sweeps: list[Sweep], system: str, bench: dict | None = None) -> list[
         al = sum(als) / len(als) if als and None not in als else None
         row = {"concurrency": c, "tpot": pooled_tpot(sweeps, system, c), "throughput": throughput_ratio(sweeps, system, c),
                "al": al, "derived": derived(al, *costs[c]) if c in costs else None,
-               "derived_note": None if c in costs else f"engine-bench timed no batch of {c}"}
+               "derived_note": refused or (None if c in costs else f"engine-bench timed no batch of {c}")}
         d = row["derived"]
         row["tpot_over_derived"] = row["tpot"]["speedup"] / d if d and row["tpot"]["speedup"] else None
         row["throughput_over_derived"] = row["throughput"]["ratio"] / d if d and row["throughput"]["ratio"] else None
@@ -164,6 +180,18 @@ def crossovers(rows: list[dict]) -> dict:
     """The crossover by TPOT speedup and by output throughput ratio, each on its own."""
     return {"tpot": crossover([(r["concurrency"], r["tpot"]["speedup"], r["tpot"]["ci"]) for r in rows]),
             "throughput": crossover([(r["concurrency"], r["throughput"]["ratio"], r["throughput"]["ci"]) for r in rows])}
+
+
+def caption(sweeps: list[Sweep]) -> str:
+    """What ran, from the runs' manifests and labels: the engine and its version, the GPU (or the CPU), and
+    random weights / synthetic acceptance where the runs had them, else that the drafts' own acceptance ran."""
+    manifests = [read_manifest(sw.path) or {} for sw in sweeps]
+    versions = sorted({str((m.get("backend") or {}).get("version")) for m in manifests})
+    devices = sorted({(m.get("provenance") or {}).get("gpu") or (m.get("provenance") or {}).get("cpu") or "?"
+                      for m in manifests})
+    labels = sorted({sw.summary.get("label") or "real weights and the drafts' own acceptance" for sw in sweeps})
+    return (f"vLLM {', '.join(versions)} served, {', '.join(devices)}, {'; '.join(labels)}, "
+            f"{len(sweeps)} runs ({', '.join(f'{sw.first} first' for sw in sweeps)})")
 
 
 def _x(v: float | None, digits: int = 2) -> str:

@@ -110,3 +110,37 @@ def engines_side_by_side(rows: list[dict], caption: str):
     ax.set(ylabel="TPOT ms (one request)")
     ax.legend(fontsize=8)
     return _titled(fig, "our engine beside vLLM at one request (random weights, synthetic acceptance)", caption)
+
+
+def crossover_figure(system: str, rows: list[dict], found: dict, caption: str):
+    """Where `system` stops paying (`crossover.levels` and `crossovers`): per concurrency level (log x), the
+    TPOT speedup pooled over both orders and the output throughput ratio over runs, each with its 95 %
+    interval (a level without one: a hollow point), the 1.0 line, and the crossover's bracket shaded with
+    its level marked; "not reached" said in the panel where no interval reaches 1."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    panels = (("tpot", "speedup", "TPOT speedup (plain / system, by prompt)"),
+              ("throughput", "ratio", "output tok/s ratio (system / plain)"))
+    for ax, (key, centre, ylabel) in zip(axes, panels):
+        xs, values = [], []
+        for r in rows:
+            v, ci = r[key][centre], r[key]["ci"]
+            if v is None:
+                continue
+            low, high = ci or (v, v)
+            ax.errorbar([r["concurrency"]], [v], yerr=[[v - low], [high - v]], marker="o", capsize=3, color="C0",
+                        markerfacecolor="C0" if ci else "white")
+            xs.append(r["concurrency"])
+            values += [low, high]
+        f = found[key]
+        if f["level"] is not None:
+            ax.axvspan(f["bracket"][0] or f["level"] / 1.5, f["level"], color="C3", alpha=0.12)
+            ax.axvline(f["level"], color="C3", linewidth=1.2, label=f"crossover {f['text']}")
+        else:
+            ax.plot([], [], " ", label=f"crossover {f['text']}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        _speedup_axis(ax, values)
+        ax.set(xlabel="concurrency (requests in flight)", ylabel=ylabel)
+        ax.legend(fontsize=7, loc="upper right")
+    return _titled(fig, f"where {system} stops paying: speedup against concurrency (95 % intervals; hollow: none)",
+                   caption)
