@@ -10,7 +10,11 @@
 # calls), serve (vllm serve at concurrency 1, 4, 16, 32), profile-native, profile-vllm (nsys, the lean preset:
 # graph nodes traced), install-aiperf (AIPerf 0.13.0 into /tmp/aiperf), agreement (issue 56: our client and AIPerf
 # alternated on one server per system, AGREE_SYSTEMS), crossover-ab / crossover-ba (issue 57: plain against DSpark
-# served at concurrency 16 to 256 on 512 filled prompts, the systems in one order, then the other). Results go to
+# served at concurrency 16 to 256 on 512 filled prompts, the systems in one order, then the other), bench-vllm
+# (issue 57: engine-bench --against vllm on vLLM 0.32 at the crossover's batch sizes: the derived column per level),
+# adaptive-ab / adaptive-ba (issue 57: the demo pair's trained DSpark draft served with and without vLLM's adaptive
+# verification beside plain decoding at the crossover's levels, the systems in one order, then the other: random
+# weights have no confidence head to adapt by; study_report.py reads both pairs of stages). Results go to
 # /tmp/r (kept while the machine stays warm) and, packed, to $OUT. Each stage runs under its own time limit; a
 # failed one does not stop the next.
 set -u
@@ -58,6 +62,15 @@ for s in "$@"; do
       stage "$s" "${CROSS_S:-400}" "${CLI[@]}" run --experiment qwen3-8b-random --device cuda --split qualitative \
         --dataset-path /tmp/filled/qualitative.jsonl --ignore-eos --backend vllm-server --systems "$order" \
         --num-prompts 512 --max-concurrency "${CROSS_LEVELS:-16,32,64,128,256}" --output-len 128 --out "$R/$s" ;;
+    bench-vllm) stage bench-vllm "${BENCH_S:-560}" sh -c "${CLI[*]} engine-bench --skip-hf --repeats 20 --against vllm \
+                  --concurrency ${CROSS_LEVELS:-16,32,64,128,256} --json > $R/engine_bench_vllm.json" ;;
+    adaptive-ab|adaptive-ba)
+      [ -f /tmp/filled/qualitative.jsonl ] || python3 benchmarks/filled_split.py --rows 512 --out /tmp/filled/qualitative.jsonl
+      order=plain,dspark,dspark-schedule; [ "$s" = adaptive-ba ] && order=dspark-schedule,dspark,plain
+      stage "$s" "${ADAPT_S:-560}" "${CLI[@]}" run --experiment confidence --device cuda --split qualitative \
+        --dataset-path /tmp/filled/qualitative.jsonl --ignore-eos --backend vllm-server --systems "$order" \
+        --temperature 1 --num-prompts 512 --max-concurrency "${CROSS_LEVELS:-16,32,64,128,256}" --output-len 128 \
+        --out "$R/$s" ;;
     *) echo "unknown stage $s" | tee -a "$R/stages.txt" ;;
   esac
 done
