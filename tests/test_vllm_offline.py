@@ -117,6 +117,22 @@ def test_abi_check_names_the_shim_functions_the_other_torch_lacks_and_cxx_ties(t
     assert rows["vllm/cxx.so"]["cxx_torch_symbols"] == 1 and rows["vllm/cxx.so"]["missing"] == []
 
 
+def test_a_manifest_build_py_did_not_write_is_one_line(tmp_path, capsys):
+    part = tmp_path / "ap-1"
+    part.mkdir()
+    (part / "manifest.json").write_text(json.dumps({"wheels": {}}))
+    with pytest.raises(SystemExit) as refused:
+        _load("install").assemble([part])
+    assert refused.value.code == 2 and "not a manifest build.py wrote" in capsys.readouterr().err
+
+
+def test_aiperf_never_goes_into_vllms_folder(tmp_path):
+    (tmp_path / "site" / "vllm").mkdir(parents=True)
+    done = subprocess.run([sys.executable, str(TOOLS / "install.py"), str(tmp_path), "--check", "aiperf", "--target",
+                           str(tmp_path / "site")], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "holds vLLM" in done.stderr and "folder of its own" in done.stderr
+
+
 def test_a_pin_matches_its_wheel_under_pep_503_names():
     build = _load("build")
     assert build.canonical("ruamel.yaml") == build.canonical("ruamel_yaml") == "ruamel-yaml"
@@ -136,7 +152,7 @@ def test_the_aiperf_launcher_runs_aiperf_from_its_own_folder_alone(tmp_path):
     sites = sorted(Path(exe).resolve().parents[1].glob(f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"))
     if not sites:
         pytest.skip(f"AIPerf's environment ({exe}) is not this Python's version")
-    target = tmp_path / "site"
+    target = tmp_path / "aiperf site"  # (a space: the launcher quotes its paths)
     target.mkdir()
     for entry in sites[0].iterdir():  # (AIPerf's environment as the folder install.py would have filled)
         if entry.name not in ("bin", "__pycache__"):
@@ -146,4 +162,4 @@ def test_the_aiperf_launcher_runs_aiperf_from_its_own_folder_alone(tmp_path):
     env = dict(os.environ, PYTHONPATH="/nonexistent")
     done = subprocess.run([str(launcher), "--version"], check=False, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and "0.13.0" in done.stdout + done.stderr, done.stderr[-500:]
-    assert launcher.read_text().splitlines()[1] == f'PYTHONPATH={target} exec {sys.executable} -m aiperf "$@"'
+    assert launcher.read_text().splitlines()[1] == f"PYTHONPATH='{target}' exec {sys.executable} -m aiperf \"$@\""

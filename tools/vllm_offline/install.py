@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -42,7 +43,8 @@ def aiperf_launcher(target: Path) -> Path:
     packages (vLLM's folder, which the harness's own PYTHONPATH names, holds other versions of its pins)."""
     launcher = target / "bin" / "aiperf"
     launcher.parent.mkdir(parents=True, exist_ok=True)
-    launcher.write_text(f'#!/bin/sh\nPYTHONPATH={target} exec {sys.executable} -m aiperf "$@"\n')
+    folder, python = shlex.quote(str(target)), shlex.quote(sys.executable)
+    launcher.write_text(f'#!/bin/sh\nPYTHONPATH={folder} exec {python} -m aiperf "$@"\n')
     launcher.chmod(0o755)
     return launcher
 
@@ -59,6 +61,8 @@ def assemble(dirs: list[Path]) -> tuple[bytes, dict]:
         if not (d / "manifest.json").is_file():
             fail(f"{d}: no manifest.json; give the folders build.py wrote")
         manifest = manifest or json.loads((d / "manifest.json").read_text())
+        if not isinstance(manifest, dict) or not {"parts", "tar_sha256", "wheels"} <= set(manifest):
+            fail(f"{d / 'manifest.json'}: not a manifest build.py wrote (it lacks parts, tar_sha256 or wheels)")
         for part in d.glob("part-*"):
             found[int(part.name.split("-")[1])] = part
     want = range(1, len(manifest["parts"]) + 1)
@@ -79,9 +83,12 @@ def assemble(dirs: list[Path]) -> tuple[bytes, dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("parts", type=Path, nargs="+")
-    p.add_argument("--target", type=Path, default=Path("/tmp/site"))
+    p.add_argument("--target", type=Path, default=None, help="default /tmp/site (vLLM), /tmp/aiperf (AIPerf)")
     p.add_argument("--check", choices=("vllm", "aiperf"), default="vllm", help="what the wheels must run")
     args = p.parse_args()
+    args.target = args.target or Path("/tmp/aiperf" if args.check == "aiperf" else "/tmp/site")
+    if args.check == "aiperf" and (args.target / "vllm").is_dir():
+        fail(f"--target {args.target} holds vLLM; AIPerf's pins clash with its: give AIPerf a folder of its own")
     if sys.version_info[:2] != (3, 12):
         fail(f"the wheels are for CPython 3.12, this is {sys.version.split()[0]}; run it with the host's python3.12")
     blob, manifest = assemble(args.parts)
