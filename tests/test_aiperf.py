@@ -211,8 +211,8 @@ def test_aiperf_failure_is_one_line_with_its_log(tmp_path, monkeypatch, offline)
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_a_random_weight_server_detokenizes_for_aiperf_alone():
     """A random-weight target's server starts without a tokenizer (its chunks carry ids, no text); AIPerf 0.13.0
-    fails every such request, so with AIPerf as the load generator the server detokenizes, unless the user's
-    own engine options say otherwise. (Nothing starts here: the server's options are read.)"""
+    fails every such request, so with AIPerf as the load generator the server detokenizes; the user's own
+    skip_tokenizer_init=true with AIPerf is one line. (Nothing starts here: the server's options are read.)"""
     from harness.backends.vllm.server import VllmServerBackend
 
     def options(engine_args=None, server=None):
@@ -221,7 +221,8 @@ def test_a_random_weight_server_detokenizes_for_aiperf_alone():
     with_aiperf = {"load_generator": "aiperf", "aiperf": AIPERF}
     assert options()["skip_tokenizer_init"] is True
     assert options(server=with_aiperf)["skip_tokenizer_init"] is False
-    assert options({"skip_tokenizer_init": True}, with_aiperf)["skip_tokenizer_init"] is True
+    with pytest.raises(DSparkError, match="needs the server's tokenizer"):
+        options({"skip_tokenizer_init": True}, with_aiperf)
 
 
 def test_aiperf_refuses_a_server_that_is_not_vllm(monkeypatch, capfd, tmp_path):

@@ -82,10 +82,12 @@ class VllmServerBackend(VllmTarget, ServedBackend):
         self.sends_ids = self.random  # (started without a tokenizer: completions of our ids)
         self.request_timeout_s = (server or {}).get("request_timeout_s") or self.request_timeout_s
         self.use_load_generator(server or {})
-        if self.aiperf_exe is not None and self.engine_args.get("skip_tokenizer_init") and \
-                "skip_tokenizer_init" not in (engine_args or {}):
+        if self.aiperf_exe is not None and self.engine_args.get("skip_tokenizer_init"):
             # (a random-weight server starts without a tokenizer, its chunks ids without text, and AIPerf 0.13.0
             # fails every such request, "No responses with actual content": with AIPerf it detokenizes)
+            if (engine_args or {}).get("skip_tokenizer_init"):
+                raise DSparkError("--load-generator aiperf needs the server's tokenizer (AIPerf fails every request "
+                                  "whose chunks carry no text); drop skip_tokenizer_init=true")
             self.engine_args = self.engine_args | {"skip_tokenizer_init": False}
         self.run_dir = Path(run_dir) if run_dir is not None else Path(".")
         self.servers: dict[str, dict] = {}  # per system: its command, port and what it said about itself
