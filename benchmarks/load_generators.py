@@ -38,6 +38,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from dspark.errors import DSparkError
 from harness.analysis.agreement import cause, compare, mismatches, run_figures
 from harness.analysis.records import read_requests, read_waves
 from harness.runs.provenance import provenance
@@ -149,6 +150,9 @@ def start_server(args, system: str, folder: Path):
 
 
 def level_result(pairs: list[dict], cores: int) -> dict:
+    """One level's result from its pairs' figures: the side-by-side comparison, the counts that differ,
+    the mean CPU readings (shown in the table) and the verdict with its cause, which reads every pair's
+    own readings (a cause must hold pair by pair, not in a mean one pair carries)."""
     ours, theirs = [p["ours"] for p in pairs], [p["aiperf"] for p in pairs]
     comparison = compare(ours, theirs)
     mean_cpu = {g: {k: None if any(p[g]["cpu"][k] is None for p in pairs) else  # (no --server-pid: not read)
@@ -156,10 +160,11 @@ def level_result(pairs: list[dict], cores: int) -> dict:
                                                                               "load_avg", "run_cpu_s")}
                 for g in GENERATORS}
     return {"pairs": pairs, "comparison": comparison, "mismatches": mismatches(ours, theirs), "cpu": mean_cpu,
-            "cause": cause(comparison, mean_cpu, cores)}
+            "cause": cause(comparison, pairs, cores)}
 
 
 def run_folder(args, system: str, level: int, pair: int, generator: str) -> Path:
+    """Where one run lives, named by system, level, pair and generator: the same command finds it again."""
     return args.out / "runs" / system / f"c{level}-p{pair + 1}-{generator}"
 
 
@@ -202,6 +207,7 @@ def measure(args, system: str, url: str | None, server_pid: int | None, cores: i
 
 
 def fmt(x, digits: int = 2) -> str:
+    """A figure for the table, "-" where it was not read (no drafts, no server pid)."""
     return "-" if x is None else f"{x:.{digits}f}"
 
 
@@ -220,6 +226,8 @@ def rows(results: dict) -> list[dict]:
 
 
 def table(results: dict) -> Table:
+    """The printed table: per system and level the counts that must be equal, each timing as ours | AIPerf
+    with the difference and its interval, the CPU readings and the verdict; titled by both generators."""
     t = Table(title=f"Load generators on one server: ours vs AIPerf {results['provenance']['aiperf']} "
                     f"({results['settings']['device']}, {results['cores']} cores)")
     for col in ("system", "c", "requests / out tok / acceptance", "TTFT mean ms", "TPOT mean ms", "TPOT p99 ms",
@@ -246,7 +254,66 @@ def table(results: dict) -> Table:
     return t
 
 
+def checked(args) -> None:
+    """The options refused before anything starts (no server, no AIPerf, no folder written): levels that
+    are not positive whole numbers, no pair, no token or prompt to send, --base-url for several systems."""
+    try:
+        levels = [int(x) for x in args.levels.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise DSparkError(f"--levels {args.levels!r}: give concurrency levels as positive whole numbers separated "
+                          "by commas, e.g. --levels 1,4,16")
+    for name in ("pairs", "output_len", "min_prompts"):
+        if getattr(args, name) < 1:
+            raise DSparkError(f"--{name.replace('_', '-')} {getattr(args, name)}: give at least 1")
+    if not all(args.systems.split(",")):
+        raise DSparkError(f"--systems {args.systems!r}: give systems separated by commas, e.g. --systems ngram,plain")
+    if args.base_url and len(args.systems.split(",")) != 1:
+        raise DSparkError("--base-url measures one server: give the one system it serves with --systems")
+    args.levels = levels
+
+
+def write(results: dict, out: Path) -> None:
+    """results.json, table.csv and table.txt in `out` (what a measuring or a recomputing call leaves)."""
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    flat = rows(results)
+    with open(out / "table.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["system"])
+        writer.writeheader()
+        writer.writerows(flat)
+    console = Console(width=220, record=True)
+    console.print(table(results))
+    console.print("cells: ours | AIPerf, then AIPerf - ours as % of ours [95 % interval of the difference over the "
+                  "pairs, in the figure's unit]; cores: CPU seconds / wall seconds during the wave")
+    (out / "table.txt").write_text(console.export_text())
+
+
+def recompute(out: Path) -> None:
+    """Every level of `out`/results.json analysed again from the figures and readings its pairs saved
+    (what each run's agreement.json holds): the analysis changes, the measurements and their provenance
+    (the machine that measured) stay. Starts nothing."""
+    path = out / "results.json"
+    if not path.is_file():
+        raise DSparkError(f"--recompute {out}: no results.json there; give the folder a measuring call wrote (--out)")
+    results = json.loads(path.read_text())
+    for levels in results["systems"].values():
+        for level, res in levels.items():
+            levels[level] = level_result(res["pairs"], results["cores"])
+    write(results, out)
+
+
 def main() -> None:
+    """The script's one-line refusals: bad options and DSparkError (AIPerf missing, no results to
+    recompute) print `error: ...` and exit 2, as the CLI's do, never a traceback."""
+    try:
+        _main()
+    except DSparkError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cores = os.cpu_count() or 1
     p.add_argument("--experiment", default="demo")
@@ -266,11 +333,13 @@ def main() -> None:
                    help="start no new pair past this many seconds (a device call's limit); rerun to go on")
     p.add_argument("--aiperf", default=os.environ.get("AIPERF") or "aiperf")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/aiperf_agreement"))
+    p.add_argument("--recompute", type=Path, default=None,
+                   help="analyse this --out folder's results.json again (its pairs' saved figures); measure nothing")
     args = p.parse_args()
-    args.levels, args.partial = [int(x) for x in args.levels.split(",")], False
-    systems = args.systems.split(",")
-    if args.base_url and len(systems) != 1:
-        sys.exit("--base-url measures one server: give the one system it serves with --systems")
+    if args.recompute:
+        return recompute(args.recompute)
+    checked(args)
+    args.partial, systems = False, args.systems.split(",")
     from harness.backends.served import aiperf
     from harness.backends.vllm.checks import installed_version
 
@@ -302,17 +371,7 @@ def main() -> None:
             from harness.backends.vllm import process as vllm_process
             vllm_process.stop(server)
     results["partial"] = args.partial
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    flat = rows(results)
-    with open(args.out / "table.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["system"])
-        writer.writeheader()
-        writer.writerows(flat)
-    console = Console(width=220, record=True)
-    console.print(table(results))
-    console.print("cells: ours | AIPerf, then AIPerf - ours as % of ours [95 % interval of the difference over the "
-                  "pairs, in the figure's unit]; cores: CPU seconds / wall seconds during the wave")
-    (args.out / "table.txt").write_text(console.export_text())
+    write(results, args.out)
     if args.partial:
         print(f"partial: --budget-s {args.budget_s:g} s spent before every pair ran; run the same command again "
               "to go on (finished runs are reused)")

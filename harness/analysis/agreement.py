@@ -16,9 +16,10 @@ from harness.analysis.metrics import t_quantile
 TIMINGS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "output_throughput")
 EQUAL = ("requests", "output_tokens", "counter_acceptance")
-# The cause thresholds: a gap under NEAR is agreement; a client busier than BUSY of a core is overhead;
-# a machine whose server and clients together ask more than FULL of its cores shares them; a client with
-# LATE more of its chunk gaps under TOGETHER ms than the other read its stream late.
+# The thresholds: a difference whose whole 95 % interval lies within NEAR of ours is agreement; a client
+# busier than BUSY of a core beyond the other in every pair is overhead; a server and AIPerf asking more
+# than FULL of the cores in every pair share them; a client with LATE more of its chunk gaps under
+# TOGETHER ms than the other (higher in every pair) read its stream late.
 NEAR, BUSY, FULL, TOGETHER, LATE = 0.05, 0.5, 0.9, 0.05, 0.2
 
 
@@ -45,11 +46,11 @@ def together(gaps: list[float]) -> float | None:
 
 
 def paired(ours: list[float], theirs: list[float], level: float = 0.95) -> dict:
-    """`theirs - ours` over interleaved pairs: the mean difference, as a share of ours, and a t interval
-    over the pairs (none with fewer than two)."""
+    """`theirs - ours` over interleaved pairs: the mean difference, as a share of ours, a t interval over
+    the pairs (none with fewer than two) and each pair's difference (a cause needs their signs)."""
     diffs = [t - o for o, t in zip(ours, theirs) if o is not None and t is not None]
     if not diffs:
-        return {"ours": None, "theirs": None, "diff": None, "rel": None, "ci95": None, "pairs": 0}
+        return {"ours": None, "theirs": None, "diff": None, "rel": None, "ci95": None, "pairs": 0, "diffs": []}
     base = mean(o for o in ours if o is not None)
     d = mean(diffs)
     ci = None
@@ -58,7 +59,7 @@ def paired(ours: list[float], theirs: list[float], level: float = 0.95) -> dict:
         half = t_quantile(0.5 + level / 2, len(diffs) - 1) * sd / math.sqrt(len(diffs))
         ci = [d - half, d + half]
     return {"ours": base, "theirs": mean(t for t in theirs if t is not None), "diff": d,
-            "rel": d / base if base else None, "ci95": ci, "pairs": len(diffs)}
+            "rel": d / base if base else None, "ci95": ci, "pairs": len(diffs), "diffs": diffs}
 
 
 def mismatches(ours: list[dict], theirs: list[dict]) -> list[str]:
@@ -70,31 +71,71 @@ def mismatches(ours: list[dict], theirs: list[dict]) -> list[str]:
     return out
 
 
-def cause(comparison: dict, cpu: dict, cores: int) -> str:
-    """Why the two part at a level, from what was measured: agreement where TPOT and throughput are
-    within NEAR; else chunking where the chunks per request differ (ITL and TPOT then count other
-    gaps), late reads where one client stamped many more chunks together (`together`), client overhead where AIPerf's processes used more than BUSY of a core beyond ours, and
-    shared cores where the server and the load generator together asked more than FULL of the cores."""
+def verdict(c: dict) -> str:
+    """TPOT's or throughput's verdict from the whole 95 % interval, never the mean alone: two pairs whose
+    mean differs by 1 % may still span +-57 %. Agreement only where the interval lies within NEAR of ours;
+    a difference only where it excludes zero; else no difference detected, with the interval's reach."""
+    if c["pairs"] < 2 or not c["ours"]:
+        return "one pair: no verdict"
+    lo, hi = (100 * x / c["ours"] for x in c["ci95"])
+    if -100 * NEAR <= lo and hi <= 100 * NEAR:
+        return f"agree within {100 * NEAR:.0f} % ({lo:+.1f} to {hi:+.1f} %)"
+    if lo > 0 or hi < 0:
+        return f"AIPerf {100 * c['rel']:+.1f} % ({lo:+.1f} to {hi:+.1f} %)"
+    return f"no difference detected (interval +-{max(-lo, hi):.0f} %)"
+
+
+def shown(c: dict) -> bool:
+    """Whether the pairs show a difference at all: two or more, and every pair's difference of one sign
+    or the interval clear of zero. A mean carried by one pair of three names no cause."""
+    diffs = c["diffs"]
+    same = all(x > 0 for x in diffs) or all(x < 0 for x in diffs)
+    return len(diffs) > 1 and (same or (c["ci95"] is not None and (c["ci95"][0] > 0 or c["ci95"][1] < 0)))
+
+
+def readings(comparison: dict, pairs: list[dict], cores: int) -> list[str]:
+    """What the level's readings show, each held in every pair: late reads (and which client read late),
+    AIPerf's client overhead, the server and AIPerf sharing the cores (only where the server was read),
+    and other load on the machine (the 1-minute load average above the core count in every wave)."""
     said = []
-    tpot, tput = comparison["mean_tpot_ms"]["rel"], comparison["output_throughput"]["rel"]
-    chunks = comparison["chunks_per_request"]
-    if chunks["ours"] and chunks["theirs"] and abs(chunks["theirs"] / chunks["ours"] - 1) > NEAR:
-        said.append(f"chunking ({chunks['ours']:.1f} vs {chunks['theirs']:.1f} chunks a request)")
     late = comparison["gaps_together"]
-    if late["ours"] is not None and late["theirs"] is not None and abs(late["theirs"] - late["ours"]) > LATE:
-        said.append(f"late reads ({100 * late['ours']:.0f} % vs {100 * late['theirs']:.0f} % of chunk gaps under "
-                    f"{TOGETHER} ms: chunks that piled up, read in one go)")
-    extra = cpu["aiperf"]["client_cores"] - cpu["ours"]["client_cores"]
-    if extra > BUSY:
-        said.append(f"client overhead (AIPerf {cpu['aiperf']['client_cores']:.2f} cores, ours "
-                    f"{cpu['ours']['client_cores']:.2f})")
-    busy = cpu["aiperf"]["client_cores"] + (cpu["aiperf"]["server_cores"] or 0)  # (server unread: the client's)
-    if busy > FULL * cores:
-        said.append(f"shared cores (server + AIPerf {busy:.2f} of {cores})")
-    agree = all(x is not None and abs(x) <= NEAR for x in (tpot, tput))
-    if agree:
-        return "agree within 5 % on TPOT and throughput" + (f"; seen: {'; '.join(said)}" if said else "")
-    return "; ".join(said) or "not found in the CPU and chunk readings (the timings part without a measured cause)"
+    if late["pairs"] > 1 and shown(late) and abs(late["diff"]) > LATE:
+        who, other = ("AIPerf", "ours") if late["diff"] > 0 else ("ours", "AIPerf")
+        hi, lo = (late["theirs"], late["ours"]) if who == "AIPerf" else (late["ours"], late["theirs"])
+        ahead = sum((x > 0) == (late["diff"] > 0) for x in late["diffs"])
+        said.append(f"late reads by {who} ({100 * hi:.0f} % of its chunk gaps under {TOGETHER} ms, {other} "
+                    f"{100 * lo:.0f} %, higher in {ahead} of {late['pairs']} pairs: chunks piled up, read in one go)")
+    cpu = {g: [p[g]["cpu"] for p in pairs] for g in ("ours", "aiperf")}
+    client = {g: mean(c["client_cores"] for c in cpu[g]) for g in cpu}
+    if len(pairs) > 1 and all(t["client_cores"] - o["client_cores"] > BUSY for o, t in zip(cpu["ours"], cpu["aiperf"])):
+        said.append(f"client overhead (AIPerf {client['aiperf']:.2f} cores, ours {client['ours']:.2f})")
+    served = [c["server_cores"] for c in cpu["aiperf"]]
+    if len(pairs) > 1 and None not in served and all(
+            c["client_cores"] + c["server_cores"] > FULL * cores for c in cpu["aiperf"]):
+        said.append(f"shared cores (server {mean(served):.2f} + AIPerf {client['aiperf']:.2f} of {cores} cores)")
+    loads = [c["load_avg"] for g in cpu for c in cpu[g]]
+    if len(pairs) > 1 and min(loads) > cores:
+        said.append(f"other load on the machine: load average {min(loads):.1f} to {max(loads):.1f} on {cores} cores")
+    return said
+
+
+def cause(comparison: dict, pairs: list[dict], cores: int) -> str:
+    """The level's verdict on TPOT and throughput (`verdict`), then why they part, from readings that test
+    it (`readings`): "cause" where an interval shows a difference, "seen" where none is shown. Chunking
+    changes ITL (a gap per chunk), not TPOT or throughput: it stays a note on ITL, never a cause."""
+    tpot, tput = verdict(comparison["mean_tpot_ms"]), verdict(comparison["output_throughput"])
+    if tpot == tput == "one pair: no verdict":
+        return tpot
+    said = readings(comparison, pairs, cores)
+    out = f"TPOT {tpot}; throughput {tput}"
+    if tpot.startswith("AIPerf") or tput.startswith("AIPerf"):
+        out += f"; cause: {'; '.join(said)}" if said else "; cause not found in the load, CPU and chunk readings"
+    elif said:
+        out += f"; seen: {'; '.join(said)}"
+    chunks = comparison["chunks_per_request"]
+    if chunks["ours"] and shown(chunks) and abs(chunks["rel"]) > NEAR:
+        out += f"; ITL note: {chunks['ours']:.1f} vs {chunks['theirs']:.1f} chunks a request (ITL is per chunk)"
+    return out
 
 
 def compare(ours: list[dict], theirs: list[dict]) -> dict:
