@@ -19,6 +19,7 @@ its 95 % interval over the pairs; the contention seen during each wave (the clie
 server's CPU time as cores, the 1-minute load average, AIPerf's process count: its worker count is
 max(1, min(int(0.75 x cpus) - 1, 32))); and the cause (`harness/analysis/agreement.py`). No timing is
 asserted. Writes results.json, table.csv and table.txt to --out; the run folders under --out/runs.
+`--recompute DIR` redoes the analysis of a finished folder from its results.json (measuring nothing).
 """
 
 from __future__ import annotations

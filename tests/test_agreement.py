@@ -1,6 +1,7 @@
 """Issue 56's agreement maths (`harness/analysis/agreement.py`, used by `benchmarks/load_generators.py`):
 the paired difference and its t interval over interleaved pairs, the counts that must be equal flagged
-pair by pair, chunks read together (a late reader's zero gaps), and the cause named from the readings.
+pair by pair, chunks read together (a late reader's zero gaps), the verdict from the whole interval, the
+cause named only from readings that hold in every pair; the script's one-line refusals and `--recompute`.
 The end-to-end check on a real server (both load generators, two levels) is in tests/test_aiperf.py.
 """
 
