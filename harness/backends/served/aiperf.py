@@ -79,15 +79,19 @@ def write_payloads(path: Path, model: str, prompts: list[list[int]], specs: list
 
 
 def command(exe: str, url: str, model: str, tokenizer: str, inputs: Path, count: int, schedule: Schedule,
-            artifacts: Path) -> list[str]:
+            artifacts: Path, timeout_s: float | None = None) -> list[str]:
     """AIPerf's argument list for one wave: every payload once, in order, at most `concurrency` in flight,
     arrivals at the run's request rate (a gamma process of shape `burstiness`, as ours) where it has one;
-    token counts from the server's usage; every request's records and raw responses exported."""
+    each request's limit our client's (`timeout_s`: the run's --request-timeout, else its default; AIPerf's
+    own is 6 hours), so a request past it fails under either load generator; token counts from the
+    server's usage; every request's records and raw responses exported."""
     args = [exe, "profile", "--model", model, "--url", url, "--endpoint-type", "completions", "--streaming",
             "--input-file", str(inputs), "--custom-dataset-type", "inputs_json", "--dataset-sampling-strategy",
             "sequential", "--request-count", str(count), "--concurrency", str(schedule.concurrency),
             "--random-seed", str(schedule.seed), "--use-server-token-count", "--tokenizer", tokenizer,
             "--export-level", "raw", "--artifact-dir", str(artifacts), "--ui-type", "none"]
+    if timeout_s is not None:
+        args += ["--request-timeout-seconds", f"{timeout_s:g}"]
     if schedule.request_rate is not None:
         args += ["--request-rate", f"{schedule.request_rate:g}", "--arrival-pattern", "gamma",
                  "--arrival-smoothness", f"{schedule.burstiness:g}"]
@@ -96,24 +100,27 @@ def command(exe: str, url: str, model: str, tokenizer: str, inputs: Path, count:
 
 def template() -> list[str]:
     """The manifest's record of AIPerf's arguments: `command` with what differs per wave named, not given."""
-    args = command("aiperf", "URL", "MODEL", "TOKENIZER", Path("ARTIFACTS/inputs.json"), 0, Schedule(), Path("ARTIFACTS"))
-    for flag, name in (("--request-count", "REQUESTS"), ("--concurrency", "LEVEL"), ("--random-seed", "WAVE_SEED")):
+    args = command("aiperf", "URL", "MODEL", "TOKENIZER", Path("ARTIFACTS/inputs.json"), 0, Schedule(), Path("ARTIFACTS"),
+                   1.0)
+    for flag, name in (("--request-count", "REQUESTS"), ("--concurrency", "LEVEL"), ("--random-seed", "WAVE_SEED"),
+                       ("--request-timeout-seconds", "REQUEST_TIMEOUT_S")):
         args[args.index(flag) + 1] = name
     return args + ["(with --request-rate: --request-rate RATE --arrival-pattern gamma --arrival-smoothness BURSTINESS)"]
 
 
 def run(exe: str, url: str, model: str, tokenizer: str, prompts: list[list[int]], specs: list[RequestSpec],
-        schedule: Schedule, folder: Path, what: str) -> tuple[dict[int, StreamResult], Path]:
+        schedule: Schedule, folder: Path, what: str, timeout_s: float | None = None
+        ) -> tuple[dict[int, StreamResult], Path]:
     """One wave through AIPerf, its artifacts in a new folder under `folder`: each request's result by its
-    index in the wave, and that folder. AIPerf's failure is one line with its log; Ctrl-C stops it with
-    the run."""
+    index in the wave (one past `timeout_s` failed, as our client says it), and that folder. AIPerf's
+    failure is one line with its log; Ctrl-C stops it with the run."""
     artifacts = folder / f"{what}-{uuid.uuid4().hex[:8]}"
     artifacts.mkdir(parents=True)
     inputs = artifacts / "inputs.json"
     write_payloads(inputs, model, prompts, specs)
     log = artifacts / OUTPUT
     with open(log, "w") as out:
-        proc = subprocess.Popen(command(exe, url, model, tokenizer, inputs, len(prompts), schedule, artifacts),
+        proc = subprocess.Popen(command(exe, url, model, tokenizer, inputs, len(prompts), schedule, artifacts, timeout_s),
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment())
         try:
             code = proc.wait()
@@ -128,7 +135,7 @@ def run(exe: str, url: str, model: str, tokenizer: str, prompts: list[list[int]]
     if code != 0:
         raise DSparkError(f"AIPerf failed ({what}, exit {code}): {last_line(log)}; its log: {log} (the finished "
                           "waves are kept)")
-    results = read_artifacts(artifacts)
+    results = read_artifacts(artifacts, timeout_s)
     missing = sorted(set(range(len(prompts))) - set(results))
     if missing:
         raise DSparkError(f"AIPerf ({what}) recorded no result for {len(missing)} of the wave's {len(prompts)} "
@@ -144,7 +151,7 @@ def wave_counters(ours: dict | None, artifacts: Path) -> tuple[dict | None, dict
     the wave's last steps (a final scrape before the server counted them) or, on a shared server, hold
     fewer of another client's requests: a demanding reader needs both figures and where they part, not
     one silently chosen."""
-    theirs = exported_counters(_json(artifacts / SERVER_METRICS))
+    theirs = exported_counters(read_json(artifacts / SERVER_METRICS))
     if ours is None:
         return theirs, ({} if theirs is None else {"counters_source": THEIR_SCRAPE})
     said: dict = {"counters_source": OUR_SCRAPE}
@@ -175,25 +182,30 @@ def last_line(log: Path) -> str:
     return (said[-1] if said else "no output")[:300]
 
 
-def read_artifacts(artifacts: Path) -> dict[int, StreamResult]:
+def read_artifacts(artifacts: Path, timeout_s: float | None = None) -> dict[int, StreamResult]:
     """AIPerf's timed requests (its profiling phase) in an artifact folder, by our request index (the
     session id `r<index>` of its payload): AIPerf's timings, and what the server sent as its raw export
-    holds it."""
-    raw = {m["metadata"]["x_request_id"]: m for m in _lines(artifacts / RAW) if _timed(m)}
+    holds it; a request AIPerf gave up on at `timeout_s` failed as our client says it."""
+    raw = {m["metadata"]["x_request_id"]: m for m in read_lines(artifacts / RAW) if timed(m)}
     out: dict[int, StreamResult] = {}
-    for record in _lines(artifacts / RECORDS):
-        if not _timed(record):
+    for record in read_lines(artifacts / RECORDS):
+        if not timed(record):
             continue
         meta = record["metadata"]
         index = int(str(meta["conversation_id"]).removeprefix("r"))
-        out[index] = streamed(record, raw.get(meta["x_request_id"]))
+        out[index] = streamed(record, raw.get(meta["x_request_id"]), timeout_s)
     return out
 
 
-def streamed(record: dict, raw: dict | None) -> StreamResult:
+TIMEOUTS = ("TimeoutError", "ServerTimeoutError", "SocketTimeoutError", "ConnectionTimeoutError")  # AIPerf's error types
+# for a request past --request-timeout-seconds (aiohttp's total limit; its type is the exception's class name)
+
+
+def streamed(record: dict, raw: dict | None, timeout_s: float | None = None) -> StreamResult:
     """One AIPerf record as our client's `StreamResult`: its TTFT and inter-chunk latencies (vLLM's ITL;
     the end-to-end latency to the last chunk with output, as ours), its start; the server's chunks
-    through `read_chunk`; its error where it failed."""
+    through `read_chunk`; its error where it failed, a timeout at `timeout_s` in our client's words, and
+    a success that ended past the limit timed out too, as our client holds it (the end decides)."""
     out = StreamResult(start_utc=record["metadata"]["request_start_ns"] / 1e9)
     for response in (raw or {}).get("responses") or []:
         for packet in response.get("packets") or []:
@@ -213,24 +225,32 @@ def streamed(record: dict, raw: dict | None) -> StreamResult:
     if out.output_tokens is None:  # (no raw export: AIPerf's own count of the server's usage)
         out.output_tokens = (metrics.get("usage_completion_tokens") or metrics.get("output_token_count") or
                              {}).get("value")
-    if record.get("error"):
-        error = record["error"]
+    error = record.get("error")
+    if timeout_s is not None and ((error or {}).get("type") in TIMEOUTS or (not error and end > timeout_s)):
+        out.error = f"timed out after {timeout_s:g} s"
+    elif error:
         out.error = f"AIPerf: {error.get('type') or ''} {error.get('code') or ''} {error.get('message')}".strip()[:300]
     return out
 
 
-def _timed(record: dict) -> bool:
-    return record.get("metadata", {}).get("benchmark_phase", "profiling") == "profiling"
+def timed(record: dict) -> bool:
+    """A request of AIPerf's profiling phase: its warm-up's are not timed, and a record that names no phase
+    (an AIPerf without phases) is one."""
+    return (record.get("metadata") or {}).get("benchmark_phase", "profiling") == "profiling"
 
 
-def _json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """An AIPerf export read whole: None where it is absent or not JSON, so a damaged optional export (the
+    server-metrics scrape) costs its figures, never the run or report; a caller that needs the file says so."""
     try:
         return json.loads(path.read_text()) if path.is_file() else None
-    except ValueError:  # (a damaged export: no counters from it, ours stand)
+    except ValueError:
         return None
 
 
-def _lines(path: Path) -> list[dict]:
+def read_lines(path: Path) -> list[dict]:
+    """An AIPerf JSON-lines export (records, raw), blank lines skipped; [] where it is absent. A line that
+    is not JSON raises ValueError: a damaged record export is the caller's to refuse, not to read around."""
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

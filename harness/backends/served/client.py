@@ -87,7 +87,7 @@ class ServedBackend:
             what = f"{prepared.system.name}-c{schedule.concurrency}"
             try:
                 done, artifacts = aiperf.run(self.aiperf_exe, url, self.served_model(prepared), str(self.tokenizer_path), prompts,
-                                  specs, schedule, self.run_dir / "aiperf", what)
+                                  specs, schedule, self.run_dir / "aiperf", what, self.request_timeout_s)
             except DSparkError:
                 why = self.dead(prepared)  # (the server's death, not AIPerf's: say so, and that a resume goes on)
                 if why is not None:
