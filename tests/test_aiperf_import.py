@@ -8,8 +8,11 @@
 - `report --aiperf PLAIN SPEC` reads two folders `aiperf profile` wrote without dspark-bench
   (`tests/fixtures/aiperf-pair/`, its README has the commands): our tables with AIPerf named in every
   title, per-request acceptance as vLLM sent it, SPEED-Bench's category, the settings that differ, the
-  warm-up left out, requests paired by conversation and prompt (one that does not pair is one line), and
-  bad input one line, exit 2;
+  warm-up left out (its phase's level too), requests paired by what they sent and its turn, whatever
+  session ids AIPerf gave (one that does not pair is one line), no stop reason or temperature made up,
+  and bad input (folders swapped or of one kind, a folder missing what pairs it) one line, exit 2;
+- a request AIPerf gave up on at the run's --request-timeout (AIPerf's real error format) fails as our
+  client says it;
 - and (item 4's console hint) a `random:qwen3-*` run that falls back to shaped prompts (no hub, no fetched
   Qwen3 tokenizer) says once, in one line, that `dspark-bench fetch-tokenizer qwen3` gives the real one.
 """
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -220,3 +225,163 @@ def test_a_qwen3_preset_without_its_tokenizer_says_how_to_fetch_it_once(tmp_path
     assert shaped.fetch_hint("random:qwen3-4b", tokenizer) is not None
     assert shaped.fetch_hint("random:demo", tokenizer) is None  # (not a Qwen3 preset: nothing to fetch)
     assert shaped.fetch_hint("random:qwen3-0.6b", object()) is None  # (a real tokenizer: no hint)
+
+
+def _copy(tmp_path: Path, *names: str) -> list[Path]:
+    """The recorded pair's folders copied into tmp_path, to be varied there."""
+    for name in names:
+        shutil.copytree(PAIR / name, tmp_path / name)
+    return [tmp_path / name for name in names]
+
+
+def _edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_runs_with_random_session_ids_pair_by_what_they_sent(monkeypatch, capfd, tmp_path):
+    """Without --random-seed AIPerf gives each session a random UUID, a new one each run: the same prompts
+    under other ids still pair (by what was sent and the turn), under plain's ids."""
+    (spec,) = _copy(tmp_path, "ngram")
+    text = "\n".join((spec / name).read_text() for name in ("inputs.json", "profile_export.jsonl"))
+    for old in {r["metadata"]["conversation_id"] for r in _records(PAIR / "ngram").values()}:
+        assert old in text
+        new = str(uuid.uuid4())  # (one id a session, in its payloads and its records alike)
+        for name in ("inputs.json", "profile_export.jsonl"):
+            (spec / name).write_text((spec / name).read_text().replace(old, new))
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(spec), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["aiperf"]["unpaired"] == []
+    (ngram,) = [r for r in summary["rows"] if (r["system"], r["category"]) == ("ngram", "coding")]
+    assert ngram["requests"] == ngram["speedup_pairs"] == 2
+
+
+def test_the_level_and_rate_are_the_profiling_phases(monkeypatch, capfd, tmp_path):
+    """AIPerf's warm-up phase comes first in its config: the level is its profiling phase's, and a rate phase
+    keeps its rate (in the wave record and every title), its level the phase's cap, else its request count."""
+    plain, spec = _copy(tmp_path, "plain", "ngram")
+    for folder in (plain, spec):
+        _edit_json(folder / "profile_export_aiperf.json",
+                   lambda p: p["input_config"]["phases"][0].update(concurrency=1))  # (the warm-up at c=1)
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(plain), str(spec), "--json")
+    assert code == 0, err
+    assert {r["max_concurrency"] for r in json.loads(out)["rows"]} == {2}
+
+    def paced(p):
+        phase = p["input_config"]["phases"][1]
+        phase.update(type="poisson", rate=4.0)
+        del phase["concurrency"]
+    _edit_json(spec / "profile_export_aiperf.json", paced)
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(plain), str(spec), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert {r["max_concurrency"] for r in summary["rows"] if r["system"] == "ngram"} == {2}  # (no cap: both requests)
+    assert "ngram at 4 req/s (poisson arrivals, no cap)" in summary["load_generator"]
+    from harness.runs import aiperf_import
+    aiperf_import.write_run(aiperf_import.read_folder(plain), aiperf_import.read_folder(spec), tmp_path / "run")
+    waves = {w["system"]: w for w in map(json.loads, (tmp_path / "run" / "waves.jsonl").read_text().splitlines())}
+    assert (waves["ngram"]["request_rate"], waves["ngram"]["arrival"], waves["ngram"]["burstiness"]) == (4.0, "poisson", 1.0)
+    assert "request_rate" not in waves["plain"]
+
+
+@pytest.mark.parametrize("order", ["swapped", "two plain", "two speculative"])
+def test_folders_swapped_or_of_one_kind_are_refused(monkeypatch, capfd, tmp_path, order):
+    plain, spec = _copy(tmp_path, "plain", "ngram")
+    shutil.copytree(plain, tmp_path / "plain2")
+    shutil.copytree(spec, tmp_path / "ngram2")
+    args = {"swapped": (spec, plain), "two plain": (plain, tmp_path / "plain2"),
+            "two speculative": (spec, tmp_path / "ngram2")}[order]
+    code, _, err = run_cli(monkeypatch, capfd, "report", "--aiperf", *map(str, args))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "give plain decoding's folder first" in err
+    assert ("shows speculative decoding" if order != "two plain" else "shows no speculative decoding") in err
+
+
+@pytest.mark.parametrize("case, said", [
+    ("no inputs.json", "no inputs.json (the payloads AIPerf sent"),
+    ("empty records", "holds no request of AIPerf's profiling phase"),
+    ("warm-up only", "holds no request of AIPerf's profiling phase (1 records in all)"),
+    ("no metadata", "record 2 of profile_export.jsonl has no metadata"),
+])
+def test_a_folder_missing_what_pairs_it_says_what(monkeypatch, capfd, tmp_path, case, said):
+    plain, spec = _copy(tmp_path, "plain", "ngram")
+    records = (spec / "profile_export.jsonl").read_text().splitlines()
+    if case == "no inputs.json":
+        (spec / "inputs.json").unlink()
+    elif case == "empty records":
+        (spec / "profile_export.jsonl").write_text("")
+    elif case == "warm-up only":
+        (spec / "profile_export.jsonl").write_text(records[0] + "\n")
+    else:
+        bare = json.loads(records[1])
+        del bare["metadata"]
+        (spec / "profile_export.jsonl").write_text("\n".join([records[0], json.dumps(bare), *records[2:]]) + "\n")
+    code, _, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(plain), str(spec))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert said in " ".join(err.split()) and "sent different prompts" not in err
+
+
+def test_stop_reason_and_temperature_are_what_aiperf_recorded(monkeypatch, capfd, tmp_path):
+    """No made-up labels: without AIPerf's raw export a request's stop reason is unknown (None), with it the
+    server's finish_reason (the real raw export of tests/fixtures/aiperf: `length`; its last chunk changed to
+    `stop`: EOS); a temperature AIPerf did not send is said in every title."""
+    from harness.runs import aiperf_import
+
+    plain, spec = _copy(tmp_path, "plain", "ngram")
+    aiperf_import.write_run(aiperf_import.read_folder(plain), aiperf_import.read_folder(spec), tmp_path / "run")
+    assert {json.loads(line)["stop_reason"] for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()} \
+        == {None}
+    real = FIXTURES / "aiperf"
+    record = json.loads((real / "profile_export.jsonl").read_text().splitlines()[0])
+    raw = json.loads((real / "profile_export_raw.jsonl").read_text().splitlines()[0])
+    assert raw["metadata"]["x_request_id"] == record["metadata"]["x_request_id"]
+    assert aiperf_import.stop_reason(record, raw) == "max_new_tokens"
+    eos = json.loads(json.dumps(raw).replace('\\"finish_reason\\":\\"length\\"', '\\"finish_reason\\":\\"stop\\"'))
+    assert eos != raw and aiperf_import.stop_reason(record, eos) == "stop_token"
+    assert aiperf_import.stop_reason(record, None) is None
+
+    for folder in (plain, spec):
+        _edit_json(folder / "profile_export_aiperf.json",
+                   lambda p: p["input_config"]["endpoint"]["extra"].pop("temperature"))
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(plain), str(spec))
+    assert code == 0, err
+    assert "ngram: no temperature sent (the server's default, unknown; T=1 shown)" in " ".join(out.split())
+
+
+def test_the_html_headline_and_json_name_what_is_known(monkeypatch, capfd, tmp_path):
+    page = tmp_path / "r.html"
+    code, _, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(PAIR / "ngram"),
+                           "--html", str(page))
+    assert code == 0, err
+    first = min(r["metadata"]["request_start_ns"] for r in _records(PAIR / "plain").values())
+    day = datetime.fromtimestamp(first / 1e9, UTC).date().isoformat()
+    text = page.read_text()
+    assert "systems plain, ngram;" in text and f"; {day}" in text and "systems ?" not in text
+    code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(PAIR / "ngram"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["run_dir"] == [str((PAIR / "plain").resolve()), str((PAIR / "ngram").resolve())]
+    code, _, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(PAIR / "plain"))
+    assert code == 2 and "give each AIPerf folder once" in err
+
+
+def test_a_request_past_the_limit_fails_as_ours_says(tmp_path):
+    """`run --load-generator aiperf --request-timeout S` gives AIPerf the limit, and a request AIPerf gave up
+    on (its real error for aiohttp's limit: `ErrorDetails.from_exception(asyncio.TimeoutError())`), or one it
+    saw end past the limit, fails as our client says it; within the limit, AIPerf's own error stays."""
+    from harness.backends.base import Schedule
+
+    args = aiperf.command("aiperf", "URL", "M", "T", tmp_path / "inputs.json", 2, Schedule(1), tmp_path, 2.5)
+    assert args[args.index("--request-timeout-seconds") + 1] == "2.5"
+    assert "--request-timeout-seconds" not in aiperf.command("aiperf", "URL", "M", "T", tmp_path, 2, Schedule(1),
+                                                             tmp_path)
+    assert "REQUEST_TIMEOUT_S" in aiperf.template()
+    record = json.loads((FIXTURES / "aiperf" / "profile_export.jsonl").read_text().splitlines()[0])
+    took = (record["metadata"]["request_end_ns"] - record["metadata"]["request_start_ns"]) / 1e9
+    late = dict(record, error={"type": "TimeoutError", "message": "TimeoutError()", "cause_chain": ["TimeoutError"]})
+    assert aiperf.streamed(late, None, 2.0).error == "timed out after 2 s"
+    assert aiperf.streamed(record, None, took / 2).error == f"timed out after {took / 2:g} s"  # (ended past it)
+    assert aiperf.streamed(record, None, took * 2).error is None
+    refused = dict(record, error={"type": "Not Found", "code": 404, "message": "no model"})
+    assert aiperf.streamed(refused, None, took * 2).error == "AIPerf: Not Found 404 no model"

@@ -412,7 +412,8 @@ def summarize_folder(run_dir: Path) -> dict:
     summary["repeated_requests"] = notes  # (said first among the warnings)
     summary["parallel"] = parallel_label(manifest.get("settings") or {})
     generator = (manifest.get("backend") or {}).get("load_generator") or {}  # (our client: no mark, as before)
-    summary["load_generator"] = f"load by AIPerf {generator.get('version')}" if generator.get("name") == "aiperf" else None
+    summary["load_generator"] = "; ".join([f"load by AIPerf {generator.get('version')}", *(generator.get("notes") or [])]) \
+        if generator.get("name") == "aiperf" else None  # (notes: what an imported AIPerf run's tables must say)
     summary["run_dir"] = str(Path(run_dir).resolve())
     summary["requests_missing"] = not (Path(run_dir) / REQUESTS).is_file()
     summary["profiled"] = profiled_by(run_dir, manifest)

@@ -39,7 +39,7 @@ def report(
 ):
     """Print the comparison tables of saved runs again (recomputed from their requests); --html writes the
     report notebooks' figures for them."""
-    _each_once(run_dirs)
+    _each_once(run_dirs, "AIPerf folder" if aiperf else "run folder")
     if aiperf:
         _aiperf_pair(run_dirs, category, as_json, html, together or bool(profile) or engine_bench is not None)
         return
@@ -118,7 +118,8 @@ def _aiperf_pair(dirs: list[Path], category: str, as_json: bool, html: Path | No
         if html is not None:
             _html([run_dir], [], None, html)
         elif as_json:
-            print(json.dumps(summary | {"aiperf": {"folders": [str(d) for d in dirs], "unpaired": unpaired,
+            print(json.dumps(summary | {"run_dir": [str(d.resolve()) for d in dirs],  # (not the report's temp folder)
+                                        "aiperf": {"folders": [str(d) for d in dirs], "unpaired": unpaired,
                                                    "settings_differ": diff}}))
         else:
             line = settings_line(diff, ("plain", "speculative"))
@@ -192,13 +193,13 @@ def _check_engine_bench(path: Path) -> None:
                           f"{' or '.join(missing)}); write one with dspark-bench engine-bench --json > FILE")
 
 
-def _each_once(run_dirs: list[Path]) -> None:
+def _each_once(run_dirs: list[Path], what: str = "run folder") -> None:
     """Refuse a run folder given twice (by any path to it): `report R R` printed one table and no note, its
     second copy silently dropped, as if the comparison asked for had been made."""
     seen: dict[Path, Path] = {}
     for d in run_dirs:
         if d.resolve() in seen:
-            raise DSparkError(f"{d}: given twice (also as {seen[d.resolve()]}); give each run folder once")
+            raise DSparkError(f"{d}: given twice (also as {seen[d.resolve()]}); give each {what} once")
         seen[d.resolve()] = d
 
 
