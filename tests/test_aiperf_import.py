@@ -359,6 +359,7 @@ def test_the_html_headline_and_json_name_what_is_known(monkeypatch, capfd, tmp_p
     day = datetime.fromtimestamp(first / 1e9, UTC).date().isoformat()
     text = page.read_text()
     assert "systems plain, ngram;" in text and f"; {day}" in text and "systems ?" not in text
+    assert "; no git revision recorded;" in text and "git ?" not in text  # (AIPerf's folders name no revision of ours)
     code, out, err = run_cli(monkeypatch, capfd, "report", "--aiperf", str(PAIR / "plain"), str(PAIR / "ngram"), "--json")
     assert code == 0, err
     assert json.loads(out)["run_dir"] == [str((PAIR / "plain").resolve()), str((PAIR / "ngram").resolve())]

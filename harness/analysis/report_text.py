@@ -305,14 +305,15 @@ def where(meta: dict) -> str:
     device = meta.get("device") or "?"
     if device == "cpu" and not missing(meta.get("cores")):
         device = f"cpu ({meta.get('cpu') or '?'}, {meta['cores']:.0f} cores)"
-    git = (meta.get("git") or "?")[:7] + (" (uncommitted changes)" if meta.get("dirty") else "")
+    git = ("git " + meta["git"][:7] + (" (uncommitted changes)" if meta.get("dirty") else "") if not
+           missing(meta.get("git")) and meta.get("git") else "no git revision recorded")  # (not "git ?": AIPerf folders read by `report --aiperf` have none)
     done, expected = meta.get("requests_done"), meta.get("requests_expected")
     requests = f"{done:.0f}" if not missing(done) else "?"
     if not missing(expected) and not missing(done) and expected != done:
         requests += f" of {expected:.0f}"
     return (f"{meta.get('backend')} backend on {device}; target {meta.get('target')}; {meta.get('split') or '?'} "
             f"split, {meta.get('categories')}; systems {meta.get('systems') or '?'}; {requests} requests; "
-            f"git {git}; {meta.get('date')}")
+            f"{git}; {meta.get('date')}")
 
 
 def warning_html(warning: str) -> str:
