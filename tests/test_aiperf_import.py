@@ -11,8 +11,8 @@
   warm-up left out (its phase's level too), requests paired by what they sent and its turn, whatever
   session ids AIPerf gave (one that does not pair is one line), no stop reason or temperature made up,
   and bad input (folders swapped or of one kind, a folder missing what pairs it) one line, exit 2;
-- a request AIPerf gave up on at the run's --request-timeout (AIPerf's real error format) fails as our
-  client says it;
+- a request AIPerf gave up on at the run's --request-timeout (AIPerf's real error format; and with AIPerf
+  installed, a real AIPerf run against a server slower than the limit) fails as our client says it;
 - and (item 4's console hint) a `random:qwen3-*` run that falls back to shaped prompts (no hub, no fetched
   Qwen3 tokenizer) says once, in one line, that `dspark-bench fetch-tokenizer qwen3` gives the real one.
 """
@@ -30,6 +30,7 @@ import pytest
 from harness.backends.served import aiperf
 from harness.backends.served.metrics import exported_counters
 from tests.cli_runner import run_cli
+from tests.test_aiperf import AIPERF, needs_aiperf
 from tests.test_qwen3_tokenizer import RUN as QWEN3_RUN
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -386,3 +387,53 @@ def test_a_request_past_the_limit_fails_as_ours_says(tmp_path):
     assert aiperf.streamed(record, None, took * 2).error is None
     refused = dict(record, error={"type": "Not Found", "code": 404, "message": "no model"})
     assert aiperf.streamed(refused, None, took * 2).error == "AIPerf: Not Found 404 no model"
+
+
+@needs_aiperf
+def test_a_wave_aiperf_gave_up_on_whole_is_recorded_failed(tmp_path, monkeypatch):
+    """Real AIPerf against a server slower than the run's limit (its first chunk after 3 s, the limit 1 s): AIPerf
+    gives up on the request (`TimeoutError`) and exits 1, as it does whenever no request succeeded; the wave is
+    still a wave of failed requests, recorded `timed out after 1 s` as under our client, not a failed run."""
+    import asyncio
+    import socket
+    import threading
+
+    from aiohttp import web
+
+    from dspark.checkpoint import DEMO_DIR
+    from harness.backends.base import RequestSpec, Schedule
+
+    async def models(_):
+        return web.json_response({"object": "list", "data": [{"id": "M", "object": "model"}]})
+
+    async def slow(request):
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await asyncio.sleep(3)
+        await response.write(b'data: {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}\n\n')
+        return response
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", slow)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("AIPERF_DATASET_MMAP_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        spec = RequestSpec(max_new_tokens=1, temperature=0.0, seed=1, stop_token_ids=())
+        results, artifacts = aiperf.run(AIPERF, f"http://127.0.0.1:{port}", "M", str(DEMO_DIR / "target"), [[5, 6, 7]],
+                                        [spec], Schedule(1), tmp_path, "plain-c1", 1.0)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)
+    (record,) = aiperf.read_lines(artifacts / aiperf.RECORDS)
+    assert record["error"]["type"] == "TimeoutError"  # (AIPerf's own record of it)
+    assert list(results) == [0] and results[0].error == "timed out after 1 s"
