@@ -116,7 +116,7 @@ def main() -> None:
         "vllm": f"{VLLM_BENCH.relative_to(Path(__file__).resolve().parents[1])}: engine-bench --against vllm, vLLM "
                 "0.26.0 at 301496e (its plain step and DSpark round per level; vLLM 0.32's were not timed)"}}
     (out / "study.json").write_text(json.dumps(study, indent=1))
-    lines = [f"# Qwen3-8B shapes on the H200: {label}", ""] + ([
+    lines = [f"# Qwen3-8B shapes on the H200: {label}" if rows else "# Where the speculative systems stop paying", ""] + ([
              "| engine | system | c | profile | AL | measured | 95 % CI | derived | measured / derived | tok/s ratio |",
              "|---|---|---|---|---|---|---|---|---|---|"] if rows else [])
     for r in rows:

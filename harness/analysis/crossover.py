@@ -88,7 +88,7 @@ def pooled_tpot(sweeps: list[Sweep], system: str, level: int) -> dict:
         out["pooling"] = "one order only: a drift across the session is not balanced"
     elif len(cis) < len(orders):
         out["pooling"] = "pooled; the orders' agreement untested (an order with too few pairs for an interval)"
-    elif _overlap(cis[0], cis[1]):
+    elif all(_overlap(a, b) for a in cis for b in cis):
         out["pooling"] = "pooled over both orders (their intervals overlap)"
     else:
         out["ci"] = [min(c[0] for c in cis), max(c[1] for c in cis)]
@@ -151,7 +151,8 @@ def levels(sweeps: list[Sweep], system: str, bench: dict | None = None) -> list[
 def crossover(points: list[tuple[int, float | None, list[float] | None]]) -> dict:
     """The lowest level whose interval reaches 1, from (level, centre, interval) rows in any order: its
     bracket (the last level below it whose interval lay wholly above 1) and the evidence; levels without
-    an interval are skipped and named. "not reached up to L" where no interval reaches 1."""
+    an interval are skipped and named, and so are higher levels whose interval lies wholly above 1 again.
+    "not reached up to L" where no interval reaches 1."""
     points = sorted(points)
     untested = [c for c, _, ci in points if not ci]
     above = None
@@ -167,11 +168,12 @@ def crossover(points: list[tuple[int, float | None, list[float] | None]]) -> dic
                 where = f"between {above[0]} and {c}"
                 evidence = f"{above[0]} ({side_text(above[1])}x, 95 % CI {interval_text(above[2])}) to {said}"
             skipped = [u for u in untested if (above is None or u > above[0]) and u < c]
+            again = [k for k, _, i in points if k > c and i and i[0] > 1]  # (noise, or a cost that falls again)
             return {"level": c, "bracket": [above[0] if above else None, c], "text": where, "evidence": evidence,
-                    "untested_between": skipped}
+                    "untested_between": skipped, "above_again": again}
         above = (c, centre, ci)
     top = points[-1][0] if points else None
-    return {"level": None, "bracket": [above[0] if above else None, None], "untested_between": untested,
+    return {"level": None, "bracket": [above[0] if above else None, None], "untested_between": untested, "above_again": [],
             "text": f"not reached up to {top}" if above else "no level has an interval", "evidence":
             f"{above[0]} ({side_text(above[1])}x, 95 % CI {interval_text(above[2])})" if above else ""}
 
@@ -184,12 +186,12 @@ def crossovers(rows: list[dict]) -> dict:
 
 def caption(sweeps: list[Sweep]) -> str:
     """What ran, from the runs' manifests and labels: the engine and its version, the GPU (or the CPU), and
-    random weights / synthetic acceptance where the runs had them, else that the drafts' own acceptance ran."""
+    random weights / synthetic acceptance where the runs had them, else that real weights and acceptance ran."""
     manifests = [read_manifest(sw.path) or {} for sw in sweeps]
     versions = sorted({str((m.get("backend") or {}).get("version")) for m in manifests})
     devices = sorted({(m.get("provenance") or {}).get("gpu") or (m.get("provenance") or {}).get("cpu") or "?"
                       for m in manifests})
-    labels = sorted({sw.summary.get("label") or "real weights and the drafts' own acceptance" for sw in sweeps})
+    labels = sorted({sw.summary.get("label") or "real weights, real acceptance" for sw in sweeps})
     return (f"vLLM {', '.join(versions)} served, {', '.join(devices)}, {'; '.join(labels)}, "
             f"{len(sweeps)} runs ({', '.join(f'{sw.first} first' for sw in sweeps)})")
 
@@ -216,5 +218,6 @@ def markdown(system: str, rows: list[dict], found: dict, caption: str) -> list[s
     for key, name in (("tpot", "TPOT speedup"), ("throughput", "output throughput ratio")):
         f = found[key]
         lines.append(f"\nCrossover by {name}: {f['text']}" + (f"; {f['evidence']}" if f["evidence"] else "") +
-                     (f"; no interval at {', '.join(map(str, f['untested_between']))}" if f["untested_between"] else ""))
+                     (f"; no interval at {', '.join(map(str, f['untested_between']))}" if f["untested_between"] else "") +
+                     (f"; wholly above 1 again at {', '.join(map(str, f['above_again']))}" if f["above_again"] else ""))
     return lines

@@ -7,6 +7,7 @@ concurrency sweep is `figures.speedup_vs_concurrency`."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt  # (the backend is the caller's: inline in a notebook, Agg for files)
+from matplotlib.ticker import LogLocator, NullFormatter
 
 from harness.analysis.frames import Runs, prompt_speedups
 from harness.analysis.report_figures import _label, _speedup_axis, _titled, no_acceptance, no_speedup
@@ -116,12 +117,14 @@ def crossover_figure(system: str, rows: list[dict], found: dict, caption: str):
     """Where `system` stops paying (`crossover.levels` and `crossovers`): per concurrency level (log x), the
     TPOT speedup pooled over both orders and the output throughput ratio over runs, each with its 95 %
     interval (a level without one: a hollow point), the 1.0 line, and the crossover's bracket shaded with
-    its level marked; "not reached" said in the panel where no interval reaches 1."""
+    its level marked; "not reached" said in the panel where no interval reaches 1. The ratio axis is log
+    (a ratio's interval is symmetric in logs) and spans the centres fourfold: an interval from 2 runs (t at
+    1 degree of freedom) can be thousands wide and runs off the panel rather than flatten the points."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     panels = (("tpot", "speedup", "TPOT speedup (plain / system, by prompt)"),
               ("throughput", "ratio", "output tok/s ratio (system / plain)"))
     for ax, (key, centre, ylabel) in zip(axes, panels):
-        xs, values = [], []
+        xs, centres = [], [1.0]
         for r in rows:
             v, ci = r[key][centre], r[key]["ci"]
             if v is None:
@@ -130,7 +133,7 @@ def crossover_figure(system: str, rows: list[dict], found: dict, caption: str):
             ax.errorbar([r["concurrency"]], [v], yerr=[[v - low], [high - v]], marker="o", capsize=3, color="C0",
                         markerfacecolor="C0" if ci else "white")
             xs.append(r["concurrency"])
-            values += [low, high]
+            centres.append(v)
         f = found[key]
         if f["level"] is not None:
             ax.axvspan(f["bracket"][0] or f["level"] / 1.5, f["level"], color="C3", alpha=0.12)
@@ -139,7 +142,13 @@ def crossover_figure(system: str, rows: list[dict], found: dict, caption: str):
             ax.plot([], [], " ", label=f"crossover {f['text']}")
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
-        _speedup_axis(ax, values)
+        ax.set_yscale("log")
+        ax.set_ylim(min(centres) / 4, max(centres) * 4)
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}x")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.axhline(1.0, color="grey", linewidth=0.9, linestyle="--")
+        ax.grid(axis="y", alpha=0.3)
         ax.set(xlabel="concurrency (requests in flight)", ylabel=ylabel)
         ax.legend(fontsize=7, loc="upper right")
     return _titled(fig, f"where {system} stops paying: speedup against concurrency (95 % intervals; hollow: none)",
