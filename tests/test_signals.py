@@ -55,8 +55,7 @@ RUN = ["run", "--systems", "plain,dspark", "--category", "coding", "--num-prompt
 
 
 @needs_demo
-@pytest.mark.parametrize("signals", [("SIGINT", "SIGTERM"), ("SIGTERM", "SIGTERM"), ("SIGTERM", "SIGINT", "SIGTERM",
-                                                                                  "SIGINT")])
+@pytest.mark.parametrize("signals", [("SIGINT", "SIGTERM", "SIGINT"), ("SIGTERM", "SIGINT", "SIGTERM", "SIGINT")])
 def test_signals_after_the_first_are_ignored_and_the_run_ends_in_its_one_line(tmp_path, signals):
     """The first signal interrupts; the others, sent while the run writes its summaries and its line (where a
     second Ctrl-C raised inside rich's print and lost the resume hint), are ignored."""
