@@ -7,9 +7,12 @@ The end-to-end check on a real server (both load generators, two levels) is in t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.analysis.agreement import cause, compare, mismatches, paired, run_figures, together, verdict
+from tests.scripts import load_script
 
 
 def figures(requests=8, tokens=512, acceptance="128/357", failed=0, tpot=4.0, tput=800.0, chunks=50.0, gaps=0.1):
@@ -140,13 +143,7 @@ def test_openai_backend_sends_ids_to_a_random_weight_server(target, sends_ids):
 def test_the_benchmark_assembles_a_level_and_its_table():
     """`benchmarks/load_generators.py`'s own bookkeeping on readings as its runs give them: AIPerf's worker
     formula, a level's result (its mismatches, mean CPU, cause) and the CSV's rows (AIPerf - ours in %)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "load_generators.py"
-    spec = importlib.util.spec_from_file_location("load_generators", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(Path("benchmarks/load_generators.py"))
     assert [bench.aiperf_workers(n) for n in (1, 2, 16, 64)] == [1, 1, 11, 32]
     readings = {"client_cores": 0.2, "server_cores": 1.0, "load_avg": 1.5, "run_cpu_s": 5.0}
     pairs = [{"ours": figures() | {"cpu": readings}, "aiperf": figures(tput=880.0) | {"cpu": readings}}] * 2

@@ -4,25 +4,16 @@ copy keeping its category and saying it is a copy; the harness's loader reads th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from harness.specs.datasets import demo_suite_dir, load, read_records
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "filled_split.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("filled_split", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import load_script
 
 
 def test_a_filled_split_is_distinct_requests_keeping_their_categories(tmp_path):
     suite = list(read_records(Path(str(demo_suite_dir().joinpath("qualitative.jsonl")))))
-    rows = _module().filled(suite, 130)
+    rows = load_script(Path("benchmarks/filled_split.py")).filled(suite, 130)
     assert len(rows) == 130 and rows[:len(suite)] == suite
     assert len({r["question_id"] for r in rows}) == len({r["turns"][0] for r in rows}) == 130
     second = rows[len(suite) + 3]

@@ -1,21 +1,18 @@
 """benchmarks/prefill_bench.py: its FLOP count, and a run on the demo pair on the CPU."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 from dspark.models.config import BackboneConfig
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "prefill_bench.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("prefill_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_forward_flops_counted_by_hand():

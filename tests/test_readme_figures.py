@@ -9,18 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "readme_figures.py"
 CLI = [sys.executable, "-m", "harness.cli"]
 
 
-def load_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("readme_figures", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def readme_figures():
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +34,7 @@ def folders(tmp_path_factory):
 
 
 def blocks(text: str) -> dict[str, str]:
-    figures = load_script()
+    figures = readme_figures()
     found = {}
     for name in figures.BLOCKS:
         start, end = figures.marker(name), figures.marker(name, end=True)
@@ -51,7 +48,7 @@ def flat(text: str) -> str:
 
 
 def test_the_readme_blocks_are_the_recorded_figures_and_name_machine_and_revision():
-    figures = load_script()
+    figures = readme_figures()
     recorded = json.loads(figures.FIGURES.read_text())
     written = blocks((ROOT / "README.md").read_text())
     assert written == figures.render(recorded)  # not edited by hand, nor left behind by the figures
@@ -90,7 +87,7 @@ def test_skip_run_writes_both_blocks_from_the_folders_with_their_captions(folder
 
 
 def test_a_readme_without_the_markers_is_refused_in_one_line_before_any_work(tmp_path):
-    figures = load_script()
+    figures = readme_figures()
     readme = tmp_path / "README.md"
     text = (ROOT / "README.md").read_text().replace(figures.marker("profile", end=True), "")
     readme.write_text(text)

@@ -4,7 +4,6 @@ dropped paths and a RECORD without them, and the parts put back together only wh
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -15,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "vllm_offline"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"vllm_offline_{name}", TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(TOOLS / f"{name}.py", f"vllm_offline_{name}")
 
 
 def test_the_pinned_list_names_each_package_once_with_vllm_0_26():

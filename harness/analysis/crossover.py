@@ -24,7 +24,7 @@ from pathlib import Path
 from harness.analysis.metrics import interval_text, ratio_interval, side_text, speedup_with_contention
 from harness.analysis.records import read_manifest, requests_and_notes
 from harness.analysis.study import derived, vllm_level_costs
-from harness.analysis.summary import _pair_key, _pairs, summarize_folder, uncontended_tpot
+from harness.analysis.summary import pair_key, paired_tpots, summarize_folder, uncontended_tpot
 
 OFF_BY = 0.10  # measured over derived further than this from 1 is flagged
 T_AT_1_DF = "2 runs: a t interval at 1 degree of freedom (t = 12.7), wide"
@@ -52,14 +52,14 @@ def read_sweeps(runs: list[Path]) -> list[Sweep]:
 
 
 def _groups(sweeps: list[Sweep], system: str, level: int, quiet: bool) -> list[tuple[list[float], list[float]]]:
-    """(plain TPOTs, system TPOTs) paired by prompt, one group per run and category (`summary._pairs`)."""
+    """(plain TPOTs, system TPOTs) paired by prompt, one group per run and category (`summary.paired_tpots`)."""
     groups = []
     for sw in sweeps:
-        base = {_pair_key(r): r for r in sw.records if r["method"] == "plain"}
+        base = {pair_key(r): r for r in sw.records if r["method"] == "plain"}
         mine = [r for r in sw.records if r["system"] == system and r.get("max_concurrency", 1) == level]
-        tpot = uncontended_tpot(sw.records) if quiet else (lambda r: r["tpot_ms"])
         for cat in sorted({r["category"] for r in mine}):
-            groups.append(_pairs([r for r in mine if r["category"] == cat], base, tpot))
+            rows = [r for r in mine if r["category"] == cat]
+            groups.append(paired_tpots(rows, base, uncontended_tpot(sw.records)) if quiet else paired_tpots(rows, base))
     return groups
 
 

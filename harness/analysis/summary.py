@@ -29,12 +29,12 @@ def _timed(r: dict) -> float | None:
     return r["tpot_ms"]
 
 
-def _pairs(records: list[dict], baseline: dict[tuple, dict], tpot=_timed) -> tuple[list[float], list[float]]:
+def paired_tpots(records: list[dict], baseline: dict[tuple, dict], tpot=_timed) -> tuple[list[float], list[float]]:
     """TPOTs (as `tpot` reads them from a record) of the requests whose prompt equals the baseline's at the
     same concurrency (a later turn's differs once an earlier reply did)."""
     base, mine = [], []
     for r in records:
-        b = baseline.get(_pair_key(r))
+        b = baseline.get(pair_key(r))
         if b is not None and b["tpot_ms"] and r["tpot_ms"] and b.get("prompt_sha256") == r.get("prompt_sha256"):
             base.append(tpot(b))
             mine.append(tpot(r))
@@ -75,7 +75,7 @@ def contention_figures(records: list[dict]) -> dict:
             "cpu_share_min": min((c["cpu_share"] for c in seen if c.get("cpu_share") is not None), default=None)}
 
 
-def _pair_key(r: dict) -> tuple:
+def pair_key(r: dict) -> tuple:
     return (r["question_id"], r["turn"], r["temperature"], r.get("max_concurrency", 1))
 
 
@@ -167,7 +167,7 @@ def summarize_group(records: list[dict], baseline: dict[tuple, dict], has_baseli
     greedy = [r for r in records if r.get("matches_baseline") is not None]
     row["matches_baseline"] = sum(r["matches_baseline"] is True for r in greedy) if greedy else None
     row["matches_baseline_of"] = len(greedy) if greedy else None
-    s = speedup_with_contention([_pairs(records, baseline)], [_pairs(records, baseline, uncontended)]) \
+    s = speedup_with_contention([paired_tpots(records, baseline)], [paired_tpots(records, baseline, uncontended)]) \
         if has_baseline else None
     row |= s or NO_SPEEDUP
     return row
@@ -217,7 +217,7 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
     by_wave = {w["wave"]: w for w in waves or [] if w.get("spec_counters")}
     base_system = next((r["system"] for r in records if r["method"] == BASELINE), None)
     has_baseline = base_system is not None
-    baseline = {_pair_key(r): r for r in records if r["system"] == base_system and not r.get("failed")}
+    baseline = {pair_key(r): r for r in records if r["system"] == base_system and not r.get("failed")}
     quiet = uncontended_tpot([r for r in records if not r.get("failed")])
     groups: dict[tuple, list[dict]] = defaultdict(list)
     order: list[str] = []
@@ -244,8 +244,8 @@ def summarize(records: list[dict], expected: list[dict] | None = None, cores: in
                 vals = [row[key] for row in per_cat if row[key] is not None]
                 if vals or key not in POOLED_ONLY:  # (wave counters: only the pooled figure)
                     overall[key] = sum(vals) / len(vals) if vals else None
-            macro = speedup_with_contention([_pairs(groups[(system, temp, conc, c)], baseline) for c in cats],
-                                            [_pairs(groups[(system, temp, conc, c)], baseline, quiet) for c in cats]) \
+            macro = speedup_with_contention([paired_tpots(groups[(system, temp, conc, c)], baseline) for c in cats],
+                                            [paired_tpots(groups[(system, temp, conc, c)], baseline, quiet) for c in cats]) \
                 if has_baseline else None
             overall |= macro or NO_SPEEDUP
             rows += per_cat + [overall]
